@@ -1,0 +1,1 @@
+"""The kcm data path: the metrics-topic contract codec and (later) the OTLP bridge."""

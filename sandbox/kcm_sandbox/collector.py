@@ -1,0 +1,152 @@
+"""An embedded OTLP/gRPC metrics receiver: records every export, and can be told to fail (for the demo and tests)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from types import TracebackType
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.any_pb2 import Any as AnyProto
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+
+@dataclass(frozen=True)
+class Export:
+    """One accepted Export call: the request and the call's metadata (lower-case keys)."""
+
+    request: ExportMetricsServiceRequest
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Fault:
+    code: grpc.StatusCode | None  # None: answer OK with a partial-success rejection
+    message: str
+    retry_after_s: float | None = None
+    rejected_data_points: int = 0
+
+
+def data_point_count(request: ExportMetricsServiceRequest) -> int:
+    """How many data points an export carries (what partial success counts)."""
+    total = 0
+    for resource_metrics in request.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                if kind is not None:
+                    total += len(getattr(metric, kind).data_points)
+    return total
+
+
+class OtlpReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """A real OTLP/gRPC MetricsService on a loopback port."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 on_export: Callable[[Export], None] | None = None) -> None:
+        self.host = host
+        self._requested_port = port
+        self.port = 0
+        self._on_export = on_export
+        self._server: grpc.Server | None = None
+        self._lock = threading.Condition()
+        self._exports: list[Export] = []
+        self._faults: deque[_Fault] = deque()
+        self.rejected_calls = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> None:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port(f"{self.host}:{self._requested_port}")
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=1).wait(timeout=5)
+            self._server = None
+
+    def __enter__(self) -> OtlpReceiver:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # Fault injection: each queued fault answers one Export call, in order.
+    def fail_next(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, times: int = 1,
+                  message: str = "injected failure") -> None:
+        with self._lock:
+            self._faults.extend(_Fault(code, message) for _ in range(times))
+
+    def throttle_next(self, retry_after_s: float, times: int = 1) -> None:
+        """Answer RESOURCE_EXHAUSTED carrying a google.rpc.RetryInfo, as a collector under memory pressure does."""
+        with self._lock:
+            self._faults.extend(
+                _Fault(grpc.StatusCode.RESOURCE_EXHAUSTED, "injected throttling", retry_after_s) for _ in range(times)
+            )
+
+    def reject_partially_next(self, rejected_data_points: int, message: str = "injected partial rejection",
+                              times: int = 1) -> None:
+        with self._lock:
+            self._faults.extend(_Fault(None, message, rejected_data_points=rejected_data_points) for _ in range(times))
+
+    @property
+    def exports(self) -> list[Export]:
+        with self._lock:
+            return list(self._exports)
+
+    def wait_for(self, predicate: Callable[[list[Export]], bool], timeout: float) -> bool:
+        """Block until `predicate(exports)` holds or `timeout` seconds pass; returns whether it held."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not predicate(list(self._exports)):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+            return True
+
+    def Export(self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext) -> ExportMetricsServiceResponse:  # noqa: N802 (gRPC name)
+        with self._lock:
+            fault = self._faults.popleft() if self._faults else None
+            if fault is not None and fault.code is not None:
+                self.rejected_calls += 1
+        if fault is not None and fault.code is not None:
+            if fault.retry_after_s is not None:
+                context.set_trailing_metadata([("grpc-status-details-bin", _retry_status(fault).SerializeToString())])
+            context.abort(fault.code, fault.message)
+        export = Export(request, {key.lower(): value for key, value in context.invocation_metadata()
+                                  if isinstance(value, str)})
+        with self._lock:
+            self._exports.append(export)
+            self._lock.notify_all()
+        if self._on_export is not None:
+            self._on_export(export)
+        response = ExportMetricsServiceResponse()
+        if fault is not None:
+            response.partial_success.rejected_data_points = fault.rejected_data_points
+            response.partial_success.error_message = fault.message
+        return response
+
+
+def _retry_status(fault: _Fault) -> status_pb2.Status:
+    delay = Duration()
+    delay.FromMilliseconds(int((fault.retry_after_s or 0) * 1000))
+    detail = AnyProto()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=fault.message, details=[detail])

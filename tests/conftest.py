@@ -1,0 +1,53 @@
+"""Shared fixtures: the embedded broker, topics on it, and a real OTLP/gRPC receiver."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from kcm_common.kafka import KafkaSettings, ensure_topic
+from kcm_sandbox.broker import EmbeddedBroker
+from kcm_sandbox.collector import OtlpReceiver
+
+_topic_numbers = itertools.count()
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[EmbeddedBroker]:
+    """A fresh embedded Kafka-compatible broker (Tansu) on a free loopback port, stopped after the test."""
+    embedded = EmbeddedBroker(log_path=tmp_path / "tansu.log")
+    embedded.start()
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture
+def kafka(broker: EmbeddedBroker) -> KafkaSettings:
+    return KafkaSettings(broker.bootstrap)
+
+
+@pytest.fixture
+def new_topic(kafka: KafkaSettings):
+    """Create a uniquely named topic: `new_topic(partitions=1) -> name`."""
+
+    def create(partitions: int = 1, prefix: str = "test") -> str:
+        name = f"{prefix}-{next(_topic_numbers)}"
+        ensure_topic(kafka, name, partitions)
+        return name
+
+    return create
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """A real OTLP/gRPC MetricsService on a loopback port that records exports and can be told to fail."""
+    receiver = OtlpReceiver()
+    receiver.start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()

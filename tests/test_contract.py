@@ -1,0 +1,530 @@
+"""Specification of the metrics-topic contract v1 codec (bridge/kcm_bridge/contract.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import tracemalloc
+import zlib
+
+import lz4.frame
+import pytest
+import zstandard
+from google.protobuf import json_format
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+    AGGREGATION_TEMPORALITY_DELTA,
+    Exemplar,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from kcm_bridge.contract import (
+    ATTRIBUTE_HEADERS,
+    COMPRESSION_IDS,
+    CONTENT_TYPE_JSON,
+    CONTENT_TYPE_PROTOBUF,
+    ENCODINGS,
+    DecodeError,
+    compress,
+    decode,
+    decompress,
+    encode,
+)
+
+REASONS = {
+    "unknown-encoding",
+    "decompress-failed",
+    "too-large",
+    "invalid-protobuf",
+    "invalid-json",
+    "empty",
+    "unknown-content-type",
+}
+COMPRESSED = [encoding for encoding in ENCODINGS if encoding != "none"]
+CONTENT_TYPES = [CONTENT_TYPE_PROTOBUF, CONTENT_TYPE_JSON]
+TRACE_ID = bytes.fromhex("5b8efff798038103d269b633813fc60c")
+SPAN_ID = bytes.fromhex("eee19b7ec3c1b174")
+START_NS = 1_700_000_000_000_000_000
+NOW_NS = START_NS + 30_000_000_000
+
+
+def attr(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def client_metrics() -> MetricsData:
+    """What a Java producer pushes: a gauge, a monotonic delta sum and a latency histogram."""
+    point_attrs = [attr("topic", "orders"), attr("partition", "3")]
+    gauge = Metric(
+        name="org.apache.kafka.producer.record.queue.time.max",
+        unit="ms",
+        gauge=Gauge(
+            data_points=[NumberDataPoint(time_unix_nano=NOW_NS, as_double=12.5, attributes=point_attrs)]
+        ),
+    )
+    delta_sum = Metric(
+        name="org.apache.kafka.producer.topic.record.send.total",
+        description="records sent",
+        sum=Sum(
+            aggregation_temporality=AGGREGATION_TEMPORALITY_DELTA,
+            is_monotonic=True,
+            data_points=[
+                NumberDataPoint(
+                    start_time_unix_nano=START_NS,
+                    time_unix_nano=NOW_NS,
+                    as_int=4321,
+                    attributes=point_attrs,
+                    exemplars=[Exemplar(time_unix_nano=NOW_NS, as_int=7, trace_id=TRACE_ID, span_id=SPAN_ID)],
+                )
+            ],
+        ),
+    )
+    histogram = Metric(
+        name="org.apache.kafka.producer.request.latency",
+        unit="ms",
+        histogram=Histogram(
+            aggregation_temporality=AGGREGATION_TEMPORALITY_DELTA,
+            data_points=[
+                HistogramDataPoint(
+                    start_time_unix_nano=START_NS,
+                    time_unix_nano=NOW_NS,
+                    count=10,
+                    sum=123.0,
+                    min=1.0,
+                    max=40.0,
+                    bucket_counts=[2, 5, 3],
+                    explicit_bounds=[5.0, 20.0],
+                    attributes=[attr("node_id", "1")],
+                )
+            ],
+        ),
+    )
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(
+                resource=Resource(attributes=[attr("service.name", "checkout")]),
+                scope_metrics=[
+                    ScopeMetrics(
+                        scope=InstrumentationScope(name="org.apache.kafka", version="3.9.0"),
+                        metrics=[gauge, delta_sum, histogram],
+                    )
+                ],
+            )
+        ]
+    )
+
+
+ATTRIBUTES = {
+    "client_instance_id": "2a1e4c7e-7b4f-4f4e-9d1f-0c3c6e0b7f11",
+    "client_id": "checkout-producer",
+    "client_software_name": "apache-kafka-java",
+    "client_software_version": "3.9.0",
+    "client_source_address": "10.0.0.7",
+    "client_source_port": "51234",
+    "principal": "User:checkout",
+    "listener_name": "PLAINTEXT",
+    "security_protocol": "PLAINTEXT",
+    "broker_id": "1",
+    "cluster_id": "MkU3OEVBNTcwNTJENDM2Qk",
+    "subscription_id": "1234",
+    "push_interval_ms": "30000",
+    "terminating": "false",
+}
+
+
+def reason_of(value: bytes | None, headers: list[tuple[str, bytes]] | None = None, **kwargs: int) -> str:
+    with pytest.raises(DecodeError) as caught:
+        decode(value, headers, **kwargs)
+    assert str(caught.value) and "\n" not in str(caught.value)
+    return caught.value.reason
+
+
+def zeros_compressed(encoding: str, size: int) -> bytes:
+    """A decompression bomb: `size` zero bytes, compressed without holding them all in memory."""
+    chunk, chunks = b"\0" * (1 << 20), size >> 20
+    if encoding == "gzip":
+        compressor = zlib.compressobj(9, wbits=31)
+        return b"".join(compressor.compress(chunk) for _ in range(chunks)) + compressor.flush()
+    if encoding == "zstd":
+        compressor = zstandard.ZstdCompressor().compressobj()
+        return b"".join(compressor.compress(chunk) for _ in range(chunks)) + compressor.flush()
+    if encoding == "lz4":
+        compressor = lz4.frame.LZ4FrameCompressor()
+        parts = [compressor.begin()] + [compressor.compress(chunk) for _ in range(chunks)]
+        return b"".join(parts) + compressor.flush()
+    return compress(b"\0" * size, encoding)
+
+
+# --- round trips and headers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", CONTENT_TYPES)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_encode_then_decode_returns_the_same_metrics_and_attributes(encoding: str, content_type: str) -> None:
+    metrics = client_metrics()
+    value, headers = encode(
+        metrics, attributes=ATTRIBUTES, content_type=content_type, content_encoding=encoding
+    )
+    record = decode(value, headers)
+    assert record.metrics == metrics
+    assert record.attributes == ATTRIBUTES
+
+
+def test_encode_writes_content_headers_first_then_attributes_in_contract_order() -> None:
+    shuffled = dict(reversed(list(ATTRIBUTES.items())))
+    _, headers = encode(client_metrics(), attributes=shuffled, content_encoding="zstd")
+    assert headers[:2] == [("content-type", b"application/x-protobuf"), ("content-encoding", b"zstd")]
+    assert [name for name, _ in headers[2:]] == list(ATTRIBUTE_HEADERS)
+    assert all(isinstance(raw, bytes) for _, raw in headers)
+
+
+def test_encode_always_writes_content_headers_even_without_attributes() -> None:
+    value, headers = encode(client_metrics())
+    assert headers == [("content-type", b"application/x-protobuf"), ("content-encoding", b"none")]
+    assert value == client_metrics().SerializeToString()
+
+
+def test_encode_rejects_an_attribute_that_is_not_a_contract_header() -> None:
+    with pytest.raises(ValueError, match="client_rack"):
+        encode(client_metrics(), attributes={"client_id": "a", "client_rack": "r1"})
+
+
+@pytest.mark.parametrize("bad", [{"content_type": "text/plain"}, {"content_encoding": "brotli"}])
+def test_encode_rejects_unknown_content_type_or_encoding(bad: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad.values()))):
+        encode(client_metrics(), **bad)
+
+
+def test_encode_as_json_writes_otlp_json_with_hex_ids_and_integer_enums() -> None:
+    value, _ = encode(client_metrics(), content_type=CONTENT_TYPE_JSON)
+    document = json.loads(value)
+    sum_metric = document["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][1]["sum"]
+    assert sum_metric["aggregationTemporality"] == AGGREGATION_TEMPORALITY_DELTA
+    assert sum_metric["dataPoints"][0]["exemplars"][0]["traceId"] == TRACE_ID.hex()
+    assert sum_metric["dataPoints"][0]["exemplars"][0]["spanId"] == SPAN_ID.hex()
+
+
+def test_only_contract_headers_become_attributes() -> None:
+    value, _ = encode(client_metrics())
+    headers = [("client_id", b"c1"), ("traceparent", b"00-abc"), ("Client_Id", b"other"), ("broker_id", b"2")]
+    assert decode(value, headers).attributes == {"client_id": "c1", "broker_id": "2"}
+
+
+def test_header_values_may_be_str_null_repeated_or_bad_utf8() -> None:
+    value, _ = encode(client_metrics())
+    headers = [
+        ("client_id", b"first"),
+        ("client_id", "second"),
+        ("principal", None),
+        ("cluster_id", b"k\xff1"),
+    ]
+    assert decode(value, headers).attributes == {"client_id": "second", "cluster_id": "k\ufffd1"}
+
+
+def test_content_type_with_parameters_is_accepted() -> None:
+    value, _ = encode(client_metrics(), content_type=CONTENT_TYPE_JSON)
+    headers = [("content-type", b"Application/JSON; charset=utf-8")]
+    assert decode(value, headers).metrics == client_metrics()
+
+
+def test_compression_ids_follow_kip_714() -> None:
+    assert COMPRESSION_IDS == {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+    assert tuple(COMPRESSION_IDS.values()) == ENCODINGS
+
+
+# --- records from other writers ----------------------------------------------------------------
+
+
+def test_headerless_plain_protobuf_decodes() -> None:
+    record = decode(client_metrics().SerializeToString())
+    assert record.metrics == client_metrics()
+    assert record.attributes == {}
+
+
+def test_headerless_proto3_json_as_the_collector_writes_it_decodes() -> None:
+    value = json_format.MessageToJson(client_metrics()).encode()
+    assert decode(value).metrics == client_metrics()
+
+
+def test_headerless_otlp_json_with_camel_case_keys_decodes() -> None:
+    value = (
+        b'{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"x",'
+        b'"gauge":{"dataPoints":[{"asDouble":1.5,"timeUnixNano":"1"}]}}]}]}]}'
+    )
+    point = decode(value).metrics.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0]
+    assert (point.as_double, point.time_unix_nano) == (1.5, 1)
+
+
+def test_otlp_json_with_snake_case_keys_hex_ids_and_unknown_fields_decodes() -> None:
+    document = {
+        "resource_metrics": [
+            {
+                "schema_url": "https://opentelemetry.io/schemas/1.21.0",
+                "future_field": {"a": 1},
+                "scope_metrics": [
+                    {
+                        "metrics": [
+                            {
+                                "name": "records",
+                                "sum": {
+                                    "aggregation_temporality": 1,
+                                    "is_monotonic": True,
+                                    "data_points": [
+                                        {
+                                            "as_int": "5",
+                                            "exemplars": [
+                                                {
+                                                    "as_int": 1,
+                                                    "trace_id": TRACE_ID.hex(),
+                                                    "span_id": SPAN_ID.hex(),
+                                                }
+                                            ],
+                                        }
+                                    ],
+                                },
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    value = json.dumps(document).encode()
+    metrics = decode(value, [("content-type", b"application/json")]).metrics
+    metric = metrics.resource_metrics[0].scope_metrics[0].metrics[0]
+    assert metric.sum.aggregation_temporality == AGGREGATION_TEMPORALITY_DELTA
+    assert metric.sum.data_points[0].as_int == 5
+    assert metric.sum.data_points[0].exemplars[0].trace_id == TRACE_ID
+    assert metric.sum.data_points[0].exemplars[0].span_id == SPAN_ID
+
+
+def test_compressed_headerless_json_is_recognised_after_decompression() -> None:
+    value = compress(json_format.MessageToJson(client_metrics()).encode(), "gzip")
+    assert decode(value, [("content-encoding", b"gzip")]).metrics == client_metrics()
+
+
+# The raw snappy block format is one block by definition, so it has no concatenation.
+@pytest.mark.parametrize("encoding", ["gzip", "lz4", "zstd"])
+def test_concatenated_frames_decompress_as_one_stream(encoding: str) -> None:
+    assert decompress(compress(b"abc", encoding) + compress(b"def", encoding), encoding) == b"abcdef"
+
+
+# --- every reason, caused ----------------------------------------------------------------------
+
+
+def test_unknown_encoding() -> None:
+    value, _ = encode(client_metrics())
+    assert reason_of(value, [("content-encoding", b"brotli")]) == "unknown-encoding"
+    with pytest.raises(DecodeError, match="brotli") as caught:
+        decompress(value, "brotli")
+    assert caught.value.reason == "unknown-encoding"
+
+
+@pytest.mark.parametrize("encoding", COMPRESSED)
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "trailing-garbage", "not-compressed"])
+def test_corrupt_compressed_data_is_decompress_failed(encoding: str, damage: str) -> None:
+    good = compress(client_metrics().SerializeToString() * 20, encoding)
+    bad = {
+        "truncated": good[: len(good) // 2],
+        "corrupted": good[:4] + bytes(b ^ 0x5A for b in good[4:]),
+        "trailing-garbage": good + b"\x07garbage",
+        "not-compressed": b"\x07\x08\x09 plainly not a compressed stream",
+    }[damage]
+    assert reason_of(bad, [("content-encoding", encoding.encode())]) == "decompress-failed"
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_payload_beyond_the_cap_is_too_large(encoding: str) -> None:
+    value, headers = encode(client_metrics(), content_encoding=encoding)
+    size = len(client_metrics().SerializeToString())
+    assert decode(value, headers, max_decompressed_bytes=size).metrics == client_metrics()
+    assert reason_of(value, headers, max_decompressed_bytes=size - 1) == "too-large"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "lz4", "zstd"])
+def test_decompression_bomb_is_rejected_without_inflating_it(encoding: str) -> None:
+    bomb = zeros_compressed(encoding, 256 << 20)
+    assert len(bomb) < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError) as caught:
+            decompress(bomb, encoding, max_bytes=1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert caught.value.reason == "too-large"
+    assert peak < 8 << 20
+
+
+def test_snappy_bomb_is_rejected_from_its_length_preamble() -> None:
+    # A preamble claiming 4 GiB followed by nothing: rejected before any allocation is attempted.
+    claims_4gib = b"\xff\xff\xff\xff\x0f" + b"\0" * 8
+    with pytest.raises(DecodeError) as caught:
+        decompress(claims_4gib, "snappy", max_bytes=1 << 20)
+    assert caught.value.reason == "too-large"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"\x0a\xff\x01", b"\x0a\x05\x0a\x03", b"\xff\xff\xff\xff", b"\x0b"],
+    ids=["length-past-end", "nested-truncated", "bad-varint", "unsupported-wire-type"],
+)
+def test_malformed_protobuf_is_invalid_protobuf(value: bytes) -> None:
+    assert reason_of(value) == "invalid-protobuf"
+    assert reason_of(value, [("content-type", CONTENT_TYPE_PROTOBUF.encode())]) == "invalid-protobuf"
+
+
+def length_delimited(field_number: int, payload: bytes) -> bytes:
+    size, varint = len(payload), bytearray()
+    while size > 0x7F:
+        varint.append(size & 0x7F | 0x80)
+        size >>= 7
+    varint.append(size)
+    return bytes([field_number << 3 | 2]) + bytes(varint) + payload
+
+
+def test_deeply_nested_protobuf_is_invalid_protobuf() -> None:
+    # AnyValue.kvlist_value nested far beyond the parser's depth limit, inside a resource attribute.
+    any_value = length_delimited(1, b"leaf")
+    for _ in range(200):
+        any_value = length_delimited(6, length_delimited(1, length_delimited(2, any_value)))
+    attribute = length_delimited(2, any_value)
+    value = length_delimited(1, length_delimited(1, length_delimited(1, attribute)))
+    assert reason_of(value) == "invalid-protobuf"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"{not json",
+        b'{"resourceMetrics": 5}',
+        b'{"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"gauge": '
+        b'{"dataPoints": [{"asDouble": "many"}]}}]}]}]}',
+        b'{"resourceMetrics": [{"resource": {"attributes": [{"key": "k\xff"}]}}]}',
+        b"[1, 2, 3]",
+        b"{" * 100_000,
+    ],
+    ids=["syntax", "wrong-shape", "wrong-type", "bad-utf8", "not-an-object", "deep-nesting"],
+)
+def test_malformed_json_is_invalid_json(value: bytes) -> None:
+    assert reason_of(value, [("content-type", CONTENT_TYPE_JSON.encode())]) == "invalid-json"
+
+
+def test_headerless_value_that_looks_like_json_but_is_not_is_invalid_json() -> None:
+    assert reason_of(b'{"resourceMetrics": ') == "invalid-json"
+
+
+@pytest.mark.parametrize("value", [None, b""])
+def test_missing_value_is_empty(value: bytes | None) -> None:
+    assert reason_of(value, [("content-type", CONTENT_TYPE_PROTOBUF.encode())]) == "empty"
+
+
+@pytest.mark.parametrize("encoding", COMPRESSED)
+def test_value_that_decompresses_to_nothing_is_empty(encoding: str) -> None:
+    assert reason_of(compress(b"", encoding), [("content-encoding", encoding.encode())]) == "empty"
+
+
+@pytest.mark.parametrize(
+    "content_type", [b"text/plain", b"application/x-protobuf-but-not", b"application/grpc"]
+)
+def test_other_content_types_are_unknown_content_type(content_type: bytes) -> None:
+    value, _ = encode(client_metrics())
+    assert reason_of(value, [("content-type", content_type)]) == "unknown-content-type"
+
+
+def test_decode_error_survives_pickling_with_its_reason() -> None:
+    with pytest.raises(DecodeError) as caught:
+        decode(b"")
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert (copy.reason, str(copy)) == ("empty", str(caught.value))
+    assert isinstance(copy, ValueError)
+
+
+# --- properties: hostile input only ever yields DecodeError ------------------------------------
+
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HEADER_CHOICES = st.tuples(
+    st.sampled_from([None, *CONTENT_TYPES]),
+    st.sampled_from([None, *ENCODINGS]),
+)
+
+
+def record_headers(content_type: str | None, encoding: str | None) -> list[tuple[str, bytes]]:
+    headers = [] if content_type is None else [("content-type", content_type.encode())]
+    return headers + ([] if encoding is None else [("content-encoding", encoding.encode())])
+
+
+def decodes_or_rejects(value: bytes, headers: list[tuple[str, bytes]]) -> None:
+    try:
+        record = decode(value, headers, max_decompressed_bytes=1 << 16)
+    except DecodeError as err:
+        assert err.reason in REASONS
+        assert str(err)
+    else:
+        assert isinstance(record.metrics, MetricsData)
+
+
+@PROPERTY
+@given(value=st.binary(max_size=512), choice=HEADER_CHOICES)
+def test_random_bytes_decode_or_raise_decode_error(
+    value: bytes, choice: tuple[str | None, str | None]
+) -> None:
+    decodes_or_rejects(value, record_headers(*choice))
+
+
+@PROPERTY
+@given(
+    content_type=st.sampled_from(CONTENT_TYPES),
+    encoding=st.sampled_from(ENCODINGS),
+    flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(min_value=0, max_value=7)), max_size=4),
+    keep=st.floats(min_value=0.0, max_value=1.0),
+    header_choice=HEADER_CHOICES,
+)
+def test_damaged_valid_records_decode_or_raise_decode_error(
+    content_type: str,
+    encoding: str,
+    flips: list[tuple[int, int]],
+    keep: float,
+    header_choice: tuple[str | None, str | None],
+) -> None:
+    value, headers = encode(
+        client_metrics(), attributes=ATTRIBUTES, content_type=content_type, content_encoding=encoding
+    )
+    damaged = bytearray(value[: max(1, round(len(value) * keep))])
+    for position, bit in flips:
+        damaged[position % len(damaged)] ^= 1 << bit
+    decodes_or_rejects(bytes(damaged), headers)
+    # The same damaged bytes read under the wrong or missing headers must be just as safe.
+    decodes_or_rejects(bytes(damaged), record_headers(*header_choice))
+
+
+@PROPERTY
+@given(
+    data=st.binary(max_size=256),
+    encoding=st.sampled_from(ENCODINGS),
+    cap=st.integers(min_value=0, max_value=300),
+)
+def test_compress_round_trips_and_the_cap_is_exact(data: bytes, encoding: str, cap: int) -> None:
+    packed = compress(data, encoding)
+    if len(data) <= cap:
+        assert decompress(packed, encoding, max_bytes=cap) == data
+    else:
+        with pytest.raises(DecodeError) as caught:
+            decompress(packed, encoding, max_bytes=cap)
+        assert caught.value.reason == "too-large"
+
+
+def test_gzip_output_is_standard_gzip() -> None:
+    assert gzip.decompress(compress(b"hello", "gzip")) == b"hello"

@@ -1,0 +1,67 @@
+"""Client properties files turn into kafka-python options, and bad ones are refused with the property named."""
+
+from __future__ import annotations
+
+import pytest
+
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options, parse_properties
+
+
+def test_java_style_properties_with_comments_and_continuations():
+    text = "# comment\n! also a comment\nsecurity.protocol = SASL_SSL\nsasl.jaas.config=org.Plain required \\\n  username=\"svc\" password=\"s3cr\\\"et\";\nclient.id:kcm\n"
+
+    assert parse_properties(text) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.jaas.config": 'org.Plain required username="svc" password="s3cr\\"et";',
+        "client.id": "kcm",
+    }
+
+
+def test_sasl_credentials_from_jaas_config():
+    options = kafka_python_options({"security.protocol": "sasl_plaintext", "sasl.mechanism": "scram-sha-512",
+                                    "sasl.jaas.config": 'x.ScramLoginModule required username="u" password="p";'})
+
+    assert options == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                       "sasl_plain_username": "u", "sasl_plain_password": "p"}
+
+
+def test_librdkafka_spellings_are_accepted(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+
+    options = kafka_python_options({"security.protocol": "SSL", "ssl.ca.location": str(ca),
+                                    "ssl.endpoint.identification.algorithm": "", "sasl.mechanisms": "PLAIN",
+                                    "sasl.username": "u", "sasl.password": "p"})
+
+    assert options["ssl_cafile"] == str(ca)
+    assert options["ssl_check_hostname"] is False
+    assert options["sasl_mechanism"] == "PLAIN"
+
+
+@pytest.mark.parametrize(("properties", "message"), [
+    ({"bogus": "1"}, "unsupported client property 'bogus'"),
+    ({"security.protocol": "TLS"}, "security.protocol must be one of"),
+    ({"security.protocol": "SASL_SSL"}, "needs sasl.username and sasl.password"),
+    ({"sasl.mechanism": "GSSAPI", "sasl.username": "u"}, "sasl.mechanism must be one of"),
+    ({"ssl.ca.location": "/no/such/ca.pem"}, "not a readable file"),
+    ({"request.timeout.ms": "soon"}, "request.timeout.ms must be a whole number"),
+])
+def test_bad_properties_name_what_is_wrong(properties, message):
+    with pytest.raises(KafkaConfigError, match=message):
+        kafka_python_options(properties)
+
+
+def test_settings_never_show_secrets(tmp_path):
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=hunter2\n")
+
+    settings = KafkaSettings.from_cli("b1:9093, b2:9093", config)
+
+    assert settings.client_options()["bootstrap_servers"] == ["b1:9093", "b2:9093"]
+    assert "hunter2" not in repr(settings)
+    assert "hunter2" not in settings.describe()
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(KafkaConfigError, match="cannot read the client config file"):
+        KafkaSettings.from_cli("b:9092", tmp_path / "absent.properties")

@@ -1,0 +1,165 @@
+"""`kcm tail` against the embedded broker, with records written by the contract codec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from google.protobuf import json_format
+from kafka import KafkaProducer
+
+from kcm_bridge import contract
+from payloads import client_metrics
+
+INSTANCE = "5b1a6e0e-8f51-4c5e-9d7b-2f4f1c0e9a11"
+JSONL_KEYS = {"topic", "partition", "offset", "key", "resource", "error", "metrics"}
+
+
+def _kcm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kcm_cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def producer(broker):
+    kafka_producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    yield kafka_producer
+    kafka_producer.close()
+
+
+def _send(producer: KafkaProducer, topic: str, value: bytes | None, headers=(), key: str | None = INSTANCE) -> None:
+    producer.send(topic, key=key.encode() if key else None, value=value, headers=list(headers)).get(timeout=10)
+
+
+def _contract_record(client_id: str = "payments-producer", encoding: str = "zstd"):
+    return contract.encode(
+        client_metrics(client_id),
+        attributes={"client_instance_id": INSTANCE, "client_id": client_id,
+                    "client_software_name": "librdkafka", "client_software_version": "2.16.0"},
+        content_encoding=encoding,
+    )
+
+
+def test_jsonl_prints_one_object_per_record_with_the_contract_fields(broker, new_topic, producer):
+    topic = new_topic()
+    value, headers = _contract_record()
+    _send(producer, topic, value, headers)
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "1")
+
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    record = json.loads(line)
+    assert set(record) == JSONL_KEYS
+    assert (record["topic"], record["partition"], record["offset"], record["key"]) == (topic, 0, 0, INSTANCE)
+    assert record["error"] is None
+    assert record["resource"]["client_id"] == "payments-producer"
+    assert record["resource"]["client_software_name"] == "librdkafka"
+    gauge, total = record["metrics"]
+    assert gauge == {
+        "name": "org.apache.kafka.producer.node.request.latency.avg", "type": "gauge", "temporality": None,
+        "monotonic": None,
+        "points": [{"time_unix_nano": 1_700_000_000_000_000_000, "start_time_unix_nano": 0,
+                    "attributes": {"node_id": "1"}, "value": 12.5}],
+    }
+    assert (total["type"], total["temporality"], total["monotonic"]) == ("sum", "delta", True)
+    assert total["points"][0]["value"] == 42
+    assert total["points"][0]["attributes"] == {"topic": "payments"}
+
+
+def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, new_topic, producer):
+    topic = new_topic()
+    _send(producer, topic, b"\x28\xb5\x2f\xfd garbage", [("content-encoding", b"zstd")])
+    _send(producer, topic, json_format.MessageToJson(client_metrics("plain-json")).encode(), headers=(), key=None)
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "2")
+
+    assert result.returncode == 0, result.stderr
+    broken, plain = (json.loads(line) for line in result.stdout.splitlines())
+    assert broken["error"] == "decompress-failed"
+    assert broken["metrics"] == []
+    assert plain["error"] is None and plain["key"] is None
+    assert [m["name"] for m in plain["metrics"]] == [
+        "org.apache.kafka.producer.node.request.latency.avg", "org.apache.kafka.producer.record.send.total"]
+
+
+def test_table_has_a_row_per_metric_point(broker, new_topic, producer):
+    topic = new_topic()
+    value, headers = _contract_record(encoding="gzip")
+    _send(producer, topic, value, headers)
+    _send(producer, topic, b"not protobuf \xff\xff\xff", [("content-type", b"application/json")])
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--max-records", "2")
+
+    assert result.returncode == 0, result.stderr
+    header, latency, sent, broken = result.stdout.splitlines()
+    assert header.split() == ["CLIENT", "ID", "INSTANCE", "METRIC", "ATTRIBUTES", "VALUE"]
+    assert latency.split() == ["payments-producer", INSTANCE[:8],
+                               "org.apache.kafka.producer.node.request.latency.avg", "node_id=1", "12.5"]
+    assert sent.split() == ["payments-producer", INSTANCE[:8], "org.apache.kafka.producer.record.send.total",
+                            "topic=payments", "42"]
+    assert "invalid-json" in broken
+
+
+def test_without_from_beginning_only_new_records_are_printed(broker, new_topic, producer):
+    topic = new_topic(partitions=2)
+    _send(producer, topic, *_contract_record("old-client"))
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", broker.bootstrap, "--topic", topic,
+         "--output", "jsonl", "--max-records", "1", "--timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # the tail has resolved its start offsets by then
+        _send(producer, topic, *_contract_record("new-client"))
+        out, err = tail.communicate(timeout=40)
+    finally:
+        tail.kill()
+    assert tail.returncode == 0, err
+    [line] = out.splitlines()
+    assert json.loads(line)["resource"]["client_id"] == "new-client"
+
+
+def test_timeout_ends_tail_when_no_record_arrives(broker, new_topic):
+    topic = new_topic()
+    started = time.monotonic()
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--output", "jsonl",
+                  "--timeout", "1")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert time.monotonic() - started < 30
+
+
+def test_missing_topic_is_a_one_line_error_with_exit_code_2(broker):
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", "no-such-topic", "--timeout", "1")
+
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "topic 'no-such-topic' does not exist" in result.stderr
+
+
+def test_unreachable_broker_is_a_one_line_error_with_exit_code_2():
+    from kcm_sandbox.broker import free_port
+
+    result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--timeout", "1")
+
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "cannot reach Kafka" in result.stderr
+
+
+def test_unknown_client_property_is_rejected_before_connecting(tmp_path, broker):
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\nbogus.key=1\n")
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--command-config", str(config))
+
+    assert result.returncode == 2
+    assert "unsupported client property 'bogus.key'" in result.stderr
