@@ -196,6 +196,15 @@ def test_encode_always_writes_content_headers_even_without_attributes() -> None:
     assert value == client_metrics().SerializeToString()
 
 
+def test_encode_writes_already_serialised_metrics_unchanged() -> None:
+    payload = client_metrics().SerializeToString()
+    value, headers = encode(payload, attributes={"client_id": "a"}, content_encoding="lz4")
+    assert decompress(value, "lz4") == payload
+    assert decode(value, headers).metrics == client_metrics()
+    with pytest.raises(ValueError, match="protobuf"):
+        encode(payload, content_type=CONTENT_TYPE_JSON)
+
+
 def test_encode_rejects_an_attribute_that_is_not_a_contract_header() -> None:
     with pytest.raises(ValueError, match="client_rack"):
         encode(client_metrics(), attributes={"client_id": "a", "client_rack": "r1"})

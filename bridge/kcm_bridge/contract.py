@@ -119,19 +119,26 @@ def decode(
 
 
 def encode(
-    metrics: MetricsData,
+    metrics: MetricsData | bytes,
     *,
     attributes: Mapping[str, str] | None = None,
     content_type: str = CONTENT_TYPE_PROTOBUF,
     content_encoding: str = "none",
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """Build a record (value, headers) for a Kafka producer; raises ValueError on bad arguments."""
+    """Build a record (value, headers) for a Kafka producer; raises ValueError on bad arguments.
+
+    `metrics` may be an already serialised MetricsData (as a broker receives it), written as protobuf unchanged.
+    """
     attributes = attributes or {}
     unknown = [key for key in attributes if key not in ATTRIBUTE_HEADERS]
     if unknown:
         expected = ", ".join(ATTRIBUTE_HEADERS)
         raise ValueError(f"attribute {unknown[0]!r} is not a contract header; expected one of {expected}")
-    if content_type == CONTENT_TYPE_PROTOBUF:
+    if isinstance(metrics, bytes):
+        if content_type != CONTENT_TYPE_PROTOBUF:
+            raise ValueError("serialised MetricsData bytes can only be written as " + CONTENT_TYPE_PROTOBUF)
+        payload = metrics
+    elif content_type == CONTENT_TYPE_PROTOBUF:
         payload = metrics.SerializeToString()
     elif content_type == CONTENT_TYPE_JSON:
         payload = _to_otlp_json(metrics)

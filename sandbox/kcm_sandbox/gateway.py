@@ -1,0 +1,349 @@
+"""The sandbox's Kafka-protocol gateway: passes every request to the upstream broker, except the KIP-714 APIs and
+CLIENT_METRICS configs, which it answers itself like an Apache Kafka broker would."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka.protocol.admin.configs import (
+    AlterConfigsRequest,
+    DescribeConfigsRequest,
+    IncrementalAlterConfigsRequest,
+    ListConfigResourcesRequest,
+)
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+
+from kcm_sandbox import config_apis, wire
+from kcm_sandbox.client_metrics import SubscriptionStore
+from kcm_sandbox.messages import (
+    GetTelemetrySubscriptionsRequest,
+    GetTelemetrySubscriptionsResponse,
+    PushTelemetryRequest,
+    PushTelemetryResponse,
+)
+from kcm_sandbox.telemetry import INVALID_RECORD, ClientIdentity, PushResult, TelemetryManager, kafka_uuid_text
+
+log = logging.getLogger("kcm.sandbox")
+
+INVALID_REQUEST = 42
+_CONFIG_APIS = (DescribeConfigsRequest.API_KEY, AlterConfigsRequest.API_KEY, IncrementalAlterConfigsRequest.API_KEY)
+# What the gateway itself serves, and the highest version it can read (kafka-python's schemas, or ours).
+_LOCAL_VERSIONS = {
+    GetTelemetrySubscriptionsRequest.API_KEY: (0, GetTelemetrySubscriptionsRequest.max_version),
+    PushTelemetryRequest.API_KEY: (0, PushTelemetryRequest.max_version),
+    ListConfigResourcesRequest.API_KEY: (0, ListConfigResourcesRequest.max_version),
+    AlterConfigsRequest.API_KEY: (0, AlterConfigsRequest.max_version),
+}
+_SPLIT_MAX_VERSIONS = {api_key: config_apis.REQUEST_CLASSES[api_key].max_version for api_key in _CONFIG_APIS}
+
+Receiver = Callable[[uuid.UUID, ClientIdentity, PushResult], None]
+
+
+@dataclass
+class _Client:
+    """What the gateway knows of one client connection."""
+
+    connection_id: str
+    address: str
+    port: int
+    client_id: str | None = None
+    software_name: str | None = None
+    software_version: str | None = None
+    instance_id: uuid.UUID | None = None
+
+    def identity(self) -> ClientIdentity:
+        return ClientIdentity(self.client_id, self.software_name, self.software_version, self.address, self.port)
+
+    def __str__(self) -> str:
+        instance = kafka_uuid_text(self.instance_id) if self.instance_id else "-"
+        return f"{self.address}:{self.port} client_id={self.client_id} instance={instance}"
+
+
+@dataclass
+class _Upstream:
+    """One connection to the upstream broker; answers arrive in the order requests were sent."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pending: collections.deque[asyncio.Future[bytes]] = field(default_factory=collections.deque)
+
+    def send(self, frame_bytes: bytes, expect_response: bool = True) -> asyncio.Future[bytes] | None:
+        self.writer.write(wire.frame(frame_bytes))
+        if not expect_response:
+            return None
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        return future
+
+    async def pump(self) -> None:
+        try:
+            while (frame_bytes := await wire.read_frame(self.reader)) is not None:
+                if not self.pending:
+                    raise wire.FrameError("upstream sent an answer nobody asked for")
+                self.pending.popleft().set_result(frame_bytes)
+        except (OSError, wire.FrameError) as exc:
+            log.warning("upstream connection failed: %s", exc)
+        finally:
+            while self.pending:
+                self.pending.popleft().set_exception(ConnectionError("upstream broker closed the connection"))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Gateway:
+    """An asyncio Kafka-protocol server in front of `upstream` (host, port)."""
+
+    def __init__(self, upstream: tuple[str, int], store: SubscriptionStore, telemetry: TelemetryManager,
+                 receiver: Receiver, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.upstream = upstream
+        self.store = store
+        self.telemetry = telemetry
+        self.receiver = receiver
+        self.host = host
+        self.port = port
+        self.upstream_versions: dict[int, tuple[int, int]] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        self.upstream_versions = await self._fetch_upstream_versions()
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("gateway listening on %s:%d, upstream broker %s:%d", self.host, self.port, *self.upstream)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _fetch_upstream_versions(self) -> dict[int, tuple[int, int]]:
+        reader, writer = await asyncio.open_connection(*self.upstream)
+        try:
+            request = ApiVersionsRequest[3](client_software_name="kcm-sandbox", client_software_version="1")
+            request.with_header(correlation_id=0, client_id="kcm-sandbox")
+            writer.write(request.encode(header=True, framed=True))
+            response = ApiVersionsResponse.decode(await wire.read_frame(reader), version=3, header=True)
+            return {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        address, port = writer.get_extra_info("peername")[:2]
+        client = _Client(f"c{next(self._ids)}", address, port)
+        connection = _Connection(self, client, reader, writer)
+        try:
+            await connection.run()
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # one misbehaving client must never take the gateway down
+            log.exception("%s: connection failed", client)
+        finally:
+            connection.close()
+            self.telemetry.connection_closed(client.connection_id)
+            self._connections.discard(task)
+
+
+class _Connection:
+    """One client connection: routes each request, and writes answers back in request order."""
+
+    def __init__(self, gateway: Gateway, client: _Client, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.gateway = gateway
+        self.client = client
+        self.reader = reader
+        self.writer = writer
+        self.answers: asyncio.Queue[Awaitable[bytes | None] | None] = asyncio.Queue(maxsize=64)
+        self.upstream: _Upstream | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        replies = asyncio.create_task(self._write_answers())
+        try:
+            while (frame_bytes := await wire.read_frame(self.reader)) is not None:
+                header = wire.parse_header(frame_bytes)
+                self.client.client_id = header.client_id
+                answer = await self._route(frame_bytes, header)
+                if answer is not None:
+                    await self.answers.put(answer)
+        except wire.FrameError as exc:
+            log.warning("%s: closing the connection: %s", self.client, exc)
+        finally:
+            await self.answers.put(None)
+            await asyncio.gather(replies, return_exceptions=True)
+
+    def close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+        if self._pump is not None:
+            self._pump.cancel()
+        self.writer.close()
+
+    async def _write_answers(self) -> None:
+        while (answer := await self.answers.get()) is not None:
+            try:
+                payload = await answer
+            except (ConnectionError, wire.FrameError) as exc:
+                log.warning("%s: %s; closing the connection", self.client, exc)
+                self.writer.close()
+                return
+            if payload is not None:
+                self.writer.write(wire.frame(payload))
+                await self.writer.drain()
+
+    async def _upstream(self) -> _Upstream:
+        if self.upstream is None:
+            reader, writer = await asyncio.open_connection(*self.gateway.upstream)
+            self.upstream = _Upstream(reader, writer)
+            self._pump = asyncio.create_task(self.upstream.pump())
+        return self.upstream
+
+    async def _route(self, frame_bytes: bytes, header: wire.RequestHeader) -> Awaitable[bytes | None] | None:
+        """Start handling one request; returns what will become its answer (None: no answer is due)."""
+        api_key, version = header.api_key, header.api_version
+        if api_key in _LOCAL_VERSIONS:
+            low, high = _LOCAL_VERSIONS[api_key]
+            if not low <= version <= high:
+                raise wire.FrameError(f"unsupported version {version} of API {api_key}")
+            if api_key == GetTelemetrySubscriptionsRequest.API_KEY:
+                return _done(self._get_subscriptions(frame_bytes, header))
+            if api_key == PushTelemetryRequest.API_KEY:
+                return self._push(frame_bytes, header)
+            if api_key == ListConfigResourcesRequest.API_KEY:
+                request = _decode(ListConfigResourcesRequest, frame_bytes, version)
+                return _done(_encode(config_apis.list_resources(request, self.gateway.store), header))
+        if api_key in _CONFIG_APIS and version <= _SPLIT_MAX_VERSIONS[api_key]:
+            return await self._split_config_request(frame_bytes, header)
+        upstream = await self._upstream()
+        if api_key == ApiVersionsRequest.API_KEY:
+            self._remember_software(frame_bytes, version)
+            return self._api_versions(upstream.send(frame_bytes), version)
+        expect = api_key != 0 or wire.produce_expects_response(frame_bytes, header)
+        return upstream.send(frame_bytes, expect)
+
+    def _remember_software(self, frame_bytes: bytes, version: int) -> None:
+        if 3 <= version <= ApiVersionsRequest.max_version:
+            request = _decode(ApiVersionsRequest, frame_bytes, version)
+            self.client.software_name = request.client_software_name
+            self.client.software_version = request.client_software_version
+
+    async def _api_versions(self, answer: asyncio.Future[bytes] | None, version: int) -> bytes:
+        assert answer is not None
+        raw = await answer
+        if version > ApiVersionsResponse.max_version:
+            return raw
+        response = ApiVersionsResponse.decode(raw, version=version, header=True)
+        if response.error_code != 0:
+            return raw
+        versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+        versions.update(_LOCAL_VERSIONS)
+        for api_key, high in _SPLIT_MAX_VERSIONS.items():
+            if api_key in versions:
+                versions[api_key] = (versions[api_key][0], min(versions[api_key][1], high))
+        entry = ApiVersionsResponse.ApiVersion
+        response.api_keys = [entry(api_key=k, min_version=lo, max_version=hi) for k, (lo, hi) in sorted(versions.items())]
+        response.with_header(correlation_id=response.header.correlation_id)
+        return bytes(response.encode(header=True))
+
+    async def _split_config_request(self, frame_bytes: bytes, header: wire.RequestHeader) -> Awaitable[bytes]:
+        request_class = config_apis.REQUEST_CLASSES[header.api_key]
+        request = _decode(request_class, frame_bytes, header.api_version)
+        parts = config_apis.split(request, self.gateway.store)
+        if parts.local:
+            log.info("%s: %s on CLIENT_METRICS %s", self.client, request_class.__name__.removesuffix("Request"),
+                     ", ".join(name for (_, name) in parts.local))
+        pending = None
+        if parts.upstream is not None:
+            if header.api_key not in self.gateway.upstream_versions:
+                parts.local.update(config_apis.unsupported(parts.upstream, "the embedded broker does not support "
+                                                           f"{request_class.__name__.removesuffix('Request')}"))
+            else:
+                parts.upstream.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
+                pending = (await self._upstream()).send(bytes(parts.upstream.encode(header=True)))
+        return self._merge(request, parts, pending, header)
+
+    async def _merge(self, request: Any, parts: config_apis.Split, pending: asyncio.Future[bytes] | None,
+                     header: wire.RequestHeader) -> bytes:
+        upstream_response = None
+        if pending is not None:
+            response_class = config_apis.RESPONSE_CLASSES[header.api_key]
+            upstream_response = response_class.decode(await pending, version=header.api_version, header=True)
+        return _encode(config_apis.merge(request, parts, upstream_response), header)
+
+    def _get_subscriptions(self, frame_bytes: bytes, header: wire.RequestHeader) -> bytes:
+        request = _decode(GetTelemetrySubscriptionsRequest, frame_bytes, header.api_version)
+        result = self.gateway.telemetry.get_subscriptions(
+            request.client_instance_id, self.client.identity(), connection_id=self.client.connection_id)
+        if result.error_code == 0:
+            self.client.instance_id = result.client_instance_id
+            log.info("%s (%s %s): subscription %d, every %d ms, metrics %s", self.client, self.client.software_name,
+                     self.client.software_version, result.subscription_id, result.push_interval_ms,
+                     ",".join(result.requested_metrics) or "(none)")
+        else:
+            log.info("%s: GetTelemetrySubscriptions refused with error %d: %s", self.client, result.error_code,
+                     result.error_message)
+        response = GetTelemetrySubscriptionsResponse[header.api_version](
+            throttle_time_ms=result.throttle_time_ms, error_code=result.error_code,
+            client_instance_id=result.client_instance_id, subscription_id=result.subscription_id,
+            accepted_compression_types=result.accepted_compression_types, push_interval_ms=result.push_interval_ms,
+            telemetry_max_bytes=result.telemetry_max_bytes, delta_temporality=result.delta_temporality,
+            requested_metrics=result.requested_metrics)
+        return _encode(response, header)
+
+    def _push(self, frame_bytes: bytes, header: wire.RequestHeader) -> Awaitable[bytes]:
+        # The ladder runs now, in request order; only the write to the metrics topic waits.
+        request = _decode(PushTelemetryRequest, frame_bytes, header.api_version)
+        if request.client_instance_id is not None:
+            self.client.instance_id = request.client_instance_id
+        result = self.gateway.telemetry.push(
+            request.client_instance_id, request.subscription_id, request.terminating, request.compression_type,
+            request.metrics, self.client.identity(), connection_id=self.client.connection_id)
+        return self._deliver(request.client_instance_id, result, header)
+
+    async def _deliver(self, instance_id: uuid.UUID, result: PushResult, header: wire.RequestHeader) -> bytes:
+        error_code = result.error_code
+        if error_code == 0 and result.payload is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.gateway.receiver, instance_id, self.client.identity(), result)
+            except Exception as exc:  # Kafka answers INVALID_RECORD when its receiver plugin fails
+                log.error("%s: could not write the push to the metrics topic: %s", self.client, exc)
+                error_code = INVALID_RECORD
+        if error_code == 0:
+            log.info("%s: push accepted (%d bytes%s)", self.client, len(result.payload or b""),
+                     ", terminating" if result.terminating else "")
+        else:
+            log.info("%s: push refused with error %d: %s", self.client, error_code, result.error_message)
+        response = PushTelemetryResponse[header.api_version](throttle_time_ms=result.throttle_time_ms,
+                                                            error_code=error_code)
+        return _encode(response, header)
+
+
+def _decode(request_class: Any, frame_bytes: bytes, version: int) -> Any:
+    try:
+        return request_class.decode(frame_bytes, version=version, header=True)
+    except Exception as exc:  # a request we cannot parse: a broker closes the connection (InvalidRequestException)
+        raise wire.FrameError(f"cannot parse {request_class.__name__} v{version}: {exc}") from exc
+
+
+def _encode(response: Any, header: wire.RequestHeader) -> bytes:
+    response.with_header(correlation_id=header.correlation_id)
+    return bytes(response.encode(header=True))
+
+
+async def _done(payload: bytes) -> bytes:
+    return payload

@@ -1,0 +1,59 @@
+"""The sandbox's telemetry receiver: writes every accepted push to the metrics topic in contract v1."""
+
+from __future__ import annotations
+
+import uuid
+
+from kafka import KafkaProducer
+
+from kcm_bridge import contract
+from kcm_common.kafka import KafkaSettings
+from kcm_sandbox.telemetry import ClientIdentity, PushResult
+
+PRINCIPAL = "User:ANONYMOUS"
+LISTENER = "PLAINTEXT"
+
+
+class TopicReceiver:
+    """Writes pushes with a kafka-python producer; `write` returns once the broker has the record."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, broker_id: int, cluster_id: str,
+                 write_timeout_s: float = 10.0) -> None:
+        self.topic = topic
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.write_timeout_s = write_timeout_s
+        # One record per request keeps the embedded broker's watermarks exact (DESIGN.md, Tansu quirks).
+        self._producer = KafkaProducer(acks="all", linger_ms=0, max_in_flight_requests_per_connection=1,
+                                       **settings.client_options())
+
+    def record(self, instance_id: uuid.UUID, identity: ClientIdentity,
+               push: PushResult) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+        """The contract v1 record (key, value, headers) for one accepted push."""
+        instance = str(instance_id)
+        attributes = {
+            "client_instance_id": instance,
+            "client_id": identity.client_id or "",
+            "client_software_name": identity.software_name or "",
+            "client_software_version": identity.software_version or "",
+            "client_source_address": identity.source_address or "",
+            "client_source_port": str(identity.source_port or ""),
+            "principal": PRINCIPAL,
+            "listener_name": LISTENER,
+            "security_protocol": LISTENER,
+            "broker_id": str(self.broker_id),
+            "cluster_id": self.cluster_id,
+            "subscription_id": str(push.subscription_id),
+            "push_interval_ms": str(push.push_interval_ms),
+            "terminating": "true" if push.terminating else "false",
+        }
+        assert push.payload is not None
+        value, headers = contract.encode(push.payload, attributes=attributes)
+        return instance.encode(), value, headers
+
+    def __call__(self, instance_id: uuid.UUID, identity: ClientIdentity, push: PushResult) -> None:
+        key, value, headers = self.record(instance_id, identity, push)
+        self._producer.send(self.topic, key=key, value=value, headers=headers).get(timeout=self.write_timeout_s)
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)

@@ -1,0 +1,159 @@
+"""The whole sandbox, started and stopped as one: embedded broker, metrics topic, receiver and gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from kafka import KafkaAdminClient
+
+from kcm_bridge import contract
+from kcm_common.kafka import KafkaSettings, ensure_topic
+from kcm_sandbox.broker import EmbeddedBroker, free_port
+from kcm_sandbox.client_metrics import SubscriptionStore
+from kcm_sandbox.gateway import Gateway
+from kcm_sandbox.receiver import TopicReceiver
+from kcm_sandbox.telemetry import (
+    DEFAULT_ACCEPTED_COMPRESSION,
+    DEFAULT_TELEMETRY_MAX_BYTES,
+    ClientIdentity,
+    PushResult,
+    TelemetryManager,
+)
+
+log = logging.getLogger("kcm.sandbox")
+
+DEFAULT_TOPIC = "kafka-client-metrics"
+_COMPRESSION_BY_NAME = {name: code for code, name in contract.COMPRESSION_IDS.items() if name != "none"}
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start; the message says what to change."""
+
+
+def compression_ids(names: str) -> list[int]:
+    """`zstd,lz4` → KIP-714 compression ids, in the order given (the order clients are offered)."""
+    ids = []
+    for name in (part.strip().lower() for part in names.split(",")):
+        if name not in _COMPRESSION_BY_NAME:
+            raise SandboxError(f"unknown compression {name!r}; choose from {', '.join(_COMPRESSION_BY_NAME)}")
+        ids.append(_COMPRESSION_BY_NAME[name])
+    return ids
+
+
+def parse_address(text: str, option: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SandboxError(f"{option} must be HOST:PORT, not {text!r}")
+    return host, int(port)
+
+
+@dataclass
+class SandboxOptions:
+    listen: tuple[str, int] = ("127.0.0.1", 9092)   # port 0: pick a free one
+    topic: str = DEFAULT_TOPIC
+    partitions: int = 1
+    compression: list[int] = field(default_factory=lambda: list(DEFAULT_ACCEPTED_COMPRESSION))
+    telemetry_max_bytes: int = DEFAULT_TELEMETRY_MAX_BYTES
+    state: Path | None = None
+    upstream: tuple[str, int] | None = None        # a running broker instead of the embedded one
+
+
+class Sandbox:
+    """Runs the gateway on its own event-loop thread, so callers (the CLI, tests, the demo) stay synchronous."""
+
+    def __init__(self, options: SandboxOptions | None = None) -> None:
+        self.options = options or SandboxOptions()
+        self.broker: EmbeddedBroker | None = None
+        self.store: SubscriptionStore | None = None
+        self.gateway: Gateway | None = None
+        self._receiver: TopicReceiver | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.gateway is not None, "the sandbox is not running"
+        return f"{self.gateway.host}:{self.gateway.port}"
+
+    @property
+    def upstream_bootstrap(self) -> str:
+        """The broker behind the gateway (clients must not use it: it knows nothing of KIP-714)."""
+        if self.options.upstream is not None:
+            return "%s:%d" % self.options.upstream
+        assert self.broker is not None
+        return self.broker.bootstrap
+
+    def start(self, timeout: float = 30.0) -> None:
+        options = self.options
+        if options.partitions < 1:
+            raise SandboxError("--partitions must be at least 1")
+        if options.telemetry_max_bytes < 1:
+            raise SandboxError("--telemetry-max-bytes must be at least 1")
+        host, port = options.listen
+        port = port or free_port(host)
+        try:
+            if options.upstream is None:
+                self.broker = EmbeddedBroker(host=host, advertised=f"{host}:{port}")
+                self.broker.start()
+            self.store = SubscriptionStore(options.state)
+            telemetry = TelemetryManager(self.store, options.compression, options.telemetry_max_bytes)
+            self.gateway = Gateway(parse_address(self.upstream_bootstrap, "--upstream"), self.store, telemetry,
+                                   self._receive, host=host, port=port)
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="kcm-sandbox-gateway", daemon=True)
+            self._thread.start()
+            asyncio.run_coroutine_threadsafe(self.gateway.start(), self._loop).result(timeout)
+            # The broker advertises the gateway, so every other client, ours included, goes through it.
+            settings = KafkaSettings(self.bootstrap)
+            ensure_topic(settings, options.topic, options.partitions)
+            broker_id, cluster_id = _cluster_identity(settings)
+            self._receiver = TopicReceiver(settings, options.topic, broker_id, cluster_id)
+        except OSError as exc:
+            self.stop()
+            raise SandboxError(f"cannot listen on {host}:{port} or reach the broker: {exc.strerror or exc}") from exc
+        except Exception:
+            self.stop()
+            raise
+
+    def _receive(self, instance_id: uuid.UUID, identity: ClientIdentity, push: PushResult) -> None:
+        if self._receiver is None:
+            raise SandboxError("the metrics topic is not ready yet")
+        self._receiver(instance_id, identity, push)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            if self.gateway is not None and self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(self.gateway.stop(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            self._loop.close()
+            self._loop = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+        if self.broker is not None:
+            self.broker.stop()
+
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _cluster_identity(settings: KafkaSettings) -> tuple[int, str]:
+    admin = KafkaAdminClient(**settings.client_options())
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    return cluster["brokers"][0]["broker_id"], cluster["cluster_id"] or ""

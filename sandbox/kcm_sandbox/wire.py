@@ -1,0 +1,102 @@
+"""Kafka wire framing: size-prefixed frames and the request header fields the gateway routes on."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass
+
+# A broker refuses frames above socket.request.max.bytes (100 MiB by default); so do we.
+MAX_FRAME_BYTES = 100 * 1024 * 1024
+_FIXED = struct.Struct(">hhi")
+
+
+class FrameError(ValueError):
+    """A frame that cannot be a Kafka request; the connection is closed, as a broker would."""
+
+
+@dataclass(frozen=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    end: int  # offset just past the client id (flexible headers continue with tagged fields)
+
+
+def parse_header(frame: bytes) -> RequestHeader:
+    """The routing fields of a request frame (without its size prefix); these sit at fixed places in every version."""
+    if len(frame) < _FIXED.size + 2:
+        raise FrameError(f"request of {len(frame)} bytes is shorter than a request header")
+    api_key, api_version, correlation_id = _FIXED.unpack_from(frame)
+    (length,) = struct.unpack_from(">h", frame, _FIXED.size)
+    start = _FIXED.size + 2
+    if length < 0:
+        return RequestHeader(api_key, api_version, correlation_id, None, start)
+    if start + length > len(frame):
+        raise FrameError("request header's client id runs past the end of the request")
+    client_id = frame[start:start + length].decode("utf-8", errors="replace")
+    return RequestHeader(api_key, api_version, correlation_id, client_id, start + length)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame's bytes (without the size prefix), or None at a clean end of stream."""
+    try:
+        prefix = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise FrameError("connection closed in the middle of a frame size") from None
+        return None
+    (size,) = struct.unpack(">i", prefix)
+    if size < 0 or size > MAX_FRAME_BYTES:
+        raise FrameError(f"frame size {size} is outside 0..{MAX_FRAME_BYTES}")
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise FrameError(f"connection closed after {size}-byte frame was announced") from None
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def produce_expects_response(frame_bytes: bytes, header: RequestHeader) -> bool:
+    """Whether a Produce request wants an answer: acks=0 requests get none."""
+    body = _body_offset(frame_bytes, header)
+    if header.api_version >= 3:
+        # transactional_id: compact nullable string (varint length + 1) from v9, int16-prefixed before.
+        if header.api_version >= 9:
+            length, body = _uvarint(frame_bytes, body)
+            body += max(length - 1, 0)
+        else:
+            (length,) = struct.unpack_from(">h", frame_bytes, body)
+            body += 2 + max(length, 0)
+    (acks,) = struct.unpack_from(">h", frame_bytes, body)
+    return acks != 0
+
+
+def _body_offset(frame_bytes: bytes, header: RequestHeader) -> int:
+    offset = header.end
+    if header.api_key == 0 and header.api_version >= 9:
+        # Flexible request headers end with tagged fields.
+        count, offset = _uvarint(frame_bytes, offset)
+        for _ in range(count):
+            _, offset = _uvarint(frame_bytes, offset)
+            size, offset = _uvarint(frame_bytes, offset)
+            offset += size
+    return offset
+
+
+def _uvarint(data: bytes, offset: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if offset >= len(data):
+            raise FrameError("truncated varint in request")
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, offset
+        shift += 7
+        if shift > 35:
+            raise FrameError("varint too long in request")

@@ -1,0 +1,297 @@
+"""CLIENT_METRICS config resources behave as Apache Kafka 4.x answers (Incremental)AlterConfigs and DescribeConfigs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kcm_sandbox.client_metrics import (
+    CONFIG_SOURCE,
+    DEFAULT_CONFIG_SOURCE,
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+    OP_APPEND,
+    OP_DELETE,
+    OP_SET,
+    OP_SUBTRACT,
+    ConfigError,
+    StateFileError,
+    Subscription,
+    SubscriptionStore,
+)
+
+
+def _set(**configs: str) -> list[tuple[str, int, str | None]]:
+    return [(name.replace("_", "."), OP_SET, value) for name, value in configs.items()]
+
+
+def _values(store: SubscriptionStore, name: str) -> dict[str, tuple[str | None, int]]:
+    return {entry.name: (entry.value, entry.source) for entry in store.describe(name)}
+
+
+def _refused(change) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        change()
+    return caught.value
+
+
+# --- validation: every error code and message Kafka answers -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ops", "code", "message"),
+    [
+        ([("foo", OP_SET, "1")], INVALID_REQUEST, "Unknown client metrics configuration: foo"),
+        ([("interval.ms", OP_SET, "99")], INVALID_REQUEST,
+         "Invalid value 99 for interval.ms, interval must be between 100 and 3600000 (1 hour)"),
+        ([("interval.ms", OP_SET, "3600001")], INVALID_REQUEST,
+         "Invalid value 3600001 for interval.ms, interval must be between 100 and 3600000 (1 hour)"),
+        ([("interval.ms", OP_SET, "1e3")], INVALID_CONFIG,
+         "Invalid value 1e3 for configuration interval.ms: Not a number of type INT"),
+        ([("interval.ms", OP_SET, "4294967296")], INVALID_CONFIG,
+         "Invalid value 4294967296 for configuration interval.ms: Not a number of type INT"),
+        ([("match", OP_SET, "client_name=x")], INVALID_CONFIG, "Illegal client matching pattern: client_name=x"),
+        ([("match", OP_SET, "client_id=[")], INVALID_CONFIG, "Illegal client matching pattern: client_id=["),
+        ([("match", OP_SET, "client_id")], INVALID_CONFIG, "Illegal client matching pattern: client_id"),
+        ([("match", OP_SET, "client_id=")], INVALID_CONFIG, "Illegal client matching pattern: client_id="),
+        ([("match", OP_SET, "client_id=a=b")], INVALID_CONFIG, "Illegal client matching pattern: client_id=a=b"),
+        ([("match", OP_SET, "client_id=a,")], INVALID_CONFIG, "Illegal client matching pattern: "),
+        ([("metrics", OP_SET, None)], INVALID_REQUEST, "Null value not supported for : metrics"),
+        ([("metrics", OP_SET, "a"), ("metrics", OP_DELETE, None)], INVALID_REQUEST,
+         "Error due to duplicate config keys"),
+        ([("interval.ms", OP_APPEND, "5")], INVALID_CONFIG,
+         "Can't APPEND to key interval.ms because its type is not LIST."),
+        ([("interval.ms", OP_SUBTRACT, "5")], INVALID_CONFIG,
+         "Can't SUBTRACT to key interval.ms because its type is not LIST."),
+        ([("metrics", 7, "a")], INVALID_REQUEST, "Unknown alter config operation 7 for metrics"),
+    ],
+)
+def test_invalid_incremental_alter_is_refused_with_kafkas_code_and_message(ops, code, message):
+    store = SubscriptionStore()
+
+    error = _refused(lambda: store.incremental_alter("subs", ops))
+
+    assert (error.error_code, error.message) == (code, message)
+    assert store.names() == [] and store.generation == 0
+
+
+def test_empty_subscription_name_is_an_invalid_request_everywhere():
+    store = SubscriptionStore()
+
+    for change in (
+        lambda: store.incremental_alter("", _set(metrics="a")),
+        lambda: store.incremental_alter("", [("metrics", OP_DELETE, None)]),
+        lambda: store.alter("", {"metrics": "a"}),
+    ):
+        error = _refused(change)
+        assert (error.error_code, error.message) == (INVALID_REQUEST, "Subscription name can't be empty")
+    error = _refused(lambda: store.describe(""))
+    assert (error.error_code, error.message) == (INVALID_REQUEST, "Client metrics subscription name must not be empty")
+
+
+def test_interval_bounds_are_inclusive():
+    store = SubscriptionStore()
+
+    store.incremental_alter("low", _set(interval_ms="100"))
+    store.incremental_alter("high", _set(interval_ms="3600000"))
+
+    assert [s.interval_ms for s in store.subscriptions()] == [3600000, 100]
+
+
+def test_unknown_key_is_checked_before_a_bad_interval():
+    error = _refused(lambda: SubscriptionStore().alter("subs", {"interval.ms": "x", "zzz": "1"}))
+
+    assert (error.error_code, error.message) == (INVALID_REQUEST, "Unknown client metrics configuration: zzz")
+
+
+def test_legacy_alter_with_a_null_value_is_refused():
+    error = _refused(lambda: SubscriptionStore().alter("subs", {"metrics": "a", "match": None}))
+
+    assert (error.error_code, error.message) == (INVALID_REQUEST, "Null value not supported for : match")
+
+
+def test_deleting_a_key_that_was_never_set_succeeds_and_changes_nothing():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(metrics="a"))
+
+    store.incremental_alter("subs", [("foo", OP_DELETE, None), ("match", OP_DELETE, None)])
+
+    assert store.configs("subs") == {"metrics": "a"} and store.generation == 1
+
+
+# --- describe and list reflect exactly what was set --------------------------------------------------------------
+
+
+def test_describe_shows_set_keys_as_client_metrics_config_and_the_rest_as_defaults():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(metrics="producer. , consumer.", interval_ms=" 60000 "))
+
+    entries = {entry.name: entry for entry in store.describe("subs")}
+
+    assert [entry.name for entry in store.describe("subs")] == ["metrics", "interval.ms", "match"]
+    # Kafka describes the parsed value, so spaces around commas and numbers are gone.
+    metrics, interval, match = entries["metrics"], entries["interval.ms"], entries["match"]
+    assert metrics.value == "producer.,consumer."
+    assert (metrics.source, metrics.is_default, metrics.config_type) == (CONFIG_SOURCE, False, 7)
+    assert (interval.value, interval.source, interval.config_type) == ("60000", CONFIG_SOURCE, 3)
+    assert (match.value, match.source, match.is_default, match.config_type) == ("", DEFAULT_CONFIG_SOURCE, True, 7)
+    assert not any(entry.read_only or entry.sensitive for entry in entries.values())
+    assert entries["interval.ms"].documentation == "Metrics push interval in milliseconds"
+
+
+def test_describe_filters_by_requested_keys():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(match="client_id=a.*"))
+
+    assert [(e.name, e.value) for e in store.describe("subs", ["match", "nonsense"])] == [("match", "client_id=a.*")]
+    assert len(store.describe("subs", [])) == 3
+
+
+def test_a_subscription_that_does_not_exist_describes_as_defaults_and_is_not_listed():
+    store = SubscriptionStore()
+
+    assert _values(store, "ghost") == {
+        "metrics": ("", DEFAULT_CONFIG_SOURCE),
+        "interval.ms": ("300000", DEFAULT_CONFIG_SOURCE),
+        "match": ("", DEFAULT_CONFIG_SOURCE),
+    }
+    assert store.names() == []
+
+
+def test_names_lists_every_subscription_sorted():
+    store = SubscriptionStore()
+    for name in ("b", "a", "c"):
+        store.incremental_alter(name, _set(metrics="*"))
+
+    assert store.names() == ["a", "b", "c"]
+
+
+# --- incremental operations ---------------------------------------------------------------------------------------
+
+
+def test_set_then_delete_each_key_and_the_last_delete_removes_the_subscription():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(metrics="a", interval_ms="1000", match="client_id=x"))
+
+    store.incremental_alter("subs", [("metrics", OP_DELETE, None), ("match", OP_DELETE, None)])
+    assert store.configs("subs") == {"interval.ms": "1000"} and store.names() == ["subs"]
+
+    store.incremental_alter("subs", [("interval.ms", OP_DELETE, None)])
+    assert store.names() == [] and store.subscriptions() == []
+    assert _values(store, "subs")["interval.ms"] == ("300000", DEFAULT_CONFIG_SOURCE)
+
+
+def test_append_adds_missing_items_to_a_list_key_even_when_unset():
+    store = SubscriptionStore()
+
+    store.incremental_alter("subs", [("metrics", OP_APPEND, "a,b")])
+    store.incremental_alter("subs", [("metrics", OP_APPEND, "b,c")])
+    store.incremental_alter("subs", [("match", OP_APPEND, "client_id=x")])
+
+    assert store.configs("subs") == {"metrics": "a,b,c", "match": "client_id=x"}
+
+
+def test_subtract_removes_items_and_subtracting_everything_leaves_an_empty_value_set():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(metrics="a,b,c"))
+
+    store.incremental_alter("subs", [("metrics", OP_SUBTRACT, "b,zzz")])
+    assert store.configs("subs") == {"metrics": "a,c"}
+
+    store.incremental_alter("subs", [("metrics", OP_SUBTRACT, "a,c")])
+    assert store.names() == ["subs"]
+    assert _values(store, "subs")["metrics"] == ("", CONFIG_SOURCE)
+
+
+def test_legacy_alter_replaces_every_config_and_an_empty_alter_removes_the_subscription():
+    store = SubscriptionStore()
+    store.alter("subs", {"metrics": "a", "interval.ms": "1000"})
+
+    store.alter("subs", {"match": "client_id=x"})
+    assert store.configs("subs") == {"match": "client_id=x"}
+
+    store.alter("subs", {})
+    assert store.names() == []
+
+
+def test_validate_only_checks_without_changing_anything():
+    store = SubscriptionStore()
+
+    store.incremental_alter("subs", _set(metrics="a"), validate_only=True)
+    store.alter("subs", {"metrics": "a"}, validate_only=True)
+    error = _refused(lambda: store.incremental_alter("subs", _set(interval_ms="1"), validate_only=True))
+
+    assert error.error_code == INVALID_REQUEST
+    assert store.names() == [] and store.generation == 0
+
+
+def test_generation_bumps_only_on_effective_changes():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(metrics="a"))
+    assert store.generation == 1
+
+    store.incremental_alter("subs", _set(metrics="a"))
+    store.incremental_alter("other", [("metrics", OP_DELETE, None)])
+    _refused(lambda: store.incremental_alter("subs", _set(interval_ms="0")))
+    assert store.generation == 1
+
+    store.incremental_alter("subs", [("metrics", OP_DELETE, None)])
+    assert store.generation == 2
+
+
+def test_subscriptions_are_parsed_with_defaults_and_a_repeated_match_key_keeps_its_last_pattern():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", _set(match="client_id=a.*, client_software_name = librdkafka ,client_id=b.*"))
+
+    assert store.subscriptions() == [
+        Subscription(
+            name="subs",
+            metrics=(),
+            interval_ms=300000,
+            match=(("client_id", "b.*"), ("client_software_name", "librdkafka")),
+        )
+    ]
+
+
+# --- persistence -------------------------------------------------------------------------------------------------
+
+
+def test_a_new_store_on_the_same_file_sees_every_change(tmp_path):
+    state = tmp_path / "state" / "subscriptions.json"
+    store = SubscriptionStore(state)
+    store.incremental_alter("keep", _set(metrics="a", interval_ms="1000"))
+    store.incremental_alter("gone", _set(metrics="b"))
+    store.incremental_alter("gone", [("metrics", OP_DELETE, None)])
+
+    reopened = SubscriptionStore(state)
+
+    assert reopened.names() == ["keep"]
+    assert reopened.configs("keep") == {"metrics": "a", "interval.ms": "1000"}
+    assert [path.name for path in state.parent.iterdir()] == ["subscriptions.json"]  # no temp files left behind
+
+
+def test_refused_and_validate_only_changes_are_not_written(tmp_path):
+    state = tmp_path / "subscriptions.json"
+    store = SubscriptionStore(state)
+    store.incremental_alter("subs", _set(metrics="a"))
+    _refused(lambda: store.incremental_alter("subs", _set(interval_ms="1")))
+    store.incremental_alter("subs", _set(metrics="b"), validate_only=True)
+
+    assert SubscriptionStore(state).configs("subs") == {"metrics": "a"}
+
+
+def test_an_unreadable_state_file_is_reported_with_its_path(tmp_path):
+    state = tmp_path / "subscriptions.json"
+    state.write_text("{not json")
+
+    with pytest.raises(StateFileError, match="subscriptions.json"):
+        SubscriptionStore(state)
+
+
+def test_an_invalid_subscription_in_the_state_file_is_reported(tmp_path):
+    state = tmp_path / "subscriptions.json"
+    state.write_text(json.dumps({"version": 1, "subscriptions": {"subs": {"interval.ms": "5"}}}))
+
+    with pytest.raises(StateFileError, match="'subs' is invalid: Invalid value 5 for interval.ms"):
+        SubscriptionStore(state)
