@@ -10,6 +10,7 @@ import pytest
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.broker import EmbeddedBroker
 from kcm_sandbox.collector import OtlpReceiver
+from kcm_sandbox.runner import Sandbox, SandboxOptions
 
 _topic_numbers = itertools.count()
 
@@ -51,3 +52,26 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         yield receiver
     finally:
         receiver.stop()
+
+
+@pytest.fixture
+def sandbox_factory():
+    """Start sandboxes with given options (`sandbox_factory(compression=[4])`); all are stopped after the test."""
+    started: list[Sandbox] = []
+
+    def start(**options) -> Sandbox:
+        options.setdefault("listen", ("127.0.0.1", 0))
+        instance = Sandbox(SandboxOptions(**options))
+        instance.start()
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        instance.stop()
+
+
+@pytest.fixture
+def sandbox(sandbox_factory) -> Sandbox:
+    """A running sandbox (embedded broker + KIP-714 gateway) on free loopback ports."""
+    return sandbox_factory()

@@ -163,3 +163,35 @@ def test_unknown_client_property_is_rejected_before_connecting(tmp_path, broker)
 
     assert result.returncode == 2
     assert "unsupported client property 'bogus.key'" in result.stderr
+
+
+def test_tail_prints_what_a_real_librdkafka_client_pushed_through_the_sandbox(sandbox):
+    import confluent_kafka
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = KafkaAdminClient(bootstrap_servers=sandbox.bootstrap)
+    admin.alter_configs([ConfigResource(ConfigResourceType.CLIENT_METRICS, "all",
+                                        configs={"metrics": "*", "interval.ms": "300"})], raise_on_unknown=False)
+    admin.close()
+    producer = confluent_kafka.Producer({"bootstrap.servers": sandbox.bootstrap, "client.id": "tailed-producer"})
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        producer.produce("traffic", b"x")
+        producer.poll(0.05)
+    producer.flush(5)
+
+    result = _kcm("tail", "--bootstrap-server", sandbox.bootstrap, "--topic", sandbox.options.topic,
+                  "--from-beginning", "--output", "jsonl", "--max-records", "2", "--timeout", "20")
+    del producer
+
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 2
+    for record in records:
+        assert record["error"] is None
+        assert record["resource"]["client_id"] == "tailed-producer"
+        assert record["key"] == record["resource"]["client_instance_id"]
+        names = {metric["name"] for metric in record["metrics"]}
+        assert "org.apache.kafka.producer.node.request.latency.avg" in names, names
+        assert all(metric["type"] in ("gauge", "sum") for metric in record["metrics"])

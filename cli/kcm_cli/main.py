@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from kcm_cli import tail
+from kcm_sandbox import command as sandbox
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Consume the metrics topic (contract v1) and print decoded client metrics.")
     tail.add_arguments(tail_parser)
     tail_parser.set_defaults(run=tail.run)
+
+    sandbox_parser = commands.add_parser(
+        "sandbox", help="run a local KIP-714-capable Kafka endpoint",
+        description="Run an embedded Kafka-compatible broker behind a KIP-714 gateway: real clients push telemetry "
+                    "to it, CLIENT_METRICS subscriptions are honoured, and every accepted push is written to the "
+                    "metrics topic (contract v1).")
+    sandbox.add_arguments(sandbox_parser)
+    sandbox_parser.set_defaults(run=sandbox.run)
 
     return parser
 

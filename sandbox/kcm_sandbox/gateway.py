@@ -20,6 +20,7 @@ from kafka.protocol.admin.configs import (
 )
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
+from kcm_bridge import contract
 from kcm_sandbox import config_apis, wire
 from kcm_sandbox.client_metrics import SubscriptionStore
 from kcm_sandbox.messages import (
@@ -312,9 +313,11 @@ class _Connection:
         result = self.gateway.telemetry.push(
             request.client_instance_id, request.subscription_id, request.terminating, request.compression_type,
             request.metrics, self.client.identity(), connection_id=self.client.connection_id)
-        return self._deliver(request.client_instance_id, result, header)
+        codec = contract.COMPRESSION_IDS.get(request.compression_type, str(request.compression_type))
+        return self._deliver(request.client_instance_id, result, header, codec)
 
-    async def _deliver(self, instance_id: uuid.UUID, result: PushResult, header: wire.RequestHeader) -> bytes:
+    async def _deliver(self, instance_id: uuid.UUID, result: PushResult, header: wire.RequestHeader,
+                       codec: str) -> bytes:
         error_code = result.error_code
         if error_code == 0 and result.payload is not None:
             try:
@@ -324,8 +327,8 @@ class _Connection:
                 log.error("%s: could not write the push to the metrics topic: %s", self.client, exc)
                 error_code = INVALID_RECORD
         if error_code == 0:
-            log.info("%s: push accepted (%d bytes%s)", self.client, len(result.payload or b""),
-                     ", terminating" if result.terminating else "")
+            log.info("%s: push accepted (%d bytes, compression %s%s)", self.client, len(result.payload or b""),
+                     codec, ", terminating" if result.terminating else "")
         else:
             log.info("%s: push refused with error %d: %s", self.client, error_code, result.error_message)
         response = PushTelemetryResponse[header.api_version](throttle_time_ms=result.throttle_time_ms,
