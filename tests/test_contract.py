@@ -8,6 +8,7 @@ import pickle
 import tracemalloc
 import zlib
 
+import cramjam
 import lz4.frame
 import pytest
 import zstandard
@@ -375,6 +376,25 @@ def test_decompression_bomb_is_rejected_without_inflating_it(encoding: str) -> N
         tracemalloc.stop()
     assert caught.value.reason == "too-large"
     assert peak < 8 << 20
+
+
+def _xerial(*blocks: bytes) -> bytes:
+    header = b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    framed = [len(raw := bytes(cramjam.snappy.compress_raw(block))).to_bytes(4, "big") + raw for block in blocks]
+    return header + b"".join(framed)
+
+
+def test_snappy_also_reads_the_xerial_framing_java_clients_push() -> None:
+    payload = client_metrics().SerializeToString()
+    half = len(payload) // 2
+
+    assert decompress(_xerial(payload[:half], payload[half:]), "snappy") == payload
+    with pytest.raises(DecodeError) as truncated:
+        decompress(_xerial(payload)[:-3], "snappy")
+    assert truncated.value.reason == "decompress-failed"
+    with pytest.raises(DecodeError) as too_large:
+        decompress(_xerial(payload, payload), "snappy", max_bytes=len(payload) + 1)
+    assert too_large.value.reason == "too-large"
 
 
 def test_snappy_bomb_is_rejected_from_its_length_preamble() -> None:

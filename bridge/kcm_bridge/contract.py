@@ -54,6 +54,8 @@ DECODE_REASONS: tuple[str, ...] = (
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _GZIP_MAGIC = b"\x1f\x8b"
 _LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER_SIZE = 16
 # zstd allocates the window a frame header asks for before producing output; streaming
 # compressors ask for up to 8 MiB even for tiny payloads, so allow that much and no more.
 _ZSTD_MIN_WINDOW = 8 * 1024 * 1024
@@ -321,6 +323,12 @@ def _gunzip(data: bytes, max_bytes: int) -> bytes:
 
 
 def _unsnappy(data: bytes, max_bytes: int) -> bytes:
+    if data.startswith(_XERIAL_MAGIC):
+        return _unxerial(data, max_bytes)
+    return _unsnappy_block(data, max_bytes)
+
+
+def _unsnappy_block(data: bytes, max_bytes: int) -> bytes:
     # The raw block format starts with the uncompressed length, so reject before allocating.
     size, shift = 0, 0
     for byte in data[:5]:
@@ -335,6 +343,24 @@ def _unsnappy(data: bytes, max_bytes: int) -> bytes:
     if len(out) != size:
         raise _truncated("snappy")
     return out
+
+
+def _unxerial(data: bytes, max_bytes: int) -> bytes:
+    # Java clients (Kafka's SnappyOutputStream) frame raw blocks as xerial-snappy: a 16-byte header, then
+    # blocks each prefixed with a big-endian 4-byte length. A broker's receiver sees it after decompression,
+    # but the sandbox decompresses pushes itself.
+    out = bytearray()
+    position = _XERIAL_HEADER_SIZE
+    while position < len(data):
+        if position + 4 > len(data):
+            raise _truncated("snappy")
+        size = int.from_bytes(data[position:position + 4], "big")
+        position += 4
+        if position + size > len(data):
+            raise _truncated("snappy")
+        out += _unsnappy_block(data[position:position + size], max_bytes - len(out))
+        position += size
+    return bytes(out)
 
 
 def _unlz4(data: bytes, max_bytes: int) -> bytes:

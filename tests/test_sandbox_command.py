@@ -1,0 +1,88 @@
+"""`kcm sandbox` as a user runs it: prints its bootstrap address, keeps state, stops everything on a signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
+
+from kcm_sandbox.broker import free_port
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "sandbox", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # the sandbox prints its address once it is ready
+    assert "bootstrap" in line, (line, process.stderr.read() if process.poll() is not None else "")
+    return process, line.split("bootstrap ")[1].split()[0]
+
+
+def _children(pid: int) -> set[int]:
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children |= {int(c) for c in (task / "children").read_text().split()}
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status").read_text()
+    return "State:\tZ" not in status
+
+
+def _describe(bootstrap: str, name: str) -> dict:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return admin.describe_configs([ConfigResource(ConfigResourceType.CLIENT_METRICS, name)])
+    finally:
+        admin.close()
+
+
+def test_sandbox_prints_its_address_keeps_state_and_stops_its_broker_on_sigterm(tmp_path):
+    state = tmp_path / "subscriptions.json"
+    port = free_port()
+    process, bootstrap = _start("--listen", f"127.0.0.1:{port}", "--state", str(state))
+    try:
+        assert bootstrap == f"127.0.0.1:{port}"
+        broker_pids = _children(process.pid)
+        assert broker_pids, "the sandbox should run the embedded broker as a child process"
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin.alter_configs([ConfigResource(ConfigResourceType.CLIENT_METRICS, "kept",
+                                            configs={"metrics": "org.apache.kafka.producer.", "interval.ms": "5000"})],
+                            raise_on_unknown=False)
+        admin.close()
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert not any(_alive(pid) for pid in broker_pids)
+    finally:
+        process.kill()
+
+    process, bootstrap = _start("--listen", "127.0.0.1:0", "--state", str(state))
+    try:
+        described = repr(_describe(bootstrap, "kept"))
+        assert "org.apache.kafka.producer." in described and "5000" in described
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+
+
+def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
+    corrupt = tmp_path / "state.json"
+    corrupt.write_text("{not json")
+    for args, message in [(["--compression", "brotli"], "unknown compression 'brotli'"),
+                          (["--listen", "nowhere"], "--listen must be HOST:PORT"),
+                          (["--listen", "127.0.0.1:0", "--state", str(corrupt)], "state")]:
+        result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "sandbox", *args],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr
+        assert "Traceback" not in result.stderr
