@@ -1,11 +1,12 @@
 """The config APIs with CLIENT_METRICS resources split off: answered from the subscription store, the rest by upstream.
 
-Each `split_*` returns the local answers and the request for what remains (None when nothing does);
+`split` answers the CLIENT_METRICS resources and builds the request for what remains (None when nothing does);
 `merge` puts the two answers back together in the order the client asked.
 """
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,13 @@ from kafka.protocol.admin.configs import (
     ListConfigResourcesResponse,
 )
 
-from kcm_sandbox.client_metrics import RESOURCE_TYPE, ConfigError, SubscriptionStore
+from kcm_sandbox.client_metrics import CONFIG_SOURCE, RESOURCE_TYPE, ConfigError, SubscriptionStore
 
 INVALID_REQUEST = 42
 
 _DescribeResult = DescribeConfigsResponse.DescribeConfigsResult
 _DescribeEntry = _DescribeResult.DescribeConfigsResourceResult
+_Synonym = _DescribeEntry.DescribeConfigsSynonym
 _AlterResult = AlterConfigsResponse.AlterConfigsResourceResponse
 _IncrementalResult = IncrementalAlterConfigsResponse.AlterConfigsResourceResponse
 
@@ -45,70 +47,70 @@ REQUEST_CLASSES = {
 class Split:
     """A config request cut in two: what the store answered, and what still goes upstream."""
 
-    order: list[tuple[int, str]]          # (resource_type, name) in the client's order
-    local: dict[tuple[int, str], Any]     # answers for CLIENT_METRICS resources
-    upstream: Any | None                  # request for the other resources, or None
+    local: list[Any | None]   # per resource, in the client's order: the store's answer, or None for upstream's
+    upstream: Any | None      # request for the other resources, or None
 
 
-def _results_field(api_key: int) -> str:
-    return "results" if api_key == DescribeConfigsRequest.API_KEY else "responses"
+def results(response: Any) -> list[Any]:
+    """The per-resource answers of a config response."""
+    return response.results if response.API_KEY == DescribeConfigsRequest.API_KEY else response.responses
 
 
 def split(request: Any, store: SubscriptionStore) -> Split:
     """Answer the CLIENT_METRICS resources of a DescribeConfigs/AlterConfigs/IncrementalAlterConfigs request."""
-    api_key = request.API_KEY
-    order = [(resource.resource_type, resource.resource_name) for resource in request.resources]
-    local: dict[tuple[int, str], Any] = {}
+    local: list[Any | None] = []
     remaining = []
     for resource in request.resources:
         if resource.resource_type != RESOURCE_TYPE:
+            local.append(None)
             remaining.append(resource)
-            continue
-        key = (resource.resource_type, resource.resource_name)
-        if api_key == DescribeConfigsRequest.API_KEY:
-            local[key] = _describe(resource, request, store)
-        elif api_key == AlterConfigsRequest.API_KEY:
+        elif request.API_KEY == DescribeConfigsRequest.API_KEY:
+            local.append(_describe(resource, request, store))
+        elif request.API_KEY == AlterConfigsRequest.API_KEY:
             configs = {config.name: config.value for config in resource.configs}
-            local[key] = _altered(_AlterResult, resource, lambda: store.alter(
-                resource.resource_name, configs, request.validate_only))
+            local.append(_altered(_AlterResult, resource,
+                                  lambda: store.alter(resource.resource_name, configs, request.validate_only)))
         else:
             ops = [(config.name, config.config_operation, config.value) for config in resource.configs]
-            local[key] = _altered(_IncrementalResult, resource, lambda: store.incremental_alter(
-                resource.resource_name, ops, request.validate_only))
+            local.append(_altered(_IncrementalResult, resource,
+                                  lambda: store.incremental_alter(resource.resource_name, ops, request.validate_only)))
     upstream = None
     if remaining:
         fields = {name: getattr(request, name) for name in request.fields if name != "resources"}
         upstream = type(request)[request.API_VERSION](resources=remaining, **fields)
-    return Split(order, local, upstream)
+    return Split(local, upstream)
 
 
-def merge(request: Any, parts: Split, upstream_response: Any | None) -> Any:
-    """The response to the whole request: local answers and upstream answers, in the client's order."""
-    api_key = request.API_KEY
-    field = _results_field(api_key)
-    answers = dict(parts.local)
-    throttle = 0
-    if upstream_response is not None:
-        throttle = upstream_response.throttle_time_ms
-        for result in getattr(upstream_response, field):
-            answers[(result.resource_type, result.resource_name)] = result
-    response_class = RESPONSE_CLASSES[api_key][request.API_VERSION]
-    return response_class(throttle_time_ms=throttle, **{field: [answers[key] for key in parts.order if key in answers]})
+def merge(request: Any, parts: Split, upstream_results: list[Any], throttle_time_ms: int = 0) -> Any:
+    """The response to the whole request: local and upstream answers, in the client's order."""
+    # Upstream answers are matched by resource, first come first served, so a resource named twice keeps
+    # its own answers even if the broker reorders them.
+    by_resource: dict[tuple[int, str], collections.deque[Any]] = collections.defaultdict(collections.deque)
+    for result in upstream_results:
+        by_resource[(result.resource_type, result.resource_name)].append(result)
+    answers = []
+    for resource, answer in zip(request.resources, parts.local):
+        if answer is None:
+            queue = by_resource.get((resource.resource_type, resource.resource_name))
+            if not queue:
+                continue
+            answer = queue.popleft()
+        answers.append(answer)
+    field = "results" if request.API_KEY == DescribeConfigsRequest.API_KEY else "responses"
+    return RESPONSE_CLASSES[request.API_KEY][request.API_VERSION](throttle_time_ms=throttle_time_ms,
+                                                                  **{field: answers})
 
 
-def unsupported(request: Any, message: str) -> dict[tuple[int, str], Any]:
+def unsupported(request: Any, message: str) -> list[Any]:
     """Error answers for every resource of `request`, for an API the upstream broker lacks."""
-    answers = {}
-    for resource in request.resources:
-        key = (resource.resource_type, resource.resource_name)
-        if request.API_KEY == DescribeConfigsRequest.API_KEY:
-            answers[key] = _DescribeResult(error_code=INVALID_REQUEST, error_message=message, configs=[],
-                                           resource_type=resource.resource_type, resource_name=resource.resource_name)
-        else:
-            result_class = _AlterResult if request.API_KEY == AlterConfigsRequest.API_KEY else _IncrementalResult
-            answers[key] = result_class(error_code=INVALID_REQUEST, error_message=message,
-                                        resource_type=resource.resource_type, resource_name=resource.resource_name)
-    return answers
+    if request.API_KEY == DescribeConfigsRequest.API_KEY:
+        return [_DescribeResult(error_code=INVALID_REQUEST, error_message=message, configs=[],
+                                resource_type=resource.resource_type, resource_name=resource.resource_name)
+                for resource in request.resources]
+    result_class = _AlterResult if request.API_KEY == AlterConfigsRequest.API_KEY else _IncrementalResult
+    return [result_class(error_code=INVALID_REQUEST, error_message=message, resource_type=resource.resource_type,
+                         resource_name=resource.resource_name)
+            for resource in request.resources]
 
 
 def _describe(resource: Any, request: Any, store: SubscriptionStore) -> Any:
@@ -118,9 +120,13 @@ def _describe(resource: Any, request: Any, store: SubscriptionStore) -> Any:
         return _DescribeResult(error_code=error.error_code, error_message=error.message,
                                resource_type=resource.resource_type, resource_name=resource.resource_name, configs=[])
     include_docs = getattr(request, "include_documentation", False)
+    include_synonyms = getattr(request, "include_synonyms", False)
     configs = [
         _DescribeEntry(name=entry.name, value=entry.value, read_only=entry.read_only, config_source=entry.source,
-                       is_default=entry.is_default, is_sensitive=entry.sensitive, synonyms=[],
+                       is_default=entry.is_default, is_sensitive=entry.sensitive,
+                       # ConfigHelper lists a set key as its own CLIENT_METRICS synonym; defaults have none.
+                       synonyms=[_Synonym(name=entry.name, value=entry.value, source=entry.source)]
+                       if include_synonyms and entry.source == CONFIG_SOURCE else [],
                        config_type=entry.config_type, documentation=entry.documentation if include_docs else None)
         for entry in entries
     ]

@@ -29,11 +29,18 @@ from kcm_sandbox.messages import (
     PushTelemetryRequest,
     PushTelemetryResponse,
 )
-from kcm_sandbox.telemetry import INVALID_RECORD, ClientIdentity, PushResult, TelemetryManager, kafka_uuid_text
+from kcm_sandbox.telemetry import (
+    INVALID_RECORD,
+    UNKNOWN_SOFTWARE,
+    ClientIdentity,
+    PushResult,
+    TelemetryManager,
+    kafka_uuid_text,
+)
 
 log = logging.getLogger("kcm.sandbox")
 
-INVALID_REQUEST = 42
+UNSUPPORTED_VERSION = 35
 _CONFIG_APIS = (DescribeConfigsRequest.API_KEY, AlterConfigsRequest.API_KEY, IncrementalAlterConfigsRequest.API_KEY)
 # What the gateway itself serves, and the highest version it can read (kafka-python's schemas, or ours).
 _LOCAL_VERSIONS = {
@@ -55,8 +62,9 @@ class _Client:
     address: str
     port: int
     client_id: str | None = None
-    software_name: str | None = None
-    software_version: str | None = None
+    # Kafka's ClientInformation.EMPTY: what a client that never sent ApiVersions v3+ matches as.
+    software_name: str = UNKNOWN_SOFTWARE
+    software_version: str = UNKNOWN_SOFTWARE
     instance_id: uuid.UUID | None = None
 
     def identity(self) -> ClientIdentity:
@@ -231,6 +239,11 @@ class _Connection:
             return await self._split_config_request(frame_bytes, header)
         upstream = await self._upstream()
         if api_key == ApiVersionsRequest.API_KEY:
+            if version > ApiVersionsRequest.max_version:
+                # As a broker does: a v0 answer with UNSUPPORTED_VERSION and the versions it does support.
+                response = ApiVersionsResponse[0](error_code=UNSUPPORTED_VERSION,
+                                                  api_keys=_api_version_entries(self.gateway.upstream_versions))
+                return _done(_encode(response, header))
             self._remember_software(frame_bytes, version)
             return self._api_versions(upstream.send(frame_bytes), version)
         expect = api_key != 0 or wire.produce_expects_response(frame_bytes, header)
@@ -239,8 +252,8 @@ class _Connection:
     def _remember_software(self, frame_bytes: bytes, version: int) -> None:
         if 3 <= version <= ApiVersionsRequest.max_version:
             request = _decode(ApiVersionsRequest, frame_bytes, version)
-            self.client.software_name = request.client_software_name
-            self.client.software_version = request.client_software_version
+            self.client.software_name = request.client_software_name or UNKNOWN_SOFTWARE
+            self.client.software_version = request.client_software_version or UNKNOWN_SOFTWARE
 
     async def _api_versions(self, answer: asyncio.Future[bytes] | None, version: int) -> bytes:
         assert answer is not None
@@ -250,40 +263,35 @@ class _Connection:
         response = ApiVersionsResponse.decode(raw, version=version, header=True)
         if response.error_code != 0:
             return raw
-        versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
-        versions.update(_LOCAL_VERSIONS)
-        for api_key, high in _SPLIT_MAX_VERSIONS.items():
-            if api_key in versions:
-                versions[api_key] = (versions[api_key][0], min(versions[api_key][1], high))
-        entry = ApiVersionsResponse.ApiVersion
-        response.api_keys = [entry(api_key=k, min_version=lo, max_version=hi) for k, (lo, hi) in sorted(versions.items())]
+        response.api_keys = _api_version_entries(
+            {k.api_key: (k.min_version, k.max_version) for k in response.api_keys})
         response.with_header(correlation_id=response.header.correlation_id)
         return bytes(response.encode(header=True))
 
     async def _split_config_request(self, frame_bytes: bytes, header: wire.RequestHeader) -> Awaitable[bytes]:
         request_class = config_apis.REQUEST_CLASSES[header.api_key]
         request = _decode(request_class, frame_bytes, header.api_version)
+        api_name = request_class.__name__.removesuffix("Request")
         parts = config_apis.split(request, self.gateway.store)
-        if parts.local:
-            log.info("%s: %s on CLIENT_METRICS %s", self.client, request_class.__name__.removesuffix("Request"),
-                     ", ".join(name for (_, name) in parts.local))
-        pending = None
-        if parts.upstream is not None:
-            if header.api_key not in self.gateway.upstream_versions:
-                parts.local.update(config_apis.unsupported(parts.upstream, "the embedded broker does not support "
-                                                           f"{request_class.__name__.removesuffix('Request')}"))
-            else:
-                parts.upstream.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
-                pending = (await self._upstream()).send(bytes(parts.upstream.encode(header=True)))
+        names = [r.resource_name for r, answer in zip(request.resources, parts.local) if answer is not None]
+        if names:
+            log.info("%s: %s on CLIENT_METRICS %s", self.client, api_name, ", ".join(names))
+        if parts.upstream is None:
+            return _done(_encode(config_apis.merge(request, parts, []), header))
+        if header.api_key not in self.gateway.upstream_versions:
+            answers = config_apis.unsupported(parts.upstream, f"the embedded broker does not support {api_name}")
+            return _done(_encode(config_apis.merge(request, parts, answers), header))
+        parts.upstream.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
+        pending = (await self._upstream()).send(bytes(parts.upstream.encode(header=True)))
         return self._merge(request, parts, pending, header)
 
     async def _merge(self, request: Any, parts: config_apis.Split, pending: asyncio.Future[bytes] | None,
                      header: wire.RequestHeader) -> bytes:
-        upstream_response = None
-        if pending is not None:
-            response_class = config_apis.RESPONSE_CLASSES[header.api_key]
-            upstream_response = response_class.decode(await pending, version=header.api_version, header=True)
-        return _encode(config_apis.merge(request, parts, upstream_response), header)
+        assert pending is not None
+        response_class = config_apis.RESPONSE_CLASSES[header.api_key]
+        response = response_class.decode(await pending, version=header.api_version, header=True)
+        merged = config_apis.merge(request, parts, config_apis.results(response), response.throttle_time_ms)
+        return _encode(merged, header)
 
     def _get_subscriptions(self, frame_bytes: bytes, header: wire.RequestHeader) -> bytes:
         request = _decode(GetTelemetrySubscriptionsRequest, frame_bytes, header.api_version)
@@ -346,6 +354,16 @@ def _decode(request_class: Any, frame_bytes: bytes, version: int) -> Any:
 def _encode(response: Any, header: wire.RequestHeader) -> bytes:
     response.with_header(correlation_id=header.correlation_id)
     return bytes(response.encode(header=True))
+
+
+def _api_version_entries(upstream: dict[int, tuple[int, int]]) -> list[Any]:
+    """What the gateway advertises: upstream's APIs, ours added, config APIs capped at what we can parse."""
+    versions = {**upstream, **_LOCAL_VERSIONS}
+    for api_key, high in _SPLIT_MAX_VERSIONS.items():
+        if api_key in versions:
+            versions[api_key] = (versions[api_key][0], min(versions[api_key][1], high))
+    entry = ApiVersionsResponse.ApiVersion
+    return [entry(api_key=k, min_version=low, max_version=high) for k, (low, high) in sorted(versions.items())]
 
 
 async def _done(payload: bytes) -> bytes:

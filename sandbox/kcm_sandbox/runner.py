@@ -127,6 +127,10 @@ class Sandbox:
         self._receiver(instance_id, identity, push)
 
     def stop(self) -> None:
+        # The receiver's producer goes first, while the gateway it writes through is still there.
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
         if self._loop is not None:
             if self.gateway is not None and self._loop.is_running():
                 asyncio.run_coroutine_threadsafe(self.gateway.stop(), self._loop).result(10)
@@ -135,9 +139,6 @@ class Sandbox:
                 self._thread.join(timeout=10)
             self._loop.close()
             self._loop = None
-        if self._receiver is not None:
-            self._receiver.close()
-            self._receiver = None
         if self.broker is not None:
             self.broker.stop()
 
