@@ -774,3 +774,15 @@ def test_answers_due_before_a_malformed_request_are_still_sent_before_the_connec
 
         assert connection.receive(ApiVersionsResponse, 3, correlation_id).error_code == 0
         assert connection.closed_by_peer()
+
+
+def test_an_unreachable_upstream_broker_closes_the_client_connection_but_not_the_gateway(sandbox, caplog):
+    sandbox.broker.stop()
+
+    for _ in range(2):
+        with KafkaConnection(sandbox.bootstrap) as connection:
+            connection.send(api_versions_request(3))
+            assert connection.closed_by_peer()
+
+    assert any("cannot reach the upstream broker" in message for message in caplog.messages)
+    assert not any(record.exc_info for record in caplog.records if record.name == "kcm.sandbox")

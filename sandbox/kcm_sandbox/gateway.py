@@ -159,6 +159,9 @@ class Gateway:
             await connection.run()
         except asyncio.CancelledError:
             pass
+        except OSError as exc:
+            log.warning("%s: cannot reach the upstream broker %s:%d (%s); closing the connection",
+                        client, *self.upstream, exc)
         except Exception:  # one misbehaving client must never take the gateway down
             log.exception("%s: connection failed", client)
         finally:
