@@ -148,6 +148,26 @@ def test_producer_and_consumer_work_through_the_sandbox_and_push_telemetry(sandb
     assert instance_keys == {producer_push.attributes["client_instance_id"]}
 
 
+def test_fire_and_forget_produce_gets_no_answer_and_later_requests_still_get_theirs(sandbox):
+    # acks=0 Produce requests have no response: the gateway must not wait for one, or every later answer on
+    # that connection would be handed to the wrong request.
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "fire-and-forget", partitions=1)
+    producer = confluent_kafka.Producer({"bootstrap.servers": sandbox.bootstrap, "acks": 0, "linger.ms": 0})
+    for i in range(50):
+        producer.produce("fire-and-forget", value=f"m{i}".encode())
+        producer.poll(0)
+    assert producer.flush(10) == 0
+    assert "fire-and-forget" in producer.list_topics(timeout=10).topics
+    del producer
+
+    consumer = KafkaConsumer(bootstrap_servers=sandbox.bootstrap, group_id=None, consumer_timeout_ms=5000)
+    consumer.assign([TopicPartition("fire-and-forget", 0)])
+    consumer.seek_to_beginning()
+    values = [record.value for record in consumer]
+    consumer.close()
+    assert values == [f"m{i}".encode() for i in range(50)]
+
+
 def test_metric_prefixes_limit_what_clients_push(sandbox, metrics_topic):
     prefix = "org.apache.kafka.producer.node.request.latency."
     _subscribe(sandbox, "latency-only", metrics=prefix, **{"interval.ms": str(INTERVAL_MS)})

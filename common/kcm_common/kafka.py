@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 import re
+from pathlib import Path
 from typing import Any
+
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
 
 
 class KafkaConfigError(ValueError):
@@ -140,10 +144,6 @@ class KafkaSettings:
 
 def ensure_topic(settings: KafkaSettings, name: str, partitions: int = 1, replication_factor: int = 1) -> bool:
     """Create `name` unless it exists; True when this call created it."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
     admin = KafkaAdminClient(**settings.client_options())
     try:
         if name in admin.list_topics():

@@ -97,9 +97,6 @@ class EmbeddedBroker:
             process.kill()
             process.wait(timeout=5)
 
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def __enter__(self) -> EmbeddedBroker:
         self.start()
         return self

@@ -12,12 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka.protocol.admin.configs import (
-    AlterConfigsRequest,
-    DescribeConfigsRequest,
-    IncrementalAlterConfigsRequest,
-    ListConfigResourcesRequest,
-)
+from kafka.protocol.admin.configs import AlterConfigsRequest, ListConfigResourcesRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
 from kcm_bridge import contract
@@ -35,13 +30,11 @@ from kcm_sandbox.telemetry import (
     ClientIdentity,
     PushResult,
     TelemetryManager,
-    kafka_uuid_text,
 )
 
 log = logging.getLogger("kcm.sandbox")
 
 UNSUPPORTED_VERSION = 35
-_CONFIG_APIS = (DescribeConfigsRequest.API_KEY, AlterConfigsRequest.API_KEY, IncrementalAlterConfigsRequest.API_KEY)
 # What the gateway itself serves, and the highest version it can read (kafka-python's schemas, or ours).
 _LOCAL_VERSIONS = {
     GetTelemetrySubscriptionsRequest.API_KEY: (0, GetTelemetrySubscriptionsRequest.max_version),
@@ -49,7 +42,8 @@ _LOCAL_VERSIONS = {
     ListConfigResourcesRequest.API_KEY: (0, ListConfigResourcesRequest.max_version),
     AlterConfigsRequest.API_KEY: (0, AlterConfigsRequest.max_version),
 }
-_SPLIT_MAX_VERSIONS = {api_key: config_apis.REQUEST_CLASSES[api_key].max_version for api_key in _CONFIG_APIS}
+# Config APIs whose CLIENT_METRICS resources the gateway splits off, up to the versions it can parse.
+_SPLIT_MAX_VERSIONS = {api_key: request.max_version for api_key, request in config_apis.REQUEST_CLASSES.items()}
 
 Receiver = Callable[[uuid.UUID, ClientIdentity, PushResult], None]
 
@@ -71,37 +65,42 @@ class _Client:
         return ClientIdentity(self.client_id, self.software_name, self.software_version, self.address, self.port)
 
     def __str__(self) -> str:
-        instance = kafka_uuid_text(self.instance_id) if self.instance_id else "-"
+        instance = self.instance_id or "-"  # the dashed form, as the metrics topic and `kcm tail` show it
         return f"{self.address}:{self.port} client_id={self.client_id} instance={instance}"
 
 
 @dataclass
 class _Upstream:
-    """One connection to the upstream broker; answers arrive in the order requests were sent."""
+    """One connection to the upstream broker; its answers are matched to requests by correlation id."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    pending: collections.deque[asyncio.Future[bytes]] = field(default_factory=collections.deque)
+    pending: dict[int, asyncio.Future[bytes]] = field(default_factory=dict)
 
-    def send(self, frame_bytes: bytes, expect_response: bool = True) -> asyncio.Future[bytes] | None:
+    def send(self, frame_bytes: bytes, correlation_id: int, expect_response: bool = True) -> asyncio.Future[bytes] | None:
         self.writer.write(wire.frame(frame_bytes))
         if not expect_response:
             return None
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.pending.append(future)
+        self.pending[correlation_id] = future
         return future
 
     async def pump(self) -> None:
         try:
             while (frame_bytes := await wire.read_frame(self.reader)) is not None:
-                if not self.pending:
-                    raise wire.FrameError("upstream sent an answer nobody asked for")
-                self.pending.popleft().set_result(frame_bytes)
+                correlation_id = wire.correlation_id(frame_bytes)
+                future = self.pending.pop(correlation_id, None)
+                if future is None:
+                    # Some brokers (Tansu) answer acks=0 produce requests, whose clients expect no answer.
+                    log.debug("dropping an answer nobody waits for (correlation id %d)", correlation_id)
+                    continue
+                future.set_result(frame_bytes)
         except (OSError, wire.FrameError) as exc:
             log.warning("upstream connection failed: %s", exc)
         finally:
-            while self.pending:
-                self.pending.popleft().set_exception(ConnectionError("upstream broker closed the connection"))
+            for future in self.pending.values():
+                future.set_exception(ConnectionError("upstream broker closed the connection"))
+            self.pending.clear()
 
     def close(self) -> None:
         self.writer.close()
@@ -238,19 +237,19 @@ class _Connection:
             if api_key == ListConfigResourcesRequest.API_KEY:
                 request = _decode(ListConfigResourcesRequest, frame_bytes, version)
                 return _done(_encode(config_apis.list_resources(request, self.gateway.store), header))
-        if api_key in _CONFIG_APIS and version <= _SPLIT_MAX_VERSIONS[api_key]:
+        if api_key in _SPLIT_MAX_VERSIONS and version <= _SPLIT_MAX_VERSIONS[api_key]:
             return await self._split_config_request(frame_bytes, header)
+        if api_key == ApiVersionsRequest.API_KEY and version > ApiVersionsRequest.max_version:
+            # As a broker does: a v0 answer with UNSUPPORTED_VERSION and the versions it does support.
+            response = ApiVersionsResponse[0](error_code=UNSUPPORTED_VERSION,
+                                              api_keys=_api_version_entries(self.gateway.upstream_versions))
+            return _done(_encode(response, header))
         upstream = await self._upstream()
         if api_key == ApiVersionsRequest.API_KEY:
-            if version > ApiVersionsRequest.max_version:
-                # As a broker does: a v0 answer with UNSUPPORTED_VERSION and the versions it does support.
-                response = ApiVersionsResponse[0](error_code=UNSUPPORTED_VERSION,
-                                                  api_keys=_api_version_entries(self.gateway.upstream_versions))
-                return _done(_encode(response, header))
             self._remember_software(frame_bytes, version)
-            return self._api_versions(upstream.send(frame_bytes), version)
+            return self._api_versions(upstream.send(frame_bytes, header.correlation_id), version)
         expect = api_key != 0 or wire.produce_expects_response(frame_bytes, header)
-        return upstream.send(frame_bytes, expect)
+        return upstream.send(frame_bytes, header.correlation_id, expect)
 
     def _remember_software(self, frame_bytes: bytes, version: int) -> None:
         if 3 <= version <= ApiVersionsRequest.max_version:
@@ -285,12 +284,12 @@ class _Connection:
             answers = config_apis.unsupported(parts.upstream, f"the embedded broker does not support {api_name}")
             return _done(_encode(config_apis.merge(request, parts, answers), header))
         parts.upstream.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
-        pending = (await self._upstream()).send(bytes(parts.upstream.encode(header=True)))
+        pending = (await self._upstream()).send(bytes(parts.upstream.encode(header=True)), header.correlation_id)
+        assert pending is not None
         return self._merge(request, parts, pending, header)
 
-    async def _merge(self, request: Any, parts: config_apis.Split, pending: asyncio.Future[bytes] | None,
+    async def _merge(self, request: Any, parts: config_apis.Split, pending: Awaitable[bytes],
                      header: wire.RequestHeader) -> bytes:
-        assert pending is not None
         response_class = config_apis.RESPONSE_CLASSES[header.api_key]
         response = response_class.decode(await pending, version=header.api_version, header=True)
         merged = config_apis.merge(request, parts, config_apis.results(response), response.throttle_time_ms)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -25,8 +24,6 @@ from kcm_sandbox.telemetry import (
     PushResult,
     TelemetryManager,
 )
-
-log = logging.getLogger("kcm.sandbox")
 
 DEFAULT_TOPIC = "kafka-client-metrics"
 _COMPRESSION_BY_NAME = {name: code for code, name in contract.COMPRESSION_IDS.items() if name != "none"}

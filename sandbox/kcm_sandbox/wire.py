@@ -56,35 +56,37 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
         raise FrameError(f"connection closed after {size}-byte frame was announced") from None
 
 
+def correlation_id(response_frame: bytes) -> int:
+    """The correlation id every response starts with."""
+    if len(response_frame) < 4:
+        raise FrameError(f"response of {len(response_frame)} bytes has no correlation id")
+    return struct.unpack_from(">i", response_frame)[0]
+
+
 def frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
 def produce_expects_response(frame_bytes: bytes, header: RequestHeader) -> bool:
     """Whether a Produce request wants an answer: acks=0 requests get none."""
-    body = _body_offset(frame_bytes, header)
-    if header.api_version >= 3:
-        # transactional_id: compact nullable string (varint length + 1) from v9, int16-prefixed before.
-        if header.api_version >= 9:
-            length, body = _uvarint(frame_bytes, body)
-            body += max(length - 1, 0)
-        else:
-            (length,) = struct.unpack_from(">h", frame_bytes, body)
-            body += 2 + max(length, 0)
-    (acks,) = struct.unpack_from(">h", frame_bytes, body)
-    return acks != 0
-
-
-def _body_offset(frame_bytes: bytes, header: RequestHeader) -> int:
     offset = header.end
-    if header.api_key == 0 and header.api_version >= 9:
-        # Flexible request headers end with tagged fields.
-        count, offset = _uvarint(frame_bytes, offset)
-        for _ in range(count):
-            _, offset = _uvarint(frame_bytes, offset)
-            size, offset = _uvarint(frame_bytes, offset)
-            offset += size
-    return offset
+    try:
+        if header.api_version >= 9:
+            # Flexible: the header ends with tagged fields; transactional_id is a compact nullable string.
+            count, offset = _uvarint(frame_bytes, offset)
+            for _ in range(count):
+                _, offset = _uvarint(frame_bytes, offset)
+                size, offset = _uvarint(frame_bytes, offset)
+                offset += size
+            length, offset = _uvarint(frame_bytes, offset)
+            offset += max(length - 1, 0)
+        elif header.api_version >= 3:
+            (length,) = struct.unpack_from(">h", frame_bytes, offset)
+            offset += 2 + max(length, 0)
+        (acks,) = struct.unpack_from(">h", frame_bytes, offset)
+    except struct.error:
+        raise FrameError("Produce request ends before its acks field") from None
+    return acks != 0
 
 
 def _uvarint(data: bytes, offset: int) -> tuple[int, int]:
