@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from kcm_bridge import contract  # noqa: E402
+from kcm_common import contract  # noqa: E402
 from payloads import client_metrics  # noqa: E402
 
 

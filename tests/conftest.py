@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded broker, topics on it, and a real OTLP/gRPC receiver."""
+"""Shared fixtures: the embedded broker, topics on it, the sandbox, and a fake OpenTelemetry collector."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.broker import EmbeddedBroker
-from kcm_sandbox.collector import OtlpReceiver
+from fake_collector import FakeCollector
 from kcm_sandbox.runner import Sandbox, SandboxOptions
 
 _topic_numbers = itertools.count()
@@ -44,14 +44,14 @@ def new_topic(kafka: KafkaSettings):
 
 
 @pytest.fixture
-def otlp_receiver() -> Iterator[OtlpReceiver]:
-    """A real OTLP/gRPC MetricsService on a loopback port that records exports and can be told to fail."""
-    receiver = OtlpReceiver()
-    receiver.start()
+def collector() -> Iterator[FakeCollector]:
+    """A fake OpenTelemetry collector: a real OTLP/gRPC MetricsService on loopback that records exports and can be told to fail."""
+    fake = FakeCollector()
+    fake.start()
     try:
-        yield receiver
+        yield fake
     finally:
-        receiver.stop()
+        fake.stop()
 
 
 @pytest.fixture

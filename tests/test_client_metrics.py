@@ -6,20 +6,21 @@ import json
 
 import pytest
 
-from kcm_sandbox.client_metrics import (
-    CONFIG_SOURCE,
-    DEFAULT_CONFIG_SOURCE,
-    INVALID_CONFIG,
-    INVALID_REQUEST,
+from kcm_common.client_metrics import (
     OP_APPEND,
     OP_DELETE,
     OP_SET,
     OP_SUBTRACT,
     ConfigError,
-    StateFileError,
     Subscription,
-    SubscriptionStore,
 )
+from kcm_common.codes import (
+    CLIENT_METRICS_CONFIG_SOURCE,
+    DEFAULT_CONFIG_SOURCE,
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+)
+from kcm_sandbox.store import StateFileError, SubscriptionStore
 
 
 def _set(**configs: str) -> list[tuple[str, int, str | None]]:
@@ -133,8 +134,8 @@ def test_describe_shows_set_keys_as_client_metrics_config_and_the_rest_as_defaul
     # Kafka describes the parsed value, so spaces around commas and numbers are gone.
     metrics, interval, match = entries["metrics"], entries["interval.ms"], entries["match"]
     assert metrics.value == "producer.,consumer."
-    assert (metrics.source, metrics.is_default, metrics.config_type) == (CONFIG_SOURCE, False, 7)
-    assert (interval.value, interval.source, interval.config_type) == ("60000", CONFIG_SOURCE, 3)
+    assert (metrics.source, metrics.is_default, metrics.config_type) == (CLIENT_METRICS_CONFIG_SOURCE, False, 7)
+    assert (interval.value, interval.source, interval.config_type) == ("60000", CLIENT_METRICS_CONFIG_SOURCE, 3)
     assert (match.value, match.source, match.is_default, match.config_type) == ("", DEFAULT_CONFIG_SOURCE, True, 7)
     assert not any(entry.read_only or entry.sensitive for entry in entries.values())
     assert entries["interval.ms"].documentation == "Metrics push interval in milliseconds"
@@ -201,7 +202,7 @@ def test_subtract_removes_items_and_subtracting_everything_leaves_an_empty_value
 
     store.incremental_alter("subs", [("metrics", OP_SUBTRACT, "a,c")])
     assert store.names() == ["subs"]
-    assert _values(store, "subs")["metrics"] == ("", CONFIG_SOURCE)
+    assert _values(store, "subs")["metrics"] == ("", CLIENT_METRICS_CONFIG_SOURCE)
 
 
 def test_legacy_alter_replaces_every_config_and_an_empty_alter_removes_the_subscription():

@@ -1,4 +1,4 @@
-"""Specification of the metrics-topic contract v1 codec (bridge/kcm_bridge/contract.py)."""
+"""Specification of the metrics-topic contract v1 codec (common/kcm_common/contract.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from kcm_bridge.contract import (
+from kcm_common.contract import (
     ATTRIBUTE_HEADERS,
     COMPRESSION_IDS,
     CONTENT_TYPE_JSON,

@@ -17,8 +17,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from kcm_bridge import contract
-from kcm_bridge.contract import DecodedRecord
+from kcm_common import contract
+from kcm_common.contract import DecodedRecord
 from kcm_common.kafka import KafkaSettings, ensure_topic
 
 INTERVAL_MS = 500

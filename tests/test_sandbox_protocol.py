@@ -29,7 +29,8 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from payloads import client_metrics
 
-from kcm_bridge.contract import compress, decode
+from kcm_common.codes import INVALID_CONFIG, INVALID_REQUEST
+from kcm_common.contract import compress, decode
 from kcm_sandbox.messages import (
     GetTelemetrySubscriptionsRequest,
     GetTelemetrySubscriptionsResponse,
@@ -43,7 +44,6 @@ TOPIC = 2
 SOURCE_CLIENT_METRICS, SOURCE_DEFAULT = 7, 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 NONE, GZIP, ZSTD = 0, 1, 4
-INVALID_CONFIG, INVALID_REQUEST = 40, 42
 UNSUPPORTED_COMPRESSION_TYPE, INVALID_RECORD, THROTTLING_QUOTA_EXCEEDED = 76, 87, 89
 UNKNOWN_SUBSCRIPTION_ID, TELEMETRY_TOO_LARGE = 117, 118
 ZERO = uuid.UUID(int=0)

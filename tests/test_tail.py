@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import json_format
 from kafka import KafkaProducer
 
-from kcm_bridge import contract
+from kcm_common import contract
 from payloads import client_metrics
 
 INSTANCE = "5b1a6e0e-8f51-4c5e-9d7b-2f4f1c0e9a11"

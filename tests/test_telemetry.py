@@ -7,16 +7,19 @@ import uuid
 import pytest
 from payloads import client_metrics
 
-from kcm_bridge.contract import compress
+from kcm_common.contract import compress
 from kcm_sandbox import telemetry
-from kcm_sandbox.client_metrics import OP_DELETE, OP_SET, SubscriptionStore
-from kcm_sandbox.telemetry import (
+from kcm_common.client_metrics import OP_DELETE, OP_SET
+from kcm_common.codes import (
     INVALID_RECORD,
     INVALID_REQUEST,
-    THROTTLING_QUOTA_EXCEEDED,
     TELEMETRY_TOO_LARGE,
+    THROTTLING_QUOTA_EXCEEDED,
     UNKNOWN_SUBSCRIPTION_ID,
     UNSUPPORTED_COMPRESSION_TYPE,
+)
+from kcm_sandbox.store import SubscriptionStore
+from kcm_sandbox.telemetry import (
     ClientIdentity,
     TelemetryManager,
     kafka_uuid_text,

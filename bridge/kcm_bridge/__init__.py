@@ -1,1 +1,1 @@
-"""The kcm data path: the metrics-topic contract codec and (later) the OTLP bridge."""
+"""The kcm bridge: consumes the metrics topic and forwards OTLP/gRPC to OpenTelemetry collectors."""

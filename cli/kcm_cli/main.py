@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from kcm_cli import tail
-from kcm_sandbox import command as sandbox
+from kcm_cli import sandbox
 
 
 def build_parser() -> argparse.ArgumentParser:

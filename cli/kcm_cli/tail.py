@@ -13,10 +13,10 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
-from kcm_bridge import contract, points
+from kcm_common import contract, points
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
+from kcm_common.names import DEFAULT_METRICS_TOPIC
 
-DEFAULT_TOPIC = "kafka-client-metrics"
 _COLUMNS = (("CLIENT ID", 24), ("INSTANCE", 8), ("METRIC", 52), ("ATTRIBUTES", 32), ("VALUE", 0))
 
 
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Kafka bootstrap servers holding the metrics topic")
     parser.add_argument("--command-config", metavar="FILE",
                         help="client properties file for TLS/SASL (security.protocol, sasl.mechanism, ...)")
-    parser.add_argument("--topic", default=DEFAULT_TOPIC, help="metrics topic (default: %(default)s)")
+    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic (default: %(default)s)")
     parser.add_argument("--from-beginning", action="store_true",
                         help="start at the oldest record instead of only new ones")
     parser.add_argument("--max-records", type=int, metavar="N", help="exit after printing N records")

@@ -15,11 +15,11 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from kcm_common.errors import UserError
 
-class KafkaConfigError(ValueError):
+
+class KafkaConfigError(UserError):
     """A client property that is unknown, malformed or points at a missing file."""
-
-
 
 # Property names follow Apache Kafka's client configs (as in a `--command-config` file); librdkafka spellings
 # that mean the same thing are accepted too, because users paste both.

@@ -21,9 +21,9 @@ from kafka.protocol.admin.configs import (
     ListConfigResourcesResponse,
 )
 
-from kcm_sandbox.client_metrics import CONFIG_SOURCE, RESOURCE_TYPE, ConfigError, SubscriptionStore
-
-INVALID_REQUEST = 42
+from kcm_common.client_metrics import ConfigError
+from kcm_common.codes import CLIENT_METRICS_CONFIG_SOURCE, CLIENT_METRICS_RESOURCE, INVALID_REQUEST
+from kcm_sandbox.store import SubscriptionStore
 
 _DescribeResult = DescribeConfigsResponse.DescribeConfigsResult
 _DescribeEntry = _DescribeResult.DescribeConfigsResourceResult
@@ -61,7 +61,7 @@ def split(request: Any, store: SubscriptionStore) -> Split:
     local: list[Any | None] = []
     remaining = []
     for resource in request.resources:
-        if resource.resource_type != RESOURCE_TYPE:
+        if resource.resource_type != CLIENT_METRICS_RESOURCE:
             local.append(None)
             remaining.append(resource)
         elif request.API_KEY == DescribeConfigsRequest.API_KEY:
@@ -126,7 +126,7 @@ def _describe(resource: Any, request: Any, store: SubscriptionStore) -> Any:
                        is_default=entry.is_default, is_sensitive=entry.sensitive,
                        # ConfigHelper lists a set key as its own CLIENT_METRICS synonym; defaults have none.
                        synonyms=[_Synonym(name=entry.name, value=entry.value, source=entry.source)]
-                       if include_synonyms and entry.source == CONFIG_SOURCE else [],
+                       if include_synonyms and entry.source == CLIENT_METRICS_CONFIG_SOURCE else [],
                        config_type=entry.config_type, documentation=entry.documentation if include_docs else None)
         for entry in entries
     ]
@@ -148,9 +148,9 @@ def list_resources(request: Any, store: SubscriptionStore) -> Any:
     """ListConfigResources (v0 = ListClientMetricsResources): the sandbox holds only CLIENT_METRICS resources."""
     response_class = ListConfigResourcesResponse[request.API_VERSION]
     wanted = set(getattr(request, "resource_types", None) or [])
-    if wanted - {RESOURCE_TYPE}:
+    if wanted - {CLIENT_METRICS_RESOURCE}:
         return response_class(throttle_time_ms=0, error_code=INVALID_REQUEST, config_resources=[])
     entry = ListConfigResourcesResponse.ConfigResource
     return response_class(throttle_time_ms=0, error_code=0, config_resources=[
-        entry(resource_name=name, resource_type=RESOURCE_TYPE) for name in store.names()])
+        entry(resource_name=name, resource_type=CLIENT_METRICS_RESOURCE) for name in store.names()])
 

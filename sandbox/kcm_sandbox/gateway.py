@@ -15,9 +15,10 @@ from typing import Any
 from kafka.protocol.admin.configs import AlterConfigsRequest, ListConfigResourcesRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
-from kcm_bridge import contract
+from kcm_common import contract
+from kcm_common.codes import INVALID_RECORD, UNSUPPORTED_VERSION
 from kcm_sandbox import config_apis, wire
-from kcm_sandbox.client_metrics import SubscriptionStore
+from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.messages import (
     GetTelemetrySubscriptionsRequest,
     GetTelemetrySubscriptionsResponse,
@@ -25,7 +26,6 @@ from kcm_sandbox.messages import (
     PushTelemetryResponse,
 )
 from kcm_sandbox.telemetry import (
-    INVALID_RECORD,
     UNKNOWN_SOFTWARE,
     ClientIdentity,
     PushResult,
@@ -34,7 +34,6 @@ from kcm_sandbox.telemetry import (
 
 log = logging.getLogger("kcm.sandbox")
 
-UNSUPPORTED_VERSION = 35
 # What the gateway itself serves, and the highest version it can read (kafka-python's schemas, or ours).
 _LOCAL_VERSIONS = {
     GetTelemetrySubscriptionsRequest.API_KEY: (0, GetTelemetrySubscriptionsRequest.max_version),

@@ -6,7 +6,7 @@ import uuid
 
 from kafka import KafkaProducer
 
-from kcm_bridge import contract
+from kcm_common import contract
 from kcm_common.kafka import KafkaSettings
 from kcm_sandbox.telemetry import ClientIdentity, PushResult
 

@@ -11,10 +11,11 @@ from types import TracebackType
 
 from kafka import KafkaAdminClient
 
-from kcm_bridge import contract
+from kcm_common import contract
 from kcm_common.kafka import KafkaSettings, ensure_topic
+from kcm_common.names import DEFAULT_METRICS_TOPIC
 from kcm_sandbox.broker import EmbeddedBroker, free_port
-from kcm_sandbox.client_metrics import SubscriptionStore
+from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.gateway import Gateway
 from kcm_sandbox.receiver import TopicReceiver
 from kcm_sandbox.telemetry import (
@@ -25,7 +26,6 @@ from kcm_sandbox.telemetry import (
     TelemetryManager,
 )
 
-DEFAULT_TOPIC = "kafka-client-metrics"
 _COMPRESSION_BY_NAME = {name: code for code, name in contract.COMPRESSION_IDS.items() if name != "none"}
 
 
@@ -53,7 +53,7 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
 @dataclass
 class SandboxOptions:
     listen: tuple[str, int] = ("127.0.0.1", 9092)   # port 0: pick a free one
-    topic: str = DEFAULT_TOPIC
+    topic: str = DEFAULT_METRICS_TOPIC
     partitions: int = 1
     compression: list[int] = field(default_factory=lambda: list(DEFAULT_ACCEPTED_COMPRESSION))
     telemetry_max_bytes: int = DEFAULT_TELEMETRY_MAX_BYTES

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from kafka.record.util import calc_crc32c
 
-from kcm_bridge.contract import (
+from kcm_common.contract import (
     COMPRESSION_IDS,
     CONTENT_TYPE_HEADER,
     CONTENT_TYPE_PROTOBUF,
@@ -27,15 +27,17 @@ from kcm_bridge.contract import (
     decode,
     decompress,
 )
-from kcm_sandbox.client_metrics import ALL_METRICS, DEFAULT_INTERVAL_MS, Subscription, SubscriptionStore
-
-NONE = 0
-INVALID_REQUEST = 42
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
-THROTTLING_QUOTA_EXCEEDED = 89
-UNKNOWN_SUBSCRIPTION_ID = 117
-TELEMETRY_TOO_LARGE = 118
+from kcm_common.client_metrics import ALL_METRICS, DEFAULT_INTERVAL_MS, Subscription
+from kcm_common.codes import (
+    INVALID_RECORD,
+    INVALID_REQUEST,
+    NONE,
+    TELEMETRY_TOO_LARGE,
+    THROTTLING_QUOTA_EXCEEDED,
+    UNKNOWN_SUBSCRIPTION_ID,
+    UNSUPPORTED_COMPRESSION_TYPE,
+)
+from kcm_sandbox.store import SubscriptionStore
 
 ZERO_UUID = uuid.UUID(int=0)
 METADATA_TOPIC_ID = uuid.UUID(int=1)

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 from kcm_sandbox.broker import BrokerError
-from kcm_sandbox.client_metrics import StateFileError
+from kcm_sandbox.store import StateFileError
+from kcm_common.names import DEFAULT_METRICS_TOPIC
 from kcm_sandbox.runner import (
-    DEFAULT_TOPIC,
     Sandbox,
     SandboxError,
     SandboxOptions,
@@ -27,7 +27,7 @@ log = logging.getLogger("kcm.sandbox")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT",
                         help="where clients connect: the bootstrap address (default: %(default)s; port 0 picks one)")
-    parser.add_argument("--topic", default=DEFAULT_TOPIC, help="metrics topic the receiver writes (default: %(default)s)")
+    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic the receiver writes (default: %(default)s)")
     parser.add_argument("--partitions", type=int, default=1, help="partitions of the metrics topic if it is created")
     parser.add_argument("--compression", default="zstd,lz4,gzip,snappy", metavar="LIST",
                         help="compression types offered to clients, in preference order (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""An embedded OTLP/gRPC metrics receiver: records every export, and can be told to fail (for the demo and tests)."""
+"""A fake OpenTelemetry collector for tests: a real OTLP/gRPC MetricsService that records every export and can be told to fail."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def data_point_count(request: ExportMetricsServiceRequest) -> int:
     return total
 
 
-class OtlpReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
+class FakeCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
     """A real OTLP/gRPC MetricsService on a loopback port."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
@@ -79,7 +79,7 @@ class OtlpReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
             self._server.stop(grace=1).wait(timeout=5)
             self._server = None
 
-    def __enter__(self) -> OtlpReceiver:
+    def __enter__(self) -> FakeCollector:
         self.start()
         return self
 

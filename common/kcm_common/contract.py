@@ -16,28 +16,14 @@ import zstandard
 from google.protobuf import json_format
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
+from kcm_common.names import ATTRIBUTE_HEADERS
+
 CONTENT_TYPE_PROTOBUF = "application/x-protobuf"
 CONTENT_TYPE_JSON = "application/json"
 ENCODINGS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
 COMPRESSION_IDS: dict[int, str] = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 DEFAULT_MAX_DECOMPRESSED_BYTES = 16 * 1024 * 1024
 
-ATTRIBUTE_HEADERS: tuple[str, ...] = (
-    "client_instance_id",
-    "client_id",
-    "client_software_name",
-    "client_software_version",
-    "client_source_address",
-    "client_source_port",
-    "principal",
-    "listener_name",
-    "security_protocol",
-    "broker_id",
-    "cluster_id",
-    "subscription_id",
-    "push_interval_ms",
-    "terminating",
-)
 CONTENT_TYPE_HEADER = "content-type"
 CONTENT_ENCODING_HEADER = "content-encoding"
 

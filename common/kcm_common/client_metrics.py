@@ -1,4 +1,4 @@
-"""CLIENT_METRICS config resources (KIP-714 subscriptions): validation, describe and a persistent store.
+"""CLIENT_METRICS config resources (KIP-714 subscriptions): Kafka's rules for what is accepted and described.
 
 The rules follow Apache Kafka 4.x: `ClientMetricsConfigs.validate` for what is accepted,
 `ConfigurationControlManager` for how (Incremental)AlterConfigs change a resource, and
@@ -10,37 +10,27 @@ rejected here and Python-only ones (`(?P<name>...)`) are accepted here.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-RESOURCE_TYPE = 16
-CONFIG_SOURCE = 7  # DescribeConfigsResponse.ConfigSource.CLIENT_METRICS_CONFIG
-DEFAULT_CONFIG_SOURCE = 5  # DescribeConfigsResponse.ConfigSource.DEFAULT_CONFIG
+from kcm_common.codes import (
+    CLIENT_METRICS_CONFIG_SOURCE,
+    DEFAULT_CONFIG_SOURCE,
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+)
+from kcm_common.names import CLIENT_ATTRIBUTES
 
 METRICS = "metrics"
 INTERVAL_MS = "interval.ms"
 MATCH = "match"
 CONFIG_KEYS = (METRICS, INTERVAL_MS, MATCH)
-MATCH_KEYS = (
-    "client_instance_id",
-    "client_id",
-    "client_software_name",
-    "client_software_version",
-    "client_source_address",
-    "client_source_port",
-)
+MATCH_KEYS = CLIENT_ATTRIBUTES
 ALL_METRICS = "*"
 DEFAULT_INTERVAL_MS = 300000
 MIN_INTERVAL_MS = 100
 MAX_INTERVAL_MS = 3600000
-
-INVALID_CONFIG = 40
-INVALID_REQUEST = 42
 
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
@@ -59,7 +49,6 @@ _LIST_KEYS = frozenset({METRICS, MATCH})
 _JAVA_WHITESPACE = "".join(chr(code) for code in range(0x21))  # what String.trim() strips
 _COMMA_WITH_WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]*,[ \t\n\x0b\f\r]*")  # ConfigDef's "\\s*,\\s*"
 _JAVA_INT = re.compile(r"[+-]?[0-9]+")
-_STATE_VERSION = 1
 
 
 class ConfigError(Exception):
@@ -69,10 +58,6 @@ class ConfigError(Exception):
         super().__init__(message)
         self.error_code = error_code
         self.message = message
-
-
-class StateFileError(ValueError):
-    """The subscription state file cannot be read back."""
 
 
 @dataclass(frozen=True)
@@ -203,74 +188,13 @@ def describe_entries(configs: Mapping[str, str], keys: Iterable[str] | None = No
                 value=_normalised(key, configs[key]) if is_set else _DEFAULT_VALUES[key],
                 read_only=False,
                 is_default=not is_set,
-                source=CONFIG_SOURCE if is_set else DEFAULT_CONFIG_SOURCE,
+                source=CLIENT_METRICS_CONFIG_SOURCE if is_set else DEFAULT_CONFIG_SOURCE,
                 sensitive=False,
                 config_type=_CONFIG_TYPES[key],
                 documentation=_DOCUMENTATION[key],
             )
         )
     return entries
-
-
-class SubscriptionStore:
-    """The CLIENT_METRICS resources of the sandbox, optionally persisted to a JSON state file."""
-
-    def __init__(self, state_file: pathlib.Path | None = None) -> None:
-        self._state_file = pathlib.Path(state_file) if state_file is not None else None
-        self._configs: dict[str, dict[str, str]] = {}
-        self._generation = 0
-        if self._state_file is not None and self._state_file.exists():
-            self._configs = _load_state(self._state_file)
-
-    @property
-    def generation(self) -> int:
-        """Bumped on every effective change, so readers know when to recompute."""
-        return self._generation
-
-    def names(self) -> list[str]:
-        """Names of the existing subscriptions (what ListConfigResources lists), sorted."""
-        return sorted(self._configs)
-
-    def configs(self, name: str) -> dict[str, str]:
-        """The raw configs set on a subscription, as they were written; empty when it does not exist."""
-        return dict(self._configs.get(name, {}))
-
-    def describe(self, name: str, keys: list[str] | None = None) -> list[ConfigEntry]:
-        """DescribeConfigs for one resource; a name never set describes as all defaults, as Kafka 4.x does."""
-        if not name:
-            raise ConfigError(INVALID_REQUEST, "Client metrics subscription name must not be empty")
-        return describe_entries(self._configs.get(name, {}), keys)
-
-    def alter(self, name: str, configs: dict[str, str | None], validate_only: bool = False) -> None:
-        """AlterConfigs (legacy): replace every config of the resource; an empty map removes it."""
-        nulls = [key for key, value in configs.items() if value is None]
-        if nulls:
-            raise ConfigError(INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls))
-        self._commit(name, {key: value for key, value in configs.items() if value is not None}, validate_only)
-
-    def incremental_alter(
-        self, name: str, ops: list[tuple[str, int, str | None]], validate_only: bool = False
-    ) -> None:
-        """IncrementalAlterConfigs: op 0 SET, 1 DELETE, 2 APPEND, 3 SUBTRACT (the last two on list keys only)."""
-        self._commit(name, apply_incremental(self._configs.get(name, {}), ops), validate_only)
-
-    def subscriptions(self) -> list[Subscription]:
-        """Every subscription, parsed, in name order."""
-        return [to_subscription(name, self._configs[name]) for name in self.names()]
-
-    def _commit(self, name: str, updated: dict[str, str], validate_only: bool) -> None:
-        validate(name, updated)
-        if validate_only or updated == self._configs.get(name, {}):
-            return
-        configs = dict(self._configs)
-        if updated:
-            configs[name] = updated
-        else:
-            configs.pop(name, None)
-        if self._state_file is not None:
-            _save_state(self._state_file, configs)
-        self._configs = configs
-        self._generation += 1
 
 
 def _parse_int(key: str, raw: str) -> int:
@@ -296,41 +220,3 @@ def _java_split(text: str, separator: str) -> list[str]:
     while parts and not parts[-1]:
         parts.pop()
     return parts
-
-
-def _load_state(path: pathlib.Path) -> dict[str, dict[str, str]]:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise StateFileError(
-            f"cannot read the sandbox subscription state {path}: {err}; fix or delete the file"
-        ) from err
-    subscriptions = document.get("subscriptions") if isinstance(document, dict) else None
-    if not isinstance(subscriptions, dict):
-        raise StateFileError(f"{path} has no 'subscriptions' object; fix or delete the file")
-    configs: dict[str, dict[str, str]] = {}
-    for name, entry in subscriptions.items():
-        if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()) or not entry:
-            raise StateFileError(f"{path}: subscription {name!r} must map config names to strings")
-        try:
-            validate(name, entry)
-        except ConfigError as err:
-            raise StateFileError(f"{path}: subscription {name!r} is invalid: {err.message}") from None
-        configs[name] = dict(entry)
-    return configs
-
-
-def _save_state(path: pathlib.Path, configs: dict[str, dict[str, str]]) -> None:
-    # Write a sibling temp file and rename it over the old one, so a crash never leaves half a file.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"version": _STATE_VERSION, "subscriptions": configs}, indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
