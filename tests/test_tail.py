@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -71,6 +72,28 @@ def test_jsonl_prints_one_object_per_record_with_the_contract_fields(broker, new
     assert total["points"][0]["attributes"] == {"topic": "payments"}
 
 
+def test_contract_headers_win_over_the_resource_attributes_the_client_sent(broker, new_topic, producer):
+    topic = new_topic()
+    metrics = client_metrics("from-payload")
+    resource = metrics.resource_metrics[0].resource
+    resource.attributes.add(key="client_id").value.string_value = "spoofed-by-the-client"
+    resource.attributes.add(key="service.name").value.string_value = "payments"
+    value, headers = contract.encode(metrics, attributes={"client_instance_id": INSTANCE, "client_id": "from-broker"})
+    _send(producer, topic, value, headers)
+
+    jsonl = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--output", "jsonl", "--max-records", "1")
+    table = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--max-records", "1")
+
+    assert jsonl.returncode == 0 and table.returncode == 0, jsonl.stderr + table.stderr
+    resource_seen = json.loads(jsonl.stdout)["resource"]
+    assert resource_seen["client_id"] == "from-broker"
+    assert resource_seen["service.name"] == "payments"
+    rows = table.stdout.splitlines()[1:]
+    assert rows and all(row.startswith("from-broker") for row in rows), rows
+
+
 def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, new_topic, producer):
     topic = new_topic()
     _send(producer, topic, b"\x28\xb5\x2f\xfd garbage", [("content-encoding", b"zstd")])
@@ -115,7 +138,9 @@ def test_without_from_beginning_only_new_records_are_printed(broker, new_topic, 
          "--output", "jsonl", "--max-records", "1", "--timeout", "30"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3)  # the tail has resolved its start offsets by then
+        # tail logs where it starts reading once its offsets are resolved; only then is a record "new".
+        while "reading " + topic not in (line := tail.stderr.readline()):
+            assert line, "kcm tail exited before it started reading"
         _send(producer, topic, *_contract_record("new-client"))
         out, err = tail.communicate(timeout=40)
     finally:
@@ -148,7 +173,7 @@ def test_missing_topic_is_a_one_line_error_with_exit_code_2(broker):
 def test_unreachable_broker_is_a_one_line_error_with_exit_code_2():
     from kcm_sandbox.broker import free_port
 
-    result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--timeout", "1")
+    result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--timeout", "1", "--connect-timeout", "1")
 
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
@@ -175,15 +200,23 @@ def test_tail_prints_what_a_real_librdkafka_client_pushed_through_the_sandbox(sa
                                         configs={"metrics": "*", "interval.ms": "300"})], raise_on_unknown=False)
     admin.close()
     producer = confluent_kafka.Producer({"bootstrap.servers": sandbox.bootstrap, "client.id": "tailed-producer"})
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        producer.produce("traffic", b"x")
-        producer.poll(0.05)
-    producer.flush(5)
+    stop = threading.Event()
 
-    result = _kcm("tail", "--bootstrap-server", sandbox.bootstrap, "--topic", sandbox.options.topic,
-                  "--from-beginning", "--output", "jsonl", "--max-records", "2", "--timeout", "20")
-    del producer
+    def traffic() -> None:
+        while not stop.is_set():
+            producer.produce("traffic", b"x")
+            producer.poll(0.05)
+        producer.flush(5)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    try:
+        # tail waits for the pushes: no fixed sleep, only its own --timeout as an upper bound.
+        result = _kcm("tail", "--bootstrap-server", sandbox.bootstrap, "--topic", sandbox.options.topic,
+                      "--from-beginning", "--output", "jsonl", "--max-records", "2", "--timeout", "30")
+    finally:
+        stop.set()
+        worker.join(timeout=10)
 
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
+import socket
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kcm_sandbox.broker import BrokerError
-from kcm_sandbox.store import StateFileError
+from kcm_common.errors import UserError
+from kcm_common.kafka import KafkaSettings, check_reachable
 from kcm_common.names import DEFAULT_METRICS_TOPIC
-from kcm_sandbox.runner import (
-    Sandbox,
-    SandboxError,
-    SandboxOptions,
-    compression_ids,
-    parse_address,
-)
-from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES
+
+if TYPE_CHECKING:
+    from kcm_sandbox.runner import SandboxOptions
+
+# How long --upstream gets to answer as a Kafka broker before start-up gives up.
+_UPSTREAM_PROBE_S = 5.0
 
 log = logging.getLogger("kcm.sandbox")
 
@@ -36,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=1, help="partitions of the metrics topic if it is created")
     parser.add_argument("--compression", default="zstd,lz4,gzip,snappy", metavar="LIST",
                         help="compression types offered to clients, in preference order (default: %(default)s)")
-    parser.add_argument("--telemetry-max-bytes", type=int, default=DEFAULT_TELEMETRY_MAX_BYTES, metavar="N",
-                        help="largest push accepted, in bytes (telemetry.max.bytes; default: %(default)s)")
+    parser.add_argument("--telemetry-max-bytes", type=int, metavar="N",
+                        help="largest push accepted, in bytes (telemetry.max.bytes; default: Kafka's, 1048576)")
     parser.add_argument("--state", type=Path, metavar="FILE",
                         help="JSON file keeping CLIENT_METRICS subscriptions across restarts")
     parser.add_argument("--upstream", metavar="HOST:PORT",
@@ -46,15 +45,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> SandboxOptions:
-    return SandboxOptions(
-        listen=parse_address(args.listen, "--listen"),
-        topic=args.topic,
-        partitions=args.partitions,
-        compression=compression_ids(args.compression),
-        telemetry_max_bytes=args.telemetry_max_bytes,
-        state=args.state,
-        upstream=parse_address(args.upstream, "--upstream") if args.upstream else None,
-    )
+    """The sandbox options the flags ask for; raises UserError naming the bad flag."""
+    from kcm_sandbox.runner import SandboxOptions, compression_ids, parse_address
+
+    listen = parse_address(args.listen, "--listen")
+    try:
+        socket.getaddrinfo(listen[0], listen[1], type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise UserError(f"--listen host {listen[0]!r} cannot be resolved on this machine; "
+                        "use an address such as 127.0.0.1") from None
+    upstream = parse_address(args.upstream, "--upstream") if args.upstream else None
+    if upstream is not None:
+        check_reachable(KafkaSettings(args.upstream), _UPSTREAM_PROBE_S)
+    options = SandboxOptions(listen=listen, topic=args.topic, partitions=args.partitions,
+                             compression=compression_ids(args.compression), state=args.state, upstream=upstream)
+    if args.telemetry_max_bytes is not None:
+        options.telemetry_max_bytes = args.telemetry_max_bytes
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,12 +69,10 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    try:
-        sandbox = Sandbox(options_from(args))
-        sandbox.start()
-    except (SandboxError, BrokerError, StateFileError) as exc:
-        print(f"kcm sandbox: {exc}", file=sys.stderr)
-        return 2
+    from kcm_sandbox.runner import Sandbox
+
+    sandbox = Sandbox(options_from(args))
+    sandbox.start()
     try:
         print(f"kcm sandbox: bootstrap {sandbox.bootstrap} (metrics topic {sandbox.options.topic}); "
               "Ctrl-C stops it", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -14,8 +15,11 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
 from kcm_common import contract, points
-from kcm_common.kafka import KafkaConfigError, KafkaSettings
+from kcm_common.errors import UserError
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
 from kcm_common.names import DEFAULT_METRICS_TOPIC
+
+log = logging.getLogger("kcm.tail")
 
 HELP = "print decoded client metrics from the metrics topic"
 DESCRIPTION = "Consume the metrics topic (contract v1) and print decoded client metrics."
@@ -35,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit after this many seconds without a record (default: run until interrupted)")
     parser.add_argument("--output", choices=("table", "jsonl"), default="table",
                         help="table: one row per metric point; jsonl: one JSON object per record (default: %(default)s)")
+    parser.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long to try reaching Kafka at start-up (default: %(default)s)")
 
 
 def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
@@ -95,37 +101,35 @@ def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[Cons
 
 def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
-    consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200, bootstrap_timeout_ms=10000,
-                             **settings.client_options())
+    check_reachable(settings, args.connect_timeout)
+    try:
+        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200,
+                                 bootstrap_timeout_ms=int(args.connect_timeout * 1000), **settings.client_options())
+    except KafkaError as exc:
+        raise diagnose_failure(settings, exc) from None
     if args.topic not in consumer.topics():
         consumer.close()
-        raise LookupError(f"topic {args.topic!r} does not exist on {settings.describe()}; "
-                          "check --topic and that the brokers' telemetry receiver writes there")
+        raise UserError(f"topic {args.topic!r} does not exist on {settings.describe()}; "
+                        "check --topic and that the brokers' telemetry receiver writes there")
     partitions = [TopicPartition(args.topic, p) for p in sorted(consumer.partitions_for_topic(args.topic))]
     consumer.assign(partitions)
     if args.from_beginning:
         consumer.seek_to_beginning(*partitions)
     else:
         consumer.seek_to_end(*partitions)
-    for partition in partitions:
-        consumer.position(partition)  # resolve the start now, so nothing produced after start-up is skipped
+    # Resolve the start now, so nothing produced after start-up is skipped; then say where reading starts.
+    starts = {partition.partition: consumer.position(partition) for partition in partitions}
+    log.info("reading %s from offsets %s", args.topic, ", ".join(f"{p}@{o}" for p, o in sorted(starts.items())))
     return consumer
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Run `kcm tail`; 0 on a normal end, 2 when Kafka or the topic cannot be reached."""
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Run `kcm tail`; 0 on a normal end. Raises UserError when Kafka or the topic cannot be reached."""
     if args.max_records is not None and args.max_records < 1:
-        print("kcm tail: --max-records must be at least 1", file=err)
-        return 2
-    try:
-        consumer = _open_consumer(args)
-    except (KafkaConfigError, LookupError) as exc:
-        print(f"kcm tail: {exc}", file=err)
-        return 2
-    except KafkaError as exc:
-        print(f"kcm tail: cannot reach Kafka at {args.bootstrap_server}: {exc}; "
-              "check --bootstrap-server and --command-config", file=err)
-        return 2
+        raise UserError("--max-records must be at least 1")
+    if args.connect_timeout <= 0:
+        raise UserError("--connect-timeout must be a positive number of seconds")
+    consumer = _open_consumer(args)
     printed = 0
     if args.output == "table":
         print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
@@ -145,8 +149,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (e.g. `| head`); nothing left to say
     except KafkaError as exc:
-        print(f"kcm tail: lost the connection to Kafka: {exc}", file=err)
-        return 2
+        raise KafkaUnavailableError(f"lost the connection to Kafka: {exc}") from None
     finally:
         consumer.close()
     return 0

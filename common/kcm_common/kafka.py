@@ -5,9 +5,12 @@ Every kcm command that talks to Kafka builds its clients here, so TLS/SASL behav
 
 from __future__ import annotations
 
+import re
+import socket
+import ssl
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,12 @@ from kcm_common.errors import UserError
 
 
 class KafkaConfigError(UserError):
-    """A client property that is unknown, malformed or points at a missing file."""
+    """A client property or bootstrap address that is unknown, malformed or points at a missing file."""
+
+
+class KafkaUnavailableError(UserError):
+    """Kafka cannot be reached with these settings; the message says what was found at the address."""
+
 
 # Property names follow Apache Kafka's client configs (as in a `--command-config` file); librdkafka spellings
 # that mean the same thing are accepted too, because users paste both.
@@ -46,6 +54,8 @@ _FILE_PROPERTIES = frozenset(
 _SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
+_API_VERSIONS_V0 = struct.pack(">hhih", 18, 0, 0x6B636D, 3) + b"kcm"  # ApiVersions v0, correlation id "kcm"
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -74,6 +84,25 @@ def load_properties(path: str | Path) -> dict[str, str]:
         return parse_properties(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise KafkaConfigError(f"cannot read the client config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise KafkaConfigError(
+            f"the client config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+
+
+def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
+    """`host:port[,host:port]` (IPv6 as `[addr]:port`) into (host, port) pairs; raises KafkaConfigError."""
+    addresses = []
+    for entry in (part.strip() for part in servers.split(",")):
+        if not entry:
+            continue
+        match = _ADDRESS.fullmatch(entry)
+        if match is None or not 1 <= int(match["port"]) <= 65535:
+            raise KafkaConfigError(
+                f"bootstrap server {entry!r} is not HOST:PORT with a port from 1 to 65535 (e.g. kafka:9092)")
+        addresses.append((match["ipv6"] or match["host"], int(match["port"])))
+    if not addresses:
+        raise KafkaConfigError("no bootstrap server given: pass --bootstrap-server HOST:PORT")
+    return addresses
 
 
 def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
@@ -111,6 +140,9 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             options["request_timeout_ms"] = int(options["request_timeout_ms"])
         except ValueError:
             raise KafkaConfigError("request.timeout.ms must be a whole number of milliseconds") from None
+        if options["request_timeout_ms"] <= 0:
+            raise KafkaConfigError(
+                f"request.timeout.ms must be a positive number of milliseconds, not {options['request_timeout_ms']}")
     return options
 
 
@@ -130,16 +162,100 @@ class KafkaSettings:
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for any kafka-python client (consumer, producer, admin)."""
-        if not self.bootstrap_servers.strip():
-            raise KafkaConfigError("no bootstrap server given: pass --bootstrap-server HOST:PORT")
+        parse_bootstrap(self.bootstrap_servers)
         options = kafka_python_options(self.properties)
         options["bootstrap_servers"] = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
         return options
 
+    @property
+    def security_protocol(self) -> str:
+        return self.properties.get("security.protocol", "PLAINTEXT").upper()
+
     def describe(self) -> str:
         """A log-safe one-line description (no secrets)."""
-        protocol = self.properties.get("security.protocol", "PLAINTEXT").upper()
-        return f"{self.bootstrap_servers} ({protocol})"
+        return f"{self.bootstrap_servers} ({self.security_protocol})"
+
+
+def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
+    """Fail fast, with a diagnosis, unless some bootstrap server speaks Kafka with these settings' transport.
+
+    kafka-python only says "Unable to bootstrap" (and can hang on a TLS handshake with a plaintext listener),
+    so probe first: TCP, then TLS where configured, then an ApiVersions round trip where the transport is plain.
+    """
+    problems = []
+    for host, port in parse_bootstrap(settings.bootstrap_servers):
+        problem = _probe(settings, host, port, timeout_s)
+        if problem is None:
+            return
+        problems.append(f"{host}:{port} {problem}")
+    raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(problems)}")
+
+
+def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavailableError:
+    """A user-facing error for a client that could not bootstrap although the address answered the probe."""
+    protocol = settings.security_protocol
+    hint = "check --bootstrap-server and --command-config"
+    if protocol.startswith("SASL"):
+        hint = (f"the address answers, but {protocol} did not get through: check that this listener uses SASL, "
+                "sasl.mechanism and the credentials")
+    elif protocol == "SSL":
+        hint = "the TLS handshake worked, but Kafka did not answer over it: check the listener and ssl.* settings"
+    return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} "
+                                 f"({type(error).__name__}: {error}); {hint}")
+
+
+def _probe(settings: KafkaSettings, host: str, port: int, timeout_s: float) -> str | None:
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except socket.gaierror:
+        return "is not a host name this machine can resolve"
+    except TimeoutError:
+        return f"did not accept a TCP connection within {timeout_s:g}s"
+    except OSError as exc:
+        return f"refuses connections ({exc.strerror or exc}): is Kafka listening there?"
+    with sock:
+        protocol = settings.security_protocol
+        if protocol in ("SSL", "SASL_SSL"):
+            try:
+                context = _ssl_context(settings)
+                with context.wrap_socket(sock, server_hostname=host):
+                    return None
+            except ssl.SSLCertVerificationError as exc:
+                return f"presented a certificate this client does not trust ({exc.verify_message}): check ssl.ca.location"
+            except (ssl.SSLError, OSError) as exc:
+                return (f"accepts TCP connections but no TLS handshake completed ({exc}): "
+                        f"is this a TLS listener? security.protocol is {protocol}")
+        try:
+            sock.sendall(struct.pack(">i", len(_API_VERSIONS_V0)) + _API_VERSIONS_V0)
+            header = _read_exactly(sock, 8)
+        except OSError as exc:
+            header = None
+            failure = str(exc)
+        else:
+            failure = "it closed the connection"
+        if header is None or struct.unpack(">ii", header)[1] != 0x6B636D:
+            return (f"accepts TCP connections but does not answer as a Kafka broker ({failure}): "
+                    "is this a Kafka broker? (a TLS listener needs security.protocol=SSL)")
+    return None
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
+    options = kafka_python_options(settings.properties)
+    context = ssl.create_default_context(cafile=options.get("ssl_cafile"))
+    context.check_hostname = options.get("ssl_check_hostname", True)
+    if "ssl_certfile" in options:
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+    return context
 
 
 def ensure_topic(settings: KafkaSettings, name: str, partitions: int = 1, replication_factor: int = 1) -> bool:

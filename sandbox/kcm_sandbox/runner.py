@@ -11,6 +11,7 @@ from types import TracebackType
 
 from kafka import KafkaAdminClient
 
+from kcm_common.errors import UserError
 from kcm_common import contract
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_common.names import DEFAULT_METRICS_TOPIC
@@ -29,7 +30,7 @@ from kcm_sandbox.telemetry import (
 _COMPRESSION_BY_NAME = {name: code for code, name in contract.COMPRESSION_IDS.items() if name != "none"}
 
 
-class SandboxError(RuntimeError):
+class SandboxError(UserError):
     """The sandbox could not start; the message says what to change."""
 
 

@@ -7,6 +7,7 @@ import os
 import pathlib
 import tempfile
 
+from kcm_common.errors import UserError
 from kcm_common.client_metrics import (
     ConfigEntry,
     ConfigError,
@@ -21,7 +22,7 @@ from kcm_common.codes import INVALID_REQUEST
 _STATE_VERSION = 1
 
 
-class StateFileError(ValueError):
+class StateFileError(UserError):
     """The subscription state file cannot be read back."""
 
 

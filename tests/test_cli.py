@@ -1,0 +1,149 @@
+"""Every kcm command reports a user's mistake as one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from kcm_cli.main import build_parser
+
+
+def _kcm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kcm_cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.fixture
+def silent_server() -> Iterator[tuple[str, int]]:
+    """A TCP server that accepts connections and never says a word (not a Kafka broker)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[:2]
+    stop.set()
+    thread.join(timeout=5)
+    for connection in accepted:
+        connection.close()
+    server.close()
+
+
+def test_version_prints_the_package_version():
+    result = _kcm("--version")
+
+    assert result.returncode == 0
+    assert result.stdout.startswith("kcm ")
+
+
+def test_a_usage_mistake_is_one_line_naming_the_option():
+    _one_line_error(_kcm("tail", "--bootstrap-server", "b:9092", "--max-records", "many"),
+                    "--max-records", "invalid int value", "kcm tail --help")
+
+
+def test_log_level_is_accepted_before_and_after_the_subcommand():
+    parser = build_parser()
+
+    assert parser.parse_args(["--log-level", "debug", "tail", "--bootstrap-server", "b:1"]).log_level == "DEBUG"
+    assert parser.parse_args(["tail", "--bootstrap-server", "b:1", "--log-level", "warning"]).log_level == "WARNING"
+    assert parser.parse_args(["tail", "--bootstrap-server", "b:1"]).log_level == "INFO"
+
+
+@pytest.mark.parametrize("servers", ["localhost:abc", "localhost", "kafka:0", "kafka:70000", " , "])
+def test_a_malformed_bootstrap_server_is_refused_before_connecting(servers):
+    _one_line_error(_kcm("tail", "--bootstrap-server", servers), "kcm tail:", "bootstrap server")
+
+
+def test_a_client_config_file_that_is_not_utf8_says_so(tmp_path):
+    config = tmp_path / "client.properties"
+    config.write_bytes("sasl.password=gr\xfc\xdfe\n".encode("latin-1"))
+
+    _one_line_error(_kcm("tail", "--bootstrap-server", "127.0.0.1:9", "--command-config", str(config)),
+                    "is not UTF-8")
+
+
+def test_a_negative_request_timeout_is_a_config_error_not_an_unreachable_kafka(tmp_path):
+    config = tmp_path / "client.properties"
+    config.write_text("request.timeout.ms=-5\n")
+
+    result = _kcm("tail", "--bootstrap-server", "127.0.0.1:9", "--command-config", str(config))
+
+    _one_line_error(result, "request.timeout.ms must be a positive number")
+    assert "cannot reach" not in result.stderr
+
+
+def test_nothing_listening_is_reported_without_waiting_for_the_bootstrap_timeout():
+    from kcm_sandbox.broker import free_port
+
+    started = time.monotonic()
+    result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--connect-timeout", "30")
+
+    _one_line_error(result, "cannot reach Kafka", "refuses connections")
+    assert time.monotonic() - started < 25
+
+
+def test_tls_settings_against_a_plaintext_broker_name_the_handshake(broker, tmp_path):
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SSL\n")
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--command-config", str(config),
+                  "--connect-timeout", "2")
+
+    _one_line_error(result, "no TLS handshake completed", "security.protocol is SSL")
+
+
+def test_sasl_settings_against_a_plaintext_broker_name_sasl(broker, tmp_path):
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=pw\n")
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--command-config", str(config),
+                  "--connect-timeout", "2")
+
+    _one_line_error(result, "SASL", "credentials")
+    assert "pw" not in result.stderr.replace("password", "")
+
+
+def test_a_server_that_is_not_kafka_is_called_out(silent_server):
+    host, port = silent_server
+
+    _one_line_error(_kcm("tail", "--bootstrap-server", f"{host}:{port}", "--connect-timeout", "1"),
+                    "does not answer as a Kafka broker", "is this a Kafka broker?")
+
+
+def test_sandbox_listen_host_that_cannot_be_resolved():
+    _one_line_error(_kcm("sandbox", "--listen", "no-such-host.invalid:0"), "--listen host", "cannot be resolved")
+
+
+def test_sandbox_upstream_that_is_not_kafka_fails_within_seconds(silent_server):
+    host, port = silent_server
+    started = time.monotonic()
+
+    result = _kcm("sandbox", "--listen", "127.0.0.1:0", "--upstream", f"{host}:{port}")
+
+    _one_line_error(result, "is this a Kafka broker?")
+    assert time.monotonic() - started < 20

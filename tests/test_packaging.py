@@ -1,0 +1,149 @@
+"""The package layout holds: the shared leaf imports no component, and each component runs on its own extra.
+
+Imports are read from the source (every `import`, wherever it stands) and resolved to the distributions that
+provide them; each must be the standard library, kcm's own allowed packages, or a distribution the component's
+extra pulls in (directly or through its dependencies). The `kcm` command's modules may import components only
+inside functions, so `kcm --help` works whatever extras are installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+# package -> (folder, extra, kcm packages it may import)
+COMPONENTS = {
+    "kcm_common": ("common", None, set()),
+    "kcm_operator": ("operator", "operator", {"kcm_common"}),
+    "kcm_bridge": ("bridge", "bridge", {"kcm_common"}),
+    "kcm_rollups": ("rollups", "rollup", {"kcm_common"}),
+    "kcm_sandbox": ("sandbox", "sandbox", {"kcm_common"}),
+}
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+@cache
+def _allowed_distributions(extra: str | None) -> frozenset[str]:
+    """kcm's base requirements plus `extra`'s, and everything those depend on."""
+    wanted: list[tuple[str, set[str]]] = [("kcm", {extra} if extra else set())]
+    seen: set[str] = set()
+    while wanted:
+        name, extras = wanted.pop()
+        key = canonicalize_name(name)
+        for requirement_text in metadata.requires(name) or []:
+            requirement = Requirement(requirement_text)
+            environments = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if requirement.marker and not any(requirement.marker.evaluate(env) for env in environments):
+                continue
+            dependency = canonicalize_name(requirement.name)
+            if dependency == "kcm":
+                wanted.append(("kcm", set(requirement.extras)))
+                continue
+            if dependency not in seen:
+                seen.add(dependency)
+                try:
+                    metadata.distribution(dependency)
+                except metadata.PackageNotFoundError:
+                    continue
+                wanted.append((dependency, set(requirement.extras)))
+        seen.add(key)
+    return frozenset(seen)
+
+
+@cache
+def _distributions_of(module: str) -> frozenset[str]:
+    top = module.split(".")[0]
+    candidates = metadata.packages_distributions().get(top, [])
+    if len(candidates) <= 1:
+        return frozenset(canonicalize_name(c) for c in candidates)
+    # A namespace package (google.*): find the distribution that ships this very module.
+    prefix = module.replace(".", "/")
+    owners = set()
+    for candidate in candidates:
+        files = metadata.distribution(candidate).files or []
+        if any(str(f).startswith(prefix + "/") or str(f).startswith(prefix + ".") for f in files):
+            owners.add(canonicalize_name(candidate))
+    return frozenset(owners or (canonicalize_name(c) for c in candidates))
+
+
+def _violations(modules: set[str], extra: str | None, kcm_allowed: set[str], own: str) -> list[str]:
+    allowed = _allowed_distributions(extra)
+    problems = []
+    for module in sorted(modules):
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top == "__future__" or top == own:
+            continue
+        if top.startswith("kcm_"):
+            if top not in kcm_allowed:
+                problems.append(f"{module} (a kcm component)")
+            continue
+        owners = _distributions_of(module)
+        if not owners & allowed:
+            problems.append(f"{module} (from {', '.join(sorted(owners)) or 'nowhere installed'})")
+    return problems
+
+
+@pytest.mark.parametrize("package", sorted(COMPONENTS))
+def test_each_component_imports_only_what_its_extra_installs(package):
+    folder, extra, kcm_allowed = COMPONENTS[package]
+    sources = sorted((ROOT / folder / package).rglob("*.py"))
+    assert sources, f"no sources found for {package}"
+    problems = {
+        str(path.relative_to(ROOT)): found
+        for path in sources
+        if (found := _violations(_imports(path, top_level_only=False), extra, kcm_allowed, package))
+    }
+
+    assert problems == {}, f"imports outside kcm[{extra or 'base'}]: {problems}"
+
+
+def test_the_kcm_command_imports_components_only_when_a_subcommand_runs():
+    sources = sorted((ROOT / "cli" / "kcm_cli").rglob("*.py"))
+    problems = {
+        str(path.relative_to(ROOT)): found
+        for path in sources
+        if (found := _violations(_imports(path, top_level_only=True), None, {"kcm_common"}, "kcm_cli"))
+    }
+
+    assert problems == {}, f"module-level imports beyond the base install: {problems}"
+
+
+def test_the_checker_notices_a_forbidden_import():
+    # The shared leaf importing a component, or pyspark in the operator, must be caught.
+    assert _violations({"kcm_bridge.export"}, None, set(), "kcm_common") == ["kcm_bridge.export (a kcm component)"]
+    assert _violations({"pyspark.sql"}, "operator", {"kcm_common"}, "kcm_operator")
+    assert not _violations({"pyspark.sql"}, "rollup", {"kcm_common"}, "kcm_rollups")
+    assert _violations({"google.rpc.status_pb2"}, None, set(), "kcm_common")
+    assert not _violations({"google.protobuf.json_format"}, None, set(), "kcm_common")
+
+
+def test_there_is_no_top_level_operator_package_shadowing_the_standard_library():
+    assert not (ROOT / "operator" / "__init__.py").exists()
+
+
+def test_every_extra_named_by_the_cli_exists():
+    from kcm_cli.main import _EXTRA_OF_MODULE
+
+    extras = set(metadata.metadata("kcm").get_all("Provides-Extra") or [])
+    assert set(_EXTRA_OF_MODULE.values()) <= extras
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", metadata.version("kcm"))
