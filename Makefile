@@ -1,10 +1,11 @@
-# The two commands a fresh machine needs: `make test` (and `make demo`, once it exists).
+# The two commands a fresh machine needs: `make demo` and `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_ARGS ?=
 
-.PHONY: setup test clean
+.PHONY: setup receiver test demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,10 +13,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) receiver
 
-test: $(STAMP)
+# The Java receiver plugin, its sandbox host and the Java test clients (build/receiver/); fast when up to date.
+receiver: $(STAMP)
+	$(PY) receiver/build.py
+
+test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/kcm demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

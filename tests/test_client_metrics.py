@@ -20,6 +20,7 @@ from kcm_common.codes import (
     INVALID_CONFIG,
     INVALID_REQUEST,
 )
+from kcm_common.java import PatternError, compile_pattern, copy_capacity, hash_order, split
 from kcm_sandbox.store import StateFileError, SubscriptionStore
 
 
@@ -57,7 +58,12 @@ def _refused(change) -> ConfigError:
         ([("match", OP_SET, "client_id")], INVALID_CONFIG, "Illegal client matching pattern: client_id"),
         ([("match", OP_SET, "client_id=")], INVALID_CONFIG, "Illegal client matching pattern: client_id="),
         ([("match", OP_SET, "client_id=a=b")], INVALID_CONFIG, "Illegal client matching pattern: client_id=a=b"),
-        ([("match", OP_SET, "client_id=a,")], INVALID_CONFIG, "Illegal client matching pattern: "),
+        ([("match", OP_SET, "client_id=a,")], INVALID_CONFIG, "Configuration 'match' values must not be empty."),
+        ([("match", OP_SET, "client_id=a,client_id=a")], INVALID_CONFIG,
+         "Configuration 'match' values must not be duplicated."),
+        ([("metrics", OP_SET, "a, a")], INVALID_CONFIG, "Configuration 'metrics' values must not be duplicated."),
+        ([("match", OP_SET, "client_id=(?P<x>a)")], INVALID_CONFIG,
+         "Illegal client matching pattern: client_id=(?P<x>a)"),
         ([("metrics", OP_SET, None)], INVALID_REQUEST, "Null value not supported for : metrics"),
         ([("metrics", OP_SET, "a"), ("metrics", OP_DELETE, None)], INVALID_REQUEST,
          "Error due to duplicate config keys"),
@@ -130,7 +136,8 @@ def test_describe_shows_set_keys_as_client_metrics_config_and_the_rest_as_defaul
 
     entries = {entry.name: entry for entry in store.describe("subs")}
 
-    assert [entry.name for entry in store.describe("subs")] == ["metrics", "interval.ms", "match"]
+    # java.util.HashMap order, as ConfigHelperUtils.createResponseConfig streams it
+    assert [entry.name for entry in store.describe("subs")] == ["interval.ms", "match", "metrics"]
     # Kafka describes the parsed value, so spaces around commas and numbers are gone.
     metrics, interval, match = entries["metrics"], entries["interval.ms"], entries["match"]
     assert metrics.value == "producer.,consumer."
@@ -296,3 +303,45 @@ def test_an_invalid_subscription_in_the_state_file_is_reported(tmp_path):
 
     with pytest.raises(StateFileError, match="'subs' is invalid: Invalid value 5 for interval.ms"):
         SubscriptionStore(state)
+
+
+# --- Java behaviour the rules depend on (kcm_common.java); expected values printed by JDK 17's jshell ----------
+
+
+@pytest.mark.parametrize(("pattern", "text", "java_result"), [
+    ("(?P<name>payments)", "payments", None),  # Python-only named group: PatternSyntaxException
+    ("(?#c)payments", "payments", None),  # Python-only comment
+    ("pay{ments", "payments", None),  # a "{" that is not a quantifier
+    ("x{2,1}", "xx", None),
+    ("a{,3}", "a", None),
+    (r"\p{Alpha}+", "payments", True),
+    (r"\Qpay.ments\E", "pay.ments", True),
+    (r"\Qpay.ments\E", "payXments", False),
+    ("(?<name>payments)", "payments", True),
+    (r"pay\d+", "pay\u0661\u0662", False),  # \d, \w, \s are ASCII-only in Java
+    (r"\w+", "p\u00e4yments", False),
+    (r"a\sb", "a\u00a0b", False),
+    ("[]a]", "]", True),
+    (r"\h", "\u00a0", True),
+])
+def test_patterns_compile_and_match_as_java_util_regex_does(pattern, text, java_result):
+    if java_result is None:
+        with pytest.raises(PatternError):
+            compile_pattern(pattern)
+    else:
+        assert (compile_pattern(pattern).fullmatch(text) is not None) is java_result
+
+
+def test_hash_order_is_java_hash_set_iteration_order_including_after_a_resize():
+    items = [f"org.apache.kafka.m{i}" for i in range(20)] + ["*", "\u00e9t\u00e9"]
+    java = ["org.apache.kafka.m19", "org.apache.kafka.m18", "org.apache.kafka.m17", "*", "org.apache.kafka.m16",
+            "org.apache.kafka.m15", "org.apache.kafka.m14", "org.apache.kafka.m13", "org.apache.kafka.m12",
+            "org.apache.kafka.m11", "org.apache.kafka.m0", "org.apache.kafka.m10"] + [
+        f"org.apache.kafka.m{i}" for i in range(1, 10)] + ["\u00e9t\u00e9"]
+
+    assert hash_order(items) == java
+    assert hash_order(items, copy_capacity(len(items))) == java
+
+
+def test_split_drops_trailing_empty_strings_as_java_string_split_does():
+    assert (split("a,b,,", ","), split("", ","), split(",a", ",")) == (["a", "b"], [""], ["", "a"])

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import time
 import tracemalloc
 import zlib
+from collections.abc import Callable
 
 import cramjam
 import lz4.frame
@@ -557,3 +559,28 @@ def test_compress_round_trips_and_the_cap_is_exact(data: bytes, encoding: str, c
 
 def test_gzip_output_is_standard_gzip() -> None:
     assert gzip.decompress(compress(b"hello", "gzip")) == b"hello"
+
+
+def _empty_frames(encoding: str, total: int) -> bytes:
+    one = compress(b"", encoding)
+    return one * (total // len(one))
+
+
+def _best_time(action: Callable[[], object], runs: int = 3) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "lz4", "zstd"])
+def test_many_empty_frames_decompress_in_time_linear_in_the_input(encoding: str) -> None:
+    # A push of ~100k empty frames once cost time quadratic in its size (each frame copied what followed it).
+    small, large = _empty_frames(encoding, 256 << 10), _empty_frames(encoding, 1 << 20)
+    assert decompress(large, encoding, max_bytes=1) == b""
+
+    ratio = _best_time(lambda: decompress(large, encoding)) / _best_time(lambda: decompress(small, encoding))
+
+    assert ratio < 8, f"4x the input took {ratio:.1f}x the time"

@@ -27,6 +27,7 @@ COMPONENTS = {
     "kcm_bridge": ("bridge", "bridge", {"kcm_common"}),
     "kcm_rollups": ("rollups", "rollup", {"kcm_common"}),
     "kcm_sandbox": ("sandbox", "sandbox", {"kcm_common"}),
+    "kcm_demo": ("demo", "demo", {"kcm_common", "kcm_sandbox", "kcm_operator", "kcm_bridge", "kcm_rollups"}),
 }
 
 

@@ -76,6 +76,14 @@ class MetricsTopic:
         self._consumer.close()
 
 
+def _wait_until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout}s")
+        time.sleep(0.05)
+
+
 def metric_names(record: DecodedRecord) -> set[str]:
     return {m.name for rm in record.metrics.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
 
@@ -207,15 +215,17 @@ def test_pushes_arrive_at_roughly_the_subscribed_interval(sandbox, metrics_topic
     _subscribe(sandbox, "every-second", metrics="*", **{"interval.ms": "1000"})
 
     with running_producer(sandbox, "steady"):
-        metrics_topic.wait_for(lambda rs: len(rs) >= 6, timeout=30)
+        metrics_topic.wait_for(lambda rs: len(rs) >= 6, timeout=60)
 
     times = [t for t, _, r in metrics_topic.pushes]
     gaps = sorted(b - a for a, b in zip(times[1:], times[2:]))  # the first push may come early after the Get
     median = gaps[len(gaps) // 2]
-    assert 0.6 <= median <= 1.6, gaps
+    # Early pushes would be refused as too soon; a loaded machine may delay them, but not by whole intervals.
+    assert 0.7 <= median <= 3.0, gaps
 
 
-def test_changing_and_deleting_a_subscription_changes_and_stops_pushes(sandbox, metrics_topic):
+def test_changing_and_deleting_a_subscription_changes_and_stops_pushes(sandbox, metrics_topic, caplog):
+    caplog.set_level(logging.INFO, logger="kcm.sandbox")
     _subscribe(sandbox, "tuning", metrics="org.apache.kafka.producer.node.", **{"interval.ms": str(INTERVAL_MS)})
 
     with running_producer(sandbox, "tuned"):
@@ -231,13 +241,16 @@ def test_changing_and_deleting_a_subscription_changes_and_stops_pushes(sandbox, 
         assert old_ids.isdisjoint(new_ids)
 
         _unsubscribe(sandbox, "tuning")
-        time.sleep(2 * INTERVAL_MS / 1000 + 1)  # the client learns of the change at its next push
-        metrics_topic.poll()
-        settled = len(metrics_topic.pushes)
-        time.sleep(4 * INTERVAL_MS / 1000)
-        metrics_topic.poll()
+        # The client learns of the deletion at its next push (a stale subscription id) and fetches again.
+        _wait_until(lambda: any("client_id=tuned " in m and "metrics (none)" in m for m in caplog.messages), 30)
+        accepted = sum("client_id=tuned " in m and "push accepted" in m for m in caplog.messages)
+        metrics_topic.wait_for(lambda rs: len(rs) >= accepted, timeout=30)
+        # Then nothing more for several push intervals: the client has nothing to push.
+        window_end = time.monotonic() + 4 * INTERVAL_MS / 1000
+        while time.monotonic() < window_end:
+            metrics_topic.poll()
 
-    assert len(metrics_topic.pushes) == settled, "pushes went on after the subscription was deleted"
+    assert len(metrics_topic.records()) == accepted, "pushes went on after the subscription was deleted"
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4", "gzip", "snappy"])

@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from kcm_sandbox.broker import free_port
+from kcm_sandbox.runner import Sandbox, SandboxError, SandboxOptions
 
 
 def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -80,9 +82,19 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
     corrupt.write_text("{not json")
     for args, message in [(["--compression", "brotli"], "unknown compression 'brotli'"),
                           (["--listen", "nowhere"], "--listen must be HOST:PORT"),
+                          (["--listen", "127.0.0.1:0", "--connections-max-idle-ms", "0"],
+                           "--connections-max-idle-ms must be at least 1"),
                           (["--listen", "127.0.0.1:0", "--state", str(corrupt)], "state")]:
         result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "sandbox", *args],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_non_positive_idle_timeout_is_refused_before_anything_starts():
+    sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", 0), connections_max_idle_ms=0))
+
+    with pytest.raises(SandboxError, match="--connections-max-idle-ms must be at least 1"):
+        sandbox.start()
+    assert sandbox.broker is None and sandbox.gateway is None

@@ -29,7 +29,7 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from payloads import client_metrics
 
-from kcm_common.codes import INVALID_CONFIG, INVALID_REQUEST
+from kcm_common.codes import INVALID_CONFIG, INVALID_REQUEST, UNSUPPORTED_VERSION
 from kcm_common.contract import compress, decode
 from kcm_sandbox.messages import (
     GetTelemetrySubscriptionsRequest,
@@ -437,6 +437,107 @@ def test_a_subscription_named_twice_in_one_describe_is_answered_twice_with_its_o
     assert [[c.name for c in result.configs] for result in results] == [["metrics"], ["match"]]
 
 
+def test_describe_lists_entries_in_kafkas_hash_map_order_with_documentation_only_when_asked(sandbox, admin):
+    subscribe(admin, "payments", metrics="org.apache.kafka.producer.")
+
+    def describe(include_documentation: bool) -> list[tuple[str, str | None]]:
+        request = DescribeConfigsRequest[4](resources=[(CLIENT_METRICS, "payments", None)], include_synonyms=False,
+                                            include_documentation=include_documentation)
+        with KafkaConnection(sandbox.bootstrap) as connection:
+            (result,) = connection.call(request, DescribeConfigsResponse).results
+        return [(entry.name, entry.documentation) for entry in result.configs]
+
+    # ConfigHelperUtils.createResponseConfig streams AbstractConfig values: a java.util.HashMap.
+    assert describe(True) == [("interval.ms", "Metrics push interval in milliseconds"),
+                              ("match", "Client match criteria"), ("metrics", "Telemetry metric name prefix list")]
+    assert describe(False) == [("interval.ms", None), ("match", None), ("metrics", None)]
+
+
+@pytest.mark.parametrize("api", ["incremental", "legacy"])
+def test_a_resource_named_twice_in_one_alter_is_refused_for_every_copy_and_nothing_changes(sandbox, api):
+    if api == "incremental":
+        request = IncrementalAlterConfigsRequest[1](resources=[
+            (CLIENT_METRICS, "twice", [("interval.ms", SET, "1000")]),
+            (CLIENT_METRICS, "once", [("interval.ms", SET, "2000")]),
+            (TOPIC, "no-such-topic", [("retention.ms", SET, "1000")]),
+            (CLIENT_METRICS, "twice", [("metrics", SET, "*")]),
+            (TOPIC, "no-such-topic", [("retention.ms", SET, "2000")]),
+        ], validate_only=False)
+        response_class = IncrementalAlterConfigsResponse
+    else:
+        request = AlterConfigsRequest[2](resources=[
+            (CLIENT_METRICS, "twice", [("interval.ms", "1000")]),
+            (CLIENT_METRICS, "once", [("interval.ms", "2000")]),
+            (TOPIC, "no-such-topic", [("retention.ms", "1000")]),
+            (CLIENT_METRICS, "twice", [("metrics", "*")]),
+            (TOPIC, "no-such-topic", [("retention.ms", "2000")]),
+        ], validate_only=False)
+        response_class = AlterConfigsResponse
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        results = connection.call(request, response_class).responses
+
+        assert [(r.resource_name, r.error_code, r.error_message) for r in results] == [
+            ("twice", INVALID_REQUEST, "Each resource must appear at most once."),
+            ("once", 0, None),
+            ("no-such-topic", INVALID_REQUEST, "Each resource must appear at most once."),
+            ("twice", INVALID_REQUEST, "Each resource must appear at most once."),
+            ("no-such-topic", INVALID_REQUEST, "Each resource must appear at most once."),
+        ]
+        assert listed(connection, 0) == [("once", CLIENT_METRICS)]
+
+
+def test_a_key_repeated_in_one_legacy_alter_is_an_invalid_request_and_changes_nothing(sandbox):
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        assert legacy_alter(connection, "kept", {"interval.ms": "1000"}) == 0
+        request = AlterConfigsRequest[2](resources=[
+            (CLIENT_METRICS, "kept", [("interval.ms", "2000"), ("interval.ms", "3000")])], validate_only=False)
+        (result,) = connection.call(request, AlterConfigsResponse).responses
+
+        assert (result.error_code, result.error_message) == (INVALID_REQUEST, "Error due to duplicate config keys")
+        assert described(connection, "kept")["interval.ms"] == ("1000", SOURCE_CLIENT_METRICS)
+
+
+def test_list_config_resources_answers_a_type_kafka_does_not_list_with_unsupported_version(sandbox):
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        assert incremental_alter(connection, "orders", ("metrics", SET, "*")) == 0
+        response = connection.call(ListConfigResourcesRequest[1](resource_types=[CLIENT_METRICS, 64]),
+                                   ListConfigResourcesResponse)
+
+    assert (response.error_code, response.config_resources) == (UNSUPPORTED_VERSION, [])
+
+
+@pytest.mark.parametrize(("pattern", "accepted"), [
+    (r"client_id=(?P<name>payments)", False),  # Python-only named group
+    (r"client_id=(?#comment)payments", False),  # Python-only comment group
+    (r"client_id=pay{ments", False),  # Java refuses a "{" that is not a quantifier
+    (r"client_id=\p{Alpha}+", True),  # Java's POSIX class
+    (r"client_id=\Qpay.ments\E", True),  # Java's quoting
+    (r"client_id=(?<name>payments)", True),  # Java's named group
+])
+def test_match_patterns_are_read_as_java_regexes(sandbox, pattern, accepted):
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        code = incremental_alter(connection, "java", ("match", SET, pattern))
+
+    assert code == (0 if accepted else INVALID_CONFIG)
+
+
+@pytest.mark.parametrize(("pattern", "client_id", "matched"), [
+    (r"client_id=pay\d+", "pay\u0661\u0662", False),  # Arabic-Indic digits: not \d in Java
+    (r"client_id=pay\d+", "pay12", True),
+    (r"client_id=\w+", "p\u00e4yments", False),  # a-umlaut: not \w in Java
+    (r"client_id=a\sb", "a\u00a0b", False),  # no-break space: not \s in Java
+    (r"client_id=\p{Alpha}+", "payments", True),
+    (r"client_id=\Qpay.ments\E", "payXments", False),
+    (r"client_id=\Qpay.ments\E", "pay.ments", True),
+])
+def test_match_patterns_match_as_java_does(sandbox, pattern, client_id, matched):
+    with KafkaConnection(sandbox.bootstrap, client_id=client_id) as connection:
+        assert incremental_alter(connection, "java", ("metrics", SET, "org.apache.kafka."), ("match", SET, pattern)) == 0
+        response = get_subscriptions(connection)
+
+    assert response.requested_metrics == (["org.apache.kafka."] if matched else [])
+
+
 # --- GetTelemetrySubscriptions ------------------------------------------------------------------------------------
 
 
@@ -480,6 +581,38 @@ def test_a_client_that_never_sent_api_versions_v3_matches_as_software_unknown(sa
     subscribe(admin, "unnamed", metrics="org.apache.kafka.", match="client_software_name=unknown")
 
     with KafkaConnection(sandbox.bootstrap) as connection:
+        response = get_subscriptions(connection)
+
+    assert response.requested_metrics == ["org.apache.kafka."]
+
+
+@pytest.mark.parametrize(("name", "version"), [
+    ("lib rdkafka", "2.6.1"), ("librdkafka", "2.6.1-"), ("-librdkafka", "1"), ("", "1"), ("librédkafka", "1"),
+])
+def test_api_versions_v3_with_software_outside_kafkas_pattern_is_an_invalid_request_and_not_recorded(
+        sandbox, admin, name, version):
+    subscribe(admin, "by-software", metrics="org.apache.kafka.", match="client_software_name=librdkafka")
+
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        announce_software(connection, "librdkafka", "2.6.1")
+        correlation_id = connection.send(ApiVersionsRequest[3](client_software_name=name,
+                                                               client_software_version=version))
+        refused = connection.read_frame()
+        # The refused request recorded nothing: the client still matches as the software it announced first.
+        matched = get_subscriptions(connection)
+
+    # Kafka answers at the request's version (kafka-python would decode an error body as v0): correlation id,
+    # error code, an empty compact api_keys array, throttle time 0, no tagged fields.
+    assert refused == struct.pack(">ihbib", correlation_id, INVALID_REQUEST, 1, 0, 0)
+    assert matched.requested_metrics == ["org.apache.kafka."]
+
+
+def test_api_versions_v0_to_v2_reset_the_recorded_software_to_unknown(sandbox, admin):
+    subscribe(admin, "unnamed", metrics="org.apache.kafka.", match="client_software_name=unknown")
+
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        announce_software(connection, "librdkafka", "2.6.1")
+        assert connection.call(ApiVersionsRequest[2](), ApiVersionsResponse).error_code == 0
         response = get_subscriptions(connection)
 
     assert response.requested_metrics == ["org.apache.kafka."]
@@ -612,14 +745,16 @@ def test_telemetry_max_bytes_limits_the_bytes_sent_even_when_they_decompress_wit
     assert (compressed, uncompressed) == (TELEMETRY_TOO_LARGE, 0)
 
 
-def test_push_that_decompresses_beyond_telemetry_max_bytes_is_too_large(sandbox_factory):
+def test_push_that_decompresses_beyond_telemetry_max_bytes_is_an_invalid_record(sandbox_factory):
+    # Kafka 4.0-4.3.0 accept it, 4.3.1 (followed here) answers INVALID_RECORD,
+    # only trunk answers TELEMETRY_TOO_LARGE.
     sandbox = sandbox_factory(telemetry_max_bytes=512)
     expanding = compress(client_metrics("c" * 2000).SerializeToString(), "zstd")
     assert len(expanding) <= 512
     with KafkaConnection(sandbox.bootstrap) as connection:
         instance_id, subscription_id = new_client(connection)
 
-        assert push(connection, instance_id, subscription_id, payload=expanding) == TELEMETRY_TOO_LARGE
+        assert push(connection, instance_id, subscription_id, payload=expanding) == INVALID_RECORD
 
 
 @pytest.mark.parametrize(("compression", "payload"), [

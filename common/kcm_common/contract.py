@@ -45,7 +45,9 @@ _XERIAL_HEADER_SIZE = 16
 # zstd allocates the window a frame header asks for before producing output; streaming
 # compressors ask for up to 8 MiB even for tiny payloads, so allow that much and no more.
 _ZSTD_MIN_WINDOW = 8 * 1024 * 1024
-_ZSTD_READ_CHUNK = 64 * 1024
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_FEED_BYTES = 4096  # input slice per call for codecs whose output is bounded per call
+_ZSTD_FEED_BYTES = 64  # zstd's output per call is unbounded: 64 bytes of RLE blocks expand to about 2 MiB at most
 # OTLP/JSON writes trace and span ids as hex, where proto3 JSON would use base64 (id size in bytes).
 _OTLP_HEX_IDS = {"traceId": 16, "trace_id": 16, "spanId": 8, "span_id": 8}
 # Whitespace that may precede a headerless JSON value; not "\n", which is protobuf's first tag byte.
@@ -287,25 +289,23 @@ def _trailing(name: str) -> DecodeError:
 
 
 def _gunzip(data: bytes, max_bytes: int) -> bytes:
-    out = bytearray()
-    rest = bytes(data)
     # A gzip stream may hold several members back to back (RFC 1952); any other trailing data fails.
-    while True:
-        member = zlib.decompressobj(wbits=_GZIP_WBITS)
-        pending = rest
-        while True:
-            out += member.decompress(pending, max_bytes + 1 - len(out))
-            _check_size(len(out), max_bytes)
-            if member.eof or not member.unconsumed_tail:
-                break
-            pending = member.unconsumed_tail
-        if not member.eof:
-            raise _truncated("gzip")
-        rest = member.unused_data
-        if not rest:
-            return bytes(out)
-        if not rest.startswith(_GZIP_MAGIC):
-            raise _trailing("gzip")
+    def member(view: memoryview, out: bytearray) -> int:
+        decoder = zlib.decompressobj(wbits=_GZIP_WBITS)
+        position = 0
+        while not decoder.eof:
+            chunk = view[position:position + _FEED_BYTES]
+            if not chunk:
+                raise _truncated("gzip")
+            position += len(chunk)
+            pending: bytes | memoryview = chunk
+            while pending:
+                out += decoder.decompress(pending, max_bytes + 1 - len(out))
+                _check_size(len(out), max_bytes)
+                pending = decoder.unconsumed_tail
+        return position - len(decoder.unused_data)
+
+    return _concatenated(data, "gzip", _GZIP_MAGIC, member)
 
 
 def _unsnappy(data: bytes, max_bytes: int) -> bytes:
@@ -350,43 +350,57 @@ def _unxerial(data: bytes, max_bytes: int) -> bytes:
 
 
 def _unlz4(data: bytes, max_bytes: int) -> bytes:
-    out = bytearray()
-    rest = bytes(data)
     # Concatenated lz4 frames are one valid stream; each frame needs its own decompressor.
-    while True:
-        frame = lz4.frame.LZ4FrameDecompressor()
-        pending = rest
-        while True:
-            out += frame.decompress(pending, max_length=max_bytes + 1 - len(out))
+    def frame(view: memoryview, out: bytearray) -> int:
+        decoder = lz4.frame.LZ4FrameDecompressor()
+        position = 0
+        while not decoder.eof:
+            chunk = b""
+            if decoder.needs_input:
+                chunk = view[position:position + _FEED_BYTES]
+                if not chunk:
+                    raise _truncated("lz4")
+                position += len(chunk)
+            out += decoder.decompress(chunk, max_length=max_bytes + 1 - len(out))
             _check_size(len(out), max_bytes)
-            if frame.eof or frame.needs_input:
-                break
-            pending = b""
-        if not frame.eof:
-            raise _truncated("lz4")
-        rest = frame.unused_data or b""
-        if not rest:
-            return bytes(out)
-        if not rest.startswith(_LZ4_MAGIC):
-            raise _trailing("lz4")
+        return position - len(decoder.unused_data or b"")
+
+    return _concatenated(data, "lz4", _LZ4_MAGIC, frame)
 
 
 def _unzstd(data: bytes, max_bytes: int) -> bytes:
     if not data:
         raise _truncated("zstd")
     decompressor = zstandard.ZstdDecompressor(max_window_size=max(max_bytes, _ZSTD_MIN_WINDOW))
-    out = bytearray()
-    # The streaming reader bounds the output but goes quiet on a truncated frame ...
-    with decompressor.stream_reader(data, read_across_frames=True) as reader:
-        while chunk := reader.read(min(_ZSTD_READ_CHUNK, max_bytes + 1 - len(out))):
-            out += chunk
+
+    def frame(view: memoryview, out: bytearray) -> int:
+        decoder = decompressor.decompressobj()
+        position = 0
+        while not decoder.eof:
+            # Small feeds bound what one call can expand to (zstd's decompressobj has no output limit).
+            chunk = view[position:position + _ZSTD_FEED_BYTES]
+            if not chunk:
+                raise _truncated("zstd")
+            position += len(chunk)
+            out += decoder.decompress(chunk)
             _check_size(len(out), max_bytes)
-    # ... so, knowing the output is small, confirm every frame ends with a second pass.
-    rest = bytes(data)
-    while rest:
-        frame = decompressor.decompressobj()
-        frame.decompress(rest)
-        if not frame.eof:
-            raise _truncated("zstd")
-        rest = frame.unused_data
-    return bytes(out)
+        return position - len(decoder.unused_data)
+
+    return _concatenated(data, "zstd", _ZSTD_MAGIC, frame)
+
+
+def _concatenated(data: bytes, name: str, magic: bytes, one_frame: Callable[[memoryview, bytearray], int]) -> bytes:
+    """Decode back-to-back frames; `one_frame` decodes the frame a view starts with and says how long it was.
+
+    Each frame is fed in small slices of one memoryview, so leftovers are never copied and the work stays
+    linear in the input however many (empty) frames it holds.
+    """
+    view = memoryview(data)
+    out = bytearray()
+    position = 0
+    while True:
+        position += one_frame(view[position:], out)
+        if position >= len(view):
+            return bytes(out)
+        if bytes(view[position:position + len(magic)]) != magic:
+            raise _trailing(name)

@@ -17,12 +17,20 @@ from kafka.protocol.admin.configs import (
     DescribeConfigsResponse,
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
-    ListConfigResourcesRequest,
     ListConfigResourcesResponse,
 )
 
 from kcm_common.client_metrics import ConfigError
-from kcm_common.codes import CLIENT_METRICS_CONFIG_SOURCE, CLIENT_METRICS_RESOURCE, INVALID_REQUEST
+from kcm_common.codes import (
+    BROKER_LOGGER_RESOURCE,
+    BROKER_RESOURCE,
+    CLIENT_METRICS_CONFIG_SOURCE,
+    CLIENT_METRICS_RESOURCE,
+    GROUP_RESOURCE,
+    INVALID_REQUEST,
+    TOPIC_RESOURCE,
+    UNSUPPORTED_VERSION,
+)
 from kcm_sandbox.store import SubscriptionStore
 
 _DescribeResult = DescribeConfigsResponse.DescribeConfigsResult
@@ -30,6 +38,10 @@ _DescribeEntry = _DescribeResult.DescribeConfigsResourceResult
 _Synonym = _DescribeEntry.DescribeConfigsSynonym
 _AlterResult = AlterConfigsResponse.AlterConfigsResourceResponse
 _IncrementalResult = IncrementalAlterConfigsResponse.AlterConfigsResourceResponse
+_REPEATED_RESOURCE = "Each resource must appear at most once."
+# ListConfigResourcesRequest.supportedResourceTypes (v1; v0 sends no types and means CLIENT_METRICS).
+_LISTABLE_TYPES = frozenset({TOPIC_RESOURCE, BROKER_RESOURCE, BROKER_LOGGER_RESOURCE, CLIENT_METRICS_RESOURCE,
+                             GROUP_RESOURCE})
 
 RESPONSE_CLASSES = {
     DescribeConfigsRequest.API_KEY: DescribeConfigsResponse,
@@ -60,16 +72,20 @@ def split(request: Any, store: SubscriptionStore) -> Split:
     """Answer the CLIENT_METRICS resources of a DescribeConfigs/AlterConfigs/IncrementalAlterConfigs request."""
     local: list[Any | None] = []
     remaining = []
+    is_describe = request.API_KEY == DescribeConfigsRequest.API_KEY
+    repeated = set() if is_describe else _repeated(request.resources)
     for resource in request.resources:
-        if resource.resource_type != CLIENT_METRICS_RESOURCE:
+        if (resource.resource_type, resource.resource_name) in repeated:
+            # ConfigAdminManager.preprocess: every copy is refused, whatever its type, and nothing changes.
+            result_class = _AlterResult if request.API_KEY == AlterConfigsRequest.API_KEY else _IncrementalResult
+            local.append(_refused(result_class, resource, ConfigError(INVALID_REQUEST, _REPEATED_RESOURCE)))
+        elif resource.resource_type != CLIENT_METRICS_RESOURCE:
             local.append(None)
             remaining.append(resource)
-        elif request.API_KEY == DescribeConfigsRequest.API_KEY:
+        elif is_describe:
             local.append(_describe(resource, request, store))
         elif request.API_KEY == AlterConfigsRequest.API_KEY:
-            configs = {config.name: config.value for config in resource.configs}
-            local.append(_altered(_AlterResult, resource,
-                                  lambda: store.alter(resource.resource_name, configs, request.validate_only)))
+            local.append(_altered(_AlterResult, resource, lambda: _legacy_alter(resource, request, store)))
         else:
             ops = [(config.name, config.config_operation, config.value) for config in resource.configs]
             local.append(_altered(_IncrementalResult, resource,
@@ -138,16 +154,40 @@ def _altered(result_class: Any, resource: Any, change: Any) -> Any:
     try:
         change()
     except ConfigError as error:
-        return result_class(error_code=error.error_code, error_message=error.message,
-                            resource_type=resource.resource_type, resource_name=resource.resource_name)
+        return _refused(result_class, resource, error)
     return result_class(error_code=0, error_message=None, resource_type=resource.resource_type,
                         resource_name=resource.resource_name)
 
 
+def _refused(result_class: Any, resource: Any, error: ConfigError) -> Any:
+    return result_class(error_code=error.error_code, error_message=error.message,
+                        resource_type=resource.resource_type, resource_name=resource.resource_name)
+
+
+def _repeated(resources: list[Any]) -> set[tuple[int, str]]:
+    """The (type, name) pairs named more than once in one request."""
+    counts = collections.Counter((resource.resource_type, resource.resource_name) for resource in resources)
+    return {key for key, count in counts.items() if count > 1}
+
+
+def _legacy_alter(resource: Any, request: Any, store: SubscriptionStore) -> None:
+    names = [config.name for config in resource.configs]
+    if len(set(names)) != len(names):
+        raise ConfigError(INVALID_REQUEST, "Error due to duplicate config keys")
+    store.alter(resource.resource_name, {config.name: config.value for config in resource.configs},
+                request.validate_only)
+
+
 def list_resources(request: Any, store: SubscriptionStore) -> Any:
-    """ListConfigResources (v0 = ListClientMetricsResources): the sandbox holds only CLIENT_METRICS resources."""
+    """ListConfigResources (v0 = ListClientMetricsResources): the sandbox holds only CLIENT_METRICS resources.
+
+    A type Kafka does not list (ListConfigResourcesRequest.supportedResourceTypes) is UNSUPPORTED_VERSION, as in
+    KafkaApis; a type Kafka lists but the sandbox cannot (topics, brokers, loggers, groups) is INVALID_REQUEST.
+    """
     response_class = ListConfigResourcesResponse[request.API_VERSION]
     wanted = set(getattr(request, "resource_types", None) or [])
+    if wanted - _LISTABLE_TYPES:
+        return response_class(throttle_time_ms=0, error_code=UNSUPPORTED_VERSION, config_resources=[])
     if wanted - {CLIENT_METRICS_RESOURCE}:
         return response_class(throttle_time_ms=0, error_code=INVALID_REQUEST, config_resources=[])
     entry = ListConfigResourcesResponse.ConfigResource

@@ -4,9 +4,9 @@ CLIENT_METRICS configs, which it answers itself like an Apache Kafka broker woul
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,7 +16,7 @@ from kafka.protocol.admin.configs import AlterConfigsRequest, ListConfigResource
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
 from kcm_common import contract
-from kcm_common.codes import INVALID_RECORD, UNSUPPORTED_VERSION
+from kcm_common.codes import INVALID_RECORD, INVALID_REQUEST, UNSUPPORTED_VERSION
 from kcm_sandbox import config_apis, wire
 from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.messages import (
@@ -41,10 +41,16 @@ _LOCAL_VERSIONS = {
     ListConfigResourcesRequest.API_KEY: (0, ListConfigResourcesRequest.max_version),
     AlterConfigsRequest.API_KEY: (0, AlterConfigsRequest.max_version),
 }
+# ApiVersionsRequest.SOFTWARE_NAME_VERSION_PATTERN (ASCII only, as Java's classes are).
+_SOFTWARE_PATTERN = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?", re.ASCII)
 # Config APIs whose CLIENT_METRICS resources the gateway splits off, up to the versions it can parse.
 _SPLIT_MAX_VERSIONS = {api_key: request.max_version for api_key, request in config_apis.REQUEST_CLASSES.items()}
 
 Receiver = Callable[[uuid.UUID, ClientIdentity, PushResult], None]
+
+DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600000  # Kafka's connections.max.idle.ms
+# Bytes of client frames being read at once; beyond it, frames above 1 MiB wait (see wire.FrameBudget).
+DEFAULT_FRAME_BUDGET_BYTES = 128 * 1024 * 1024
 
 
 @dataclass
@@ -93,12 +99,14 @@ class _Upstream:
                     # Some brokers (Tansu) answer acks=0 produce requests, whose clients expect no answer.
                     log.debug("dropping an answer nobody waits for (correlation id %d)", correlation_id)
                     continue
-                future.set_result(frame_bytes)
+                if not future.done():  # its waiter may have been cancelled when the client left
+                    future.set_result(frame_bytes)
         except (OSError, wire.FrameError) as exc:
             log.warning("upstream connection failed: %s", exc)
         finally:
             for future in self.pending.values():
-                future.set_exception(ConnectionError("upstream broker closed the connection"))
+                if not future.done():
+                    future.set_exception(ConnectionError("upstream broker closed the connection"))
             self.pending.clear()
 
     def close(self) -> None:
@@ -109,8 +117,12 @@ class Gateway:
     """An asyncio Kafka-protocol server in front of `upstream` (host, port)."""
 
     def __init__(self, upstream: tuple[str, int], store: SubscriptionStore, telemetry: TelemetryManager,
-                 receiver: Receiver, host: str = "127.0.0.1", port: int = 0) -> None:
+                 receiver: Receiver, host: str = "127.0.0.1", port: int = 0,
+                 connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS,
+                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES) -> None:
         self.upstream = upstream
+        self.idle_timeout_s = connections_max_idle_ms / 1000
+        self.frame_budget = wire.FrameBudget(frame_budget_bytes)
         self.store = store
         self.telemetry = telemetry
         self.receiver = receiver
@@ -184,10 +196,14 @@ class _Connection:
     async def run(self) -> None:
         replies = asyncio.create_task(self._write_answers())
         try:
-            while (frame_bytes := await wire.read_frame(self.reader)) is not None:
-                header = wire.parse_header(frame_bytes)
-                self.client.client_id = header.client_id
-                answer = await self._route(frame_bytes, header)
+            budget = self.gateway.frame_budget
+            while (frame_bytes := await wire.read_frame(self.reader, self.gateway.idle_timeout_s, budget)) is not None:
+                try:
+                    header = wire.parse_header(frame_bytes)
+                    self.client.client_id = header.client_id
+                    answer = await self._route(frame_bytes, header)
+                finally:
+                    budget.release(len(frame_bytes))
                 if answer is not None:
                     await self.answers.put(answer)
         except wire.FrameError as exc:
@@ -243,18 +259,27 @@ class _Connection:
             response = ApiVersionsResponse[0](error_code=UNSUPPORTED_VERSION,
                                               api_keys=_api_version_entries(self.gateway.upstream_versions))
             return _done(_encode(response, header))
+        if api_key == ApiVersionsRequest.API_KEY and not self._remember_software(frame_bytes, version):
+            # KafkaApis: a v3+ request whose software name or version fails ApiVersionsRequest.isValid.
+            return _done(_encode(ApiVersionsResponse[version](error_code=INVALID_REQUEST, api_keys=[]), header))
         upstream = await self._upstream()
         if api_key == ApiVersionsRequest.API_KEY:
-            self._remember_software(frame_bytes, version)
             return self._api_versions(upstream.send(frame_bytes, header.correlation_id), version)
         expect = api_key != 0 or wire.produce_expects_response(frame_bytes, header)
         return upstream.send(frame_bytes, header.correlation_id, expect)
 
-    def _remember_software(self, frame_bytes: bytes, version: int) -> None:
-        if 3 <= version <= ApiVersionsRequest.max_version:
-            request = _decode(ApiVersionsRequest, frame_bytes, version)
-            self.client.software_name = request.client_software_name or UNKNOWN_SOFTWARE
-            self.client.software_version = request.client_software_version or UNKNOWN_SOFTWARE
+    def _remember_software(self, frame_bytes: bytes, version: int) -> bool:
+        """Record the client software as SocketServer does; False when the request is invalid (nothing recorded)."""
+        if version < 3:
+            # v0-2 carry no software: Kafka registers ClientInformation("", ""), which reads as "unknown".
+            self.client.software_name = self.client.software_version = UNKNOWN_SOFTWARE
+            return True
+        request = _decode(ApiVersionsRequest, frame_bytes, version)
+        name, software_version = request.client_software_name, request.client_software_version
+        if not (_SOFTWARE_PATTERN.fullmatch(name or "") and _SOFTWARE_PATTERN.fullmatch(software_version or "")):
+            return False
+        self.client.software_name, self.client.software_version = name, software_version
+        return True
 
     async def _api_versions(self, answer: asyncio.Future[bytes] | None, version: int) -> bytes:
         assert answer is not None
@@ -315,11 +340,11 @@ class _Connection:
         return _encode(response, header)
 
     def _push(self, frame_bytes: bytes, header: wire.RequestHeader) -> Awaitable[bytes]:
-        # The ladder runs now, in request order; only the write to the metrics topic waits.
+        # The ladder runs now, in request order; only decompression and the write to the metrics topic wait.
         request = _decode(PushTelemetryRequest, frame_bytes, header.api_version)
         if request.client_instance_id is not None:
             self.client.instance_id = request.client_instance_id
-        result = self.gateway.telemetry.push(
+        result = self.gateway.telemetry.admit(
             request.client_instance_id, request.subscription_id, request.terminating, request.compression_type,
             request.metrics, self.client.identity(), connection_id=self.client.connection_id)
         codec = contract.COMPRESSION_IDS.get(request.compression_type, str(request.compression_type))
@@ -327,6 +352,10 @@ class _Connection:
 
     async def _deliver(self, instance_id: uuid.UUID, result: PushResult, header: wire.RequestHeader,
                        codec: str) -> bytes:
+        telemetry = self.gateway.telemetry
+        if result.compressed is not None:
+            # Decompressing and parsing take time proportional to the push: never on the event loop.
+            result = telemetry.settle(instance_id, await asyncio.to_thread(telemetry.unpack, result))
         error_code = result.error_code
         if error_code == 0 and result.payload is not None:
             try:

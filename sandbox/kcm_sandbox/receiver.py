@@ -33,22 +33,24 @@ class TopicReceiver:
         instance = str(instance_id)
         attributes = {
             "client_instance_id": instance,
-            "client_id": identity.client_id or "",
-            "client_software_name": identity.software_name or "",
-            "client_software_version": identity.software_version or "",
-            "client_source_address": identity.source_address or "",
-            "client_source_port": str(identity.source_port or ""),
+            "client_id": identity.client_id,
+            "client_software_name": identity.software_name,
+            "client_software_version": identity.software_version,
+            "client_source_address": identity.source_address,
+            "client_source_port": None if identity.source_port is None else str(identity.source_port),
             "principal": PRINCIPAL,
             "listener_name": LISTENER,
             "security_protocol": LISTENER,
             "broker_id": str(self.broker_id),
-            "cluster_id": self.cluster_id,
+            "cluster_id": self.cluster_id or None,
             "subscription_id": str(push.subscription_id),
             "push_interval_ms": str(push.push_interval_ms),
             "terminating": "true" if push.terminating else "false",
         }
+        # What the broker does not know is left out, never written as an empty header (contract v1).
+        known = {name: value for name, value in attributes.items() if value is not None}
         assert push.payload is not None
-        value, headers = contract.encode(push.payload, attributes=attributes)
+        value, headers = contract.encode(push.payload, attributes=known)
         return instance.encode(), value, headers
 
     def __call__(self, instance_id: uuid.UUID, identity: ClientIdentity, push: PushResult) -> None:

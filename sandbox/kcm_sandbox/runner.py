@@ -17,7 +17,8 @@ from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 from kcm_sandbox.broker import EmbeddedBroker, free_port
 from kcm_sandbox.store import SubscriptionStore
-from kcm_sandbox.gateway import Gateway
+from kcm_sandbox.gateway import DEFAULT_CONNECTIONS_MAX_IDLE_MS, Gateway
+from kcm_sandbox.java_receiver import JavaReceiver
 from kcm_sandbox.receiver import TopicReceiver
 from kcm_sandbox.telemetry import (
     DEFAULT_ACCEPTED_COMPRESSION,
@@ -58,8 +59,11 @@ class SandboxOptions:
     partitions: int = 1
     compression: list[int] = field(default_factory=lambda: list(DEFAULT_ACCEPTED_COMPRESSION))
     telemetry_max_bytes: int = DEFAULT_TELEMETRY_MAX_BYTES
+    connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS  # idle (or one frame slower) than this: closed
     state: Path | None = None
     upstream: tuple[str, int] | None = None        # a running broker instead of the embedded one
+    receiver: str = "python"                      # or "java": kcm's broker plugin hosted in a JVM
+    receiver_api: str = "4.2"                     # the plugin interface the Java receiver is called through
 
 
 class Sandbox:
@@ -70,7 +74,7 @@ class Sandbox:
         self.broker: EmbeddedBroker | None = None
         self.store: SubscriptionStore | None = None
         self.gateway: Gateway | None = None
-        self._receiver: TopicReceiver | None = None
+        self._receiver: TopicReceiver | JavaReceiver | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -93,6 +97,8 @@ class Sandbox:
             raise SandboxError("--partitions must be at least 1")
         if options.telemetry_max_bytes < 1:
             raise SandboxError("--telemetry-max-bytes must be at least 1")
+        if options.connections_max_idle_ms < 1:
+            raise SandboxError("--connections-max-idle-ms must be at least 1")
         host, port = options.listen
         port = port or free_port(host)
         try:
@@ -102,7 +108,8 @@ class Sandbox:
             self.store = SubscriptionStore(options.state)
             telemetry = TelemetryManager(self.store, options.compression, options.telemetry_max_bytes)
             self.gateway = Gateway(parse_address(self.upstream_bootstrap, "--upstream"), self.store, telemetry,
-                                   self._receive, host=host, port=port)
+                                   self._receive, host=host, port=port,
+                                   connections_max_idle_ms=options.connections_max_idle_ms)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kcm-sandbox-gateway", daemon=True)
             self._thread.start()
@@ -111,7 +118,7 @@ class Sandbox:
             settings = KafkaSettings(self.bootstrap)
             ensure_topic(settings, options.topic, options.partitions)
             broker_id, cluster_id = _cluster_identity(settings)
-            self._receiver = TopicReceiver(settings, options.topic, broker_id, cluster_id)
+            self._receiver = _receiver(options, settings, broker_id, cluster_id)
         except OSError as exc:
             self.stop()
             raise SandboxError(f"cannot listen on {host}:{port} or reach the broker: {exc.strerror or exc}") from exc
@@ -147,6 +154,15 @@ class Sandbox:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _receiver(options: SandboxOptions, settings: KafkaSettings, broker_id: int,
+              cluster_id: str) -> TopicReceiver | JavaReceiver:
+    if options.receiver == "java":
+        return JavaReceiver(settings.bootstrap_servers, options.topic, broker_id, cluster_id, options.receiver_api)
+    if options.receiver != "python":
+        raise SandboxError(f"--receiver must be python or java, not {options.receiver!r}")
+    return TopicReceiver(settings, options.topic, broker_id, cluster_id)
 
 
 def _cluster_identity(settings: KafkaSettings) -> tuple[int, str]:

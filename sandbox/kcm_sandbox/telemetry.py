@@ -1,15 +1,16 @@
 """GetTelemetrySubscriptions and PushTelemetry as Apache Kafka's ClientMetricsManager answers them (KIP-714).
 
 Pure apart from the per-client state it keeps: time comes from an injected clock, sockets and the
-metrics topic belong to the gateway. The rules, their order and their error codes follow Kafka 4.x
+metrics topic belong to the gateway. The rules, their order and their error codes follow Apache Kafka 4.3.1's
 `ClientMetricsManager`, `ClientMetricsInstance` and `ClientMetricsInstanceMetadata`.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ipaddress
-import re
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import regex
 from kafka.record.util import calc_crc32c
 
 from kcm_common.contract import (
@@ -28,6 +30,7 @@ from kcm_common.contract import (
     decompress,
 )
 from kcm_common.client_metrics import ALL_METRICS, DEFAULT_INTERVAL_MS, Subscription
+from kcm_common.java import compile_pattern, copy_capacity, hash_order
 from kcm_common.codes import (
     INVALID_RECORD,
     INVALID_REQUEST,
@@ -50,6 +53,10 @@ CACHE_MAX_SIZE = 16384
 CACHE_EXPIRY_MS = 60000
 _SWEEP_INTERVAL_MS = 1000
 _GET_AGAIN_AFTER = (UNKNOWN_SUBSCRIPTION_ID, UNSUPPORTED_COMPRESSION_TYPE)
+# Java has no bound on a match; one catastrophic pattern must not stall every client on the event loop.
+MATCH_TIMEOUT_S = 0.05
+
+log = logging.getLogger("kcm.sandbox")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,9 @@ class PushResult:
     push_interval_ms: int
     terminating: bool
     error_message: str | None = None
+    # Between `admit` and `unpack`: the metrics as sent, and their compression type id.
+    compressed: bytes | None = None
+    compression_type: int = 0
 
 
 @dataclass
@@ -156,10 +166,20 @@ def client_attributes(client_instance_id: uuid.UUID, identity: ClientIdentity) -
 
 
 def matches(match: Iterable[tuple[str, str]], attributes: Mapping[str, str | None]) -> bool:
-    """Whether every pattern full-matches its attribute; a missing attribute never matches, no patterns match all."""
+    """Whether every pattern full-matches its attribute; a missing attribute never matches, no patterns match all.
+
+    A match that runs longer than MATCH_TIMEOUT_S counts as no match.
+    """
     for key, pattern in match:
         value = attributes.get(key)
-        if value is None or _compiled(pattern).fullmatch(value) is None:
+        if value is None:
+            return False
+        try:
+            if _compiled(pattern).fullmatch(value, timeout=MATCH_TIMEOUT_S) is None:
+                return False
+        except TimeoutError:
+            log.warning("match pattern %s=%s gave up on a %d-character value after %.0f ms; treated as no match",
+                        key, pattern, len(value), MATCH_TIMEOUT_S * 1000)
             return False
     return True
 
@@ -172,11 +192,11 @@ def resolve(subscriptions: Iterable[Subscription], attributes: Mapping[str, str 
     for subscription in sorted(subscriptions, key=lambda item: item.name):
         if matches(subscription.match, attributes):
             all_metrics = all_metrics or ALL_METRICS in subscription.metrics
-            added += _java_hash_set_order(subscription.metrics, _java_copy_capacity(len(subscription.metrics)))
+            added += hash_order(subscription.metrics, copy_capacity(len(subscription.metrics)))
             interval = min(interval, subscription.interval_ms)
     if all_metrics:
         return [ALL_METRICS], interval
-    return _java_hash_set_order(added), interval
+    return hash_order(added), interval
 
 
 def subscription_id(metrics: Sequence[str], push_interval_ms: int, client_instance_id: uuid.UUID) -> int:
@@ -264,6 +284,25 @@ class TelemetryManager:
         connection_id: str | None = None,
     ) -> PushResult:
         """Answer a PushTelemetry; an accepted, non-empty push carries the decompressed MetricsData as `payload`."""
+        result = self.admit(client_instance_id, subscription_id, terminating, compression_type, metrics, identity,
+                            connection_id=connection_id)
+        if result.compressed is None:
+            return result
+        return self.settle(client_instance_id, self.unpack(result))
+
+    def admit(
+        self,
+        client_instance_id: uuid.UUID | None,
+        subscription_id: int,
+        terminating: bool,
+        compression_type: int,
+        metrics: bytes | None,
+        identity: ClientIdentity,
+        *,
+        connection_id: str | None = None,
+    ) -> PushResult:
+        """The PushTelemetry ladder without decompressing; a result with `compressed` set still needs `unpack`
+        (which may run on another thread) and then `settle`."""
         if client_instance_id is None or client_instance_id in RESERVED_UUIDS:
             text = "null" if client_instance_id is None else kafka_uuid_text(client_instance_id)
             return PushResult(
@@ -275,14 +314,34 @@ class TelemetryManager:
         failure = self._check_push(instance, subscription_id, terminating, compression_type, metrics, now)
         # Kafka records the flag in a `finally`, so even a rejected push can end (or reset) termination.
         instance.terminating = terminating
-        payload = b""
-        if failure is None and metrics:
-            failure, payload = self._unpack(compression_type, metrics)
         if failure is not None:
             instance.last_error = failure[0]
             return PushResult(failure[0], 0, None, subscription_id, instance.push_interval_ms, terminating, failure[1])
+        if metrics:
+            return PushResult(NONE, 0, None, subscription_id, instance.push_interval_ms, terminating,
+                              compressed=bytes(metrics), compression_type=compression_type)
         instance.last_error = NONE
-        return PushResult(NONE, 0, payload or None, subscription_id, instance.push_interval_ms, terminating)
+        return PushResult(NONE, 0, None, subscription_id, instance.push_interval_ms, terminating)
+
+    def unpack(self, admitted: PushResult) -> PushResult:
+        """Decompress and check an admitted push; touches no shared state, so it may run off the event loop."""
+        # Kafka 4.3.1 decompresses at most telemetry.max.bytes and hands the data to its exporter; ours is the
+        # metrics topic, so a payload beyond the limit or not MetricsData fails as an exporter does: INVALID_RECORD.
+        assert admitted.compressed is not None
+        try:
+            payload = decompress(admitted.compressed, COMPRESSION_IDS[admitted.compression_type], self._max_bytes)
+            if payload:
+                decode(payload, [(CONTENT_TYPE_HEADER, CONTENT_TYPE_PROTOBUF)], max_decompressed_bytes=self._max_bytes)
+        except DecodeError as err:
+            return dataclasses.replace(admitted, error_code=INVALID_RECORD, error_message=str(err), compressed=None)
+        return dataclasses.replace(admitted, payload=payload or None, compressed=None)
+
+    def settle(self, client_instance_id: uuid.UUID | None, result: PushResult) -> PushResult:
+        """Record an unpacked push's outcome as the client's last error (Kafka's lastKnownError)."""
+        instance = self._instances.get(client_instance_id) if client_instance_id is not None else None
+        if instance is not None:
+            instance.last_error = result.error_code
+        return result
 
     def connection_closed(self, connection_id: str) -> None:
         """Forget the client whose state was created on this connection, as Kafka's disconnect listener does."""
@@ -323,18 +382,6 @@ class TelemetryManager:
                 f"Telemetry request from [{who}] is larger than the maximum allowed size [{self._max_bytes}]"
             )
         return None
-
-    def _unpack(self, compression_type: int, metrics: bytes) -> tuple[tuple[int, str] | None, bytes]:
-        # Kafka decompresses (bounded by telemetry.max.bytes) and hands the data to its exporter plugin;
-        # our exporter is the metrics topic, so a payload that is not MetricsData fails like a plugin error.
-        try:
-            payload = decompress(metrics, COMPRESSION_IDS[compression_type], self._max_bytes)
-            if payload:
-                decode(payload, [(CONTENT_TYPE_HEADER, CONTENT_TYPE_PROTOBUF)], max_decompressed_bytes=self._max_bytes)
-        except DecodeError as err:
-            code = TELEMETRY_TOO_LARGE if err.reason == "too-large" else INVALID_RECORD
-            return (code, str(err)), b""
-        return None, payload
 
     def _instance(
         self, client_instance_id: uuid.UUID, identity: ClientIdentity, connection_id: str | None, now: float
@@ -408,36 +455,5 @@ def _too_soon(client_instance_id: uuid.UUID) -> str:
 
 
 @lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
-def _java_string_hash(text: str) -> int:
-    # String.hashCode over UTF-16 code units, as an unsigned 32-bit value.
-    units = text.encode("utf-16-be", errors="surrogatepass")
-    value = 0
-    for index in range(0, len(units), 2):
-        value = (31 * value + (units[index] << 8 | units[index + 1])) & 0xFFFFFFFF
-    return value
-
-
-def _java_copy_capacity(size: int) -> int:
-    # new HashSet<>(collection) sizes its table to tableSizeFor(max(size / .75 + 1, 16)).
-    wanted = max(int(size / 0.75) + 1, 16)
-    return 1 << (wanted - 1).bit_length()
-
-
-def _java_hash_set_order(items: Iterable[str], capacity: int = 16) -> list[str]:
-    """The iteration order of a java.util.HashSet<String> filled with `items` in order.
-
-    Buckets come out in index order and, within a bucket, in insertion order (tree bins aside).
-    """
-    unique = list(dict.fromkeys(items))
-    while len(unique) > capacity * 0.75:
-        capacity *= 2
-
-    def bucket(item: str) -> int:
-        code = _java_string_hash(item)
-        return (code ^ (code >> 16)) & (capacity - 1)
-
-    return sorted(unique, key=bucket)
+def _compiled(pattern: str) -> regex.Pattern[str]:
+    return compile_pattern(pattern)

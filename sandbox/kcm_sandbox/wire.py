@@ -39,10 +39,41 @@ def parse_header(frame: bytes) -> RequestHeader:
     return RequestHeader(api_key, api_version, correlation_id, client_id, start + length)
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
-    """The next frame's bytes (without the size prefix), or None at a clean end of stream."""
+class FrameBudget:
+    """Bytes of frames being read across connections, reserved before a body is read (a broker's memory pool).
+
+    A frame waits while the pool is spent, except frames of at most `small` bytes, so huge ones cannot stall others.
+    """
+
+    def __init__(self, limit: int, small: int = 1 << 20) -> None:
+        self.limit = limit
+        self.small = small
+        self.used = 0
+        self._freed = asyncio.Event()
+
+    async def reserve(self, size: int) -> None:
+        # An oversized frame may go alone, as a non-strict pool allows one allocation past its limit.
+        while size > self.small and self.used and self.used + size > self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.used += size
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        self._freed.set()
+
+
+async def read_frame(reader: asyncio.StreamReader, idle_timeout_s: float | None = None,
+                     budget: FrameBudget | None = None) -> bytes | None:
+    """The next frame's bytes (without the size prefix), or None at a clean end of stream.
+
+    No frame started, or one not finished, within `idle_timeout_s` is an error; a frame read under `budget` is
+    reserved there, and the caller releases it."""
     try:
-        prefix = await reader.readexactly(4)
+        async with asyncio.timeout(idle_timeout_s):
+            prefix = await reader.readexactly(4)
+    except TimeoutError:
+        raise FrameError(f"idle for {idle_timeout_s:g} s (connections.max.idle.ms)") from None
     except asyncio.IncompleteReadError as exc:
         if exc.partial:
             raise FrameError("connection closed in the middle of a frame size") from None
@@ -50,10 +81,19 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
     (size,) = struct.unpack(">i", prefix)
     if size < 0 or size > MAX_FRAME_BYTES:
         raise FrameError(f"frame size {size} is outside 0..{MAX_FRAME_BYTES}")
+    if budget is not None:
+        await budget.reserve(size)
     try:
-        return await reader.readexactly(size)
-    except asyncio.IncompleteReadError:
-        raise FrameError(f"connection closed after {size}-byte frame was announced") from None
+        async with asyncio.timeout(idle_timeout_s):
+            return await reader.readexactly(size)
+    except BaseException as exc:
+        if budget is not None:
+            budget.release(size)
+        if isinstance(exc, TimeoutError):
+            raise FrameError(f"{size}-byte frame not complete after {idle_timeout_s:g} s") from None
+        if isinstance(exc, asyncio.IncompleteReadError):
+            raise FrameError(f"connection closed after {size}-byte frame was announced") from None
+        raise
 
 
 def correlation_id(response_frame: bytes) -> int:

@@ -1,0 +1,365 @@
+"""The bridge's one typed configuration model, fed by a YAML file, `KCM_BRIDGE_*` variables and flags.
+
+Precedence: flags over environment over file over defaults. Every value is checked once, at start-up, and a
+bad one raises ConfigError naming the field (`batch.max_points`, `endpoints[1].tls.ca_file`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from kcm_common.errors import UserError
+from kcm_common.kafka import load_properties, parse_bootstrap
+from kcm_common.names import DEFAULT_METRICS_TOPIC
+
+ENV_PREFIX = "KCM_BRIDGE_"
+
+
+class ConfigError(UserError):
+    """A bridge setting that is missing, malformed or contradicts another; the message names the field."""
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where to read: the metrics topic(s) as one consumer group."""
+
+    bootstrap_servers: str = ""
+    command_config: str | None = None          # client properties file (TLS/SASL, consumer tuning)
+    properties: dict[str, str] = field(default_factory=dict)  # inline client properties, over the file's
+    topics: list[str] = field(default_factory=lambda: [DEFAULT_METRICS_TOPIC])
+    group_id: str = "kcm-bridge"
+    client: Literal["confluent-kafka", "kafka-python"] = "confluent-kafka"
+    connect_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """One OTLP/gRPC collector; header values come inline, from files (tokens) or from the environment."""
+
+    endpoint: str = ""
+    insecure: bool = False
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    headers: dict[str, str] = field(default_factory=dict)
+    headers_from_files: dict[str, str] = field(default_factory=dict)
+    headers_from_env: dict[str, str] = field(default_factory=dict)
+    compression: Literal["gzip", "none"] = "gzip"
+    timeout_s: float = 10.0
+    concurrency: int = 2
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_points: int = 8192
+    max_bytes: int = 2 * 1024 * 1024   # below a collector's default 4 MiB gRPC receive limit
+    linger_ms: int = 200
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """OTLP retries: exponential backoff with jitter up to a cap, or the server's RetryInfo delay."""
+
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+
+@dataclass(frozen=True)
+class AttributeRule:
+    """drop, rename (to `to`) or hash (salted SHA-256) one resource attribute."""
+
+    action: Literal["drop", "rename", "hash"] = "drop"
+    attribute: str = ""
+    to: str | None = None
+    salt: str | None = None
+    salt_file: str | None = None
+    salt_env: str | None = None
+
+
+@dataclass(frozen=True)
+class EnrichConfig:
+    header_attributes: bool = True
+    static_attributes: dict[str, str] = field(default_factory=dict)
+    rules: list[AttributeRule] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TemporalityConfig:
+    delta_to_cumulative: bool = False
+    max_streams: int = 100_000
+    idle_expiry_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    max_inflight_bytes: int = 64 * 1024 * 1024
+    commit_interval_s: float = 1.0
+    shutdown_timeout_s: float = 20.0
+    revoke_timeout_s: float = 5.0
+    dead_letter_topic: str | None = None
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    endpoints: list[EndpointConfig] = field(default_factory=list)
+    routing: Literal["fanout", "hash"] = "fanout"
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    enrich: EnrichConfig = field(default_factory=EnrichConfig)
+    temporality: TemporalityConfig = field(default_factory=TemporalityConfig)
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+
+    def kafka_properties(self) -> dict[str, str]:
+        """The client properties: the file's, then the inline ones over them."""
+        from_file = load_properties(self.kafka.command_config) if self.kafka.command_config else {}
+        return {**from_file, **self.kafka.properties}
+
+
+# Environment variables and flags name scalar fields; these are the spellings (env suffix -> field path).
+_ENV_FIELDS: dict[str, tuple[str, ...]] = {
+    "BOOTSTRAP_SERVERS": ("kafka", "bootstrap_servers"),
+    "COMMAND_CONFIG": ("kafka", "command_config"),
+    "TOPICS": ("kafka", "topics"),
+    "GROUP_ID": ("kafka", "group_id"),
+    "KAFKA_CLIENT": ("kafka", "client"),
+    "ROUTING": ("routing",),
+    "BATCH_MAX_POINTS": ("batch", "max_points"),
+    "BATCH_MAX_BYTES": ("batch", "max_bytes"),
+    "BATCH_LINGER_MS": ("batch", "linger_ms"),
+    "DELTA_TO_CUMULATIVE": ("temporality", "delta_to_cumulative"),
+    "DEAD_LETTER_TOPIC": ("delivery", "dead_letter_topic"),
+    "MAX_INFLIGHT_BYTES": ("delivery", "max_inflight_bytes"),
+    "SHUTDOWN_TIMEOUT_S": ("delivery", "shutdown_timeout_s"),
+    "METRICS_PORT": ("metrics_port",),
+}
+
+
+def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
+         overrides: Mapping[tuple[str, ...], Any] | None = None, endpoints: list[str] | None = None,
+         insecure: bool | None = None) -> BridgeConfig:
+    """Build and validate the config: file, then `KCM_BRIDGE_*` from `env`, then flag `overrides`.
+
+    `endpoints` (from `--endpoint`/`KCM_BRIDGE_ENDPOINTS`) replace the file's list; `insecure` applies to all.
+    """
+    document: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    env = os.environ if env is None else env
+    for suffix, where in _ENV_FIELDS.items():
+        if ENV_PREFIX + suffix in env:
+            _set(document, where, env[ENV_PREFIX + suffix])
+    for where, value in (overrides or {}).items():
+        if value is not None:
+            _set(document, where, value)
+    env_endpoints = env.get(ENV_PREFIX + "ENDPOINTS")
+    chosen = endpoints or ([e for e in env_endpoints.split(",") if e.strip()] if env_endpoints else None)
+    if chosen:
+        document["endpoints"] = [{"endpoint": e.strip()} for e in chosen]
+    if insecure is None and ENV_PREFIX + "INSECURE" in env:
+        insecure = _convert(env[ENV_PREFIX + "INSECURE"], bool, "insecure")
+    if insecure is not None:
+        for entry in document.get("endpoints") or []:
+            if isinstance(entry, dict):
+                entry["insecure"] = insecure
+    config = _build(BridgeConfig, document, "")
+    validate(config)
+    return config
+
+
+def validate(config: BridgeConfig) -> None:
+    """Cross-field checks the types cannot express; raises ConfigError naming the field."""
+    if not config.kafka.bootstrap_servers:
+        raise ConfigError("kafka.bootstrap_servers is required: pass --bootstrap-server HOST:PORT")
+    try:
+        parse_bootstrap(config.kafka.bootstrap_servers)
+    except UserError as exc:
+        raise ConfigError(f"kafka.bootstrap_servers: {exc}") from None
+    if config.kafka.command_config and not Path(config.kafka.command_config).is_file():
+        raise ConfigError(f"kafka.command_config names {config.kafka.command_config!r}, which is not a readable file")
+    if not config.kafka.topics or any(not t for t in config.kafka.topics):
+        raise ConfigError("kafka.topics must name at least one topic")
+    if not config.kafka.group_id:
+        raise ConfigError("kafka.group_id must not be empty")
+    if not config.endpoints:
+        raise ConfigError("endpoints: no OTLP endpoint configured; pass --endpoint HOST:PORT (repeatable)")
+    for index, endpoint in enumerate(config.endpoints):
+        _validate_endpoint(endpoint, f"endpoints[{index}]")
+    _positive(config.batch.max_points, "batch.max_points")
+    _positive(config.batch.max_bytes, "batch.max_bytes")
+    if config.batch.linger_ms < 0:
+        raise ConfigError(f"batch.linger_ms must be 0 or more, not {config.batch.linger_ms}")
+    _positive(config.retry.initial_backoff_s, "retry.initial_backoff_s")
+    if config.retry.max_backoff_s < config.retry.initial_backoff_s:
+        raise ConfigError("retry.max_backoff_s must be at least retry.initial_backoff_s")
+    if config.retry.multiplier < 1:
+        raise ConfigError(f"retry.multiplier must be 1 or more, not {config.retry.multiplier}")
+    if not 0 <= config.retry.jitter <= 1:
+        raise ConfigError(f"retry.jitter must be between 0 and 1, not {config.retry.jitter}")
+    for index, rule in enumerate(config.enrich.rules):
+        _validate_rule(rule, f"enrich.rules[{index}]")
+    _positive(config.temporality.max_streams, "temporality.max_streams")
+    _positive(config.temporality.idle_expiry_s, "temporality.idle_expiry_s")
+    _positive(config.delivery.max_inflight_bytes, "delivery.max_inflight_bytes")
+    _positive(config.delivery.commit_interval_s, "delivery.commit_interval_s")
+    _positive(config.delivery.shutdown_timeout_s, "delivery.shutdown_timeout_s")
+    if config.delivery.revoke_timeout_s < 0:
+        raise ConfigError("delivery.revoke_timeout_s must be 0 or more")
+    if config.delivery.dead_letter_topic is not None and config.delivery.dead_letter_topic in config.kafka.topics:
+        raise ConfigError("delivery.dead_letter_topic must not be one of kafka.topics (the bridge would read it back)")
+    if config.metrics_port is not None and not 0 <= config.metrics_port <= 65535:
+        raise ConfigError(f"metrics_port must be from 0 to 65535, not {config.metrics_port}")
+
+
+def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
+    host, _, port = endpoint.endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{where}.endpoint must be HOST:PORT (e.g. otel-collector:4317), not {endpoint.endpoint!r}")
+    for name, path in (("ca_file", endpoint.tls.ca_file), ("cert_file", endpoint.tls.cert_file),
+                       ("key_file", endpoint.tls.key_file)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{where}.tls.{name} names {path!r}, which is not a readable file")
+    if endpoint.insecure and any((endpoint.tls.ca_file, endpoint.tls.cert_file, endpoint.tls.key_file)):
+        raise ConfigError(f"{where}: insecure (plaintext) contradicts the tls files given; drop one")
+    if bool(endpoint.tls.cert_file) != bool(endpoint.tls.key_file):
+        raise ConfigError(f"{where}.tls: cert_file and key_file go together (client certificate and its key)")
+    for name, path in endpoint.headers_from_files.items():
+        if not Path(path).is_file():
+            raise ConfigError(f"{where}.headers_from_files.{name} names {path!r}, which is not a readable file")
+    for name, variable in endpoint.headers_from_env.items():
+        if variable not in os.environ:
+            raise ConfigError(f"{where}.headers_from_env.{name}: environment variable {variable} is not set")
+    for name in [*endpoint.headers, *endpoint.headers_from_files, *endpoint.headers_from_env]:
+        if name != name.lower() or not name or name.startswith("grpc-"):
+            raise ConfigError(f"{where}.headers: {name!r} must be a lower-case gRPC metadata key not starting grpc-")
+    _positive(endpoint.timeout_s, f"{where}.timeout_s")
+    _positive(endpoint.concurrency, f"{where}.concurrency")
+
+
+def _validate_rule(rule: AttributeRule, where: str) -> None:
+    if not rule.attribute:
+        raise ConfigError(f"{where}.attribute is required: the resource attribute the rule applies to")
+    if rule.action == "rename" and not rule.to:
+        raise ConfigError(f"{where}: a rename rule needs `to`, the new attribute name")
+    if rule.action != "rename" and rule.to:
+        raise ConfigError(f"{where}: `to` only applies to rename rules")
+    salts = [s for s in (rule.salt, rule.salt_file, rule.salt_env) if s]
+    if rule.action == "hash" and len(salts) != 1:
+        raise ConfigError(f"{where}: a hash rule needs exactly one of salt, salt_file, salt_env "
+                          "(an unsalted hash of an address or principal is easy to reverse)")
+    if rule.action != "hash" and salts:
+        raise ConfigError(f"{where}: salts only apply to hash rules")
+    if rule.salt_file and not Path(rule.salt_file).is_file():
+        raise ConfigError(f"{where}.salt_file names {rule.salt_file!r}, which is not a readable file")
+    if rule.salt_env and rule.salt_env not in os.environ:
+        raise ConfigError(f"{where}.salt_env: environment variable {rule.salt_env} is not set")
+
+
+def _positive(value: float, where: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{where} must be positive, not {value}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the config file {path} is not valid YAML: {exc}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"the config file {path} must hold a mapping of settings at the top level")
+    return document
+
+
+def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
+    node = document
+    for key in where[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[where[-1]] = value
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'the config'} must be a mapping, not {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"unknown setting {_join(where, str(unknown[0]))}; known: {', '.join(sorted(names))}")
+    values = {name: _convert(raw[name], hints[name], _join(where, name)) for name in names if name in raw}
+    return cls(**values)
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _convert(value: Any, kind: Any, where: str) -> Any:
+    """Coerce a YAML value, or an environment/flag string, to the field's declared type."""
+    origin = typing.get_origin(kind)
+    args = typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(value, inner, where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, not {value!r}")
+        return value
+    if origin is list:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, not {type(value).__name__}")
+        return [_convert(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping of names to values, not {type(value).__name__}")
+        return {str(k): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, where)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.strip().lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where} must be true or false, not {value!r}")
+    if kind in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, not {value!r}")
+        try:
+            number = kind(value) if not isinstance(value, float) or kind is float else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            article = "a whole number" if kind is int else "a number"
+            raise ConfigError(f"{where} must be {article}, not {value!r}")
+        return number
+    if kind is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"{where} must be a string, not {type(value).__name__}")
+        return str(value)
+    raise TypeError(f"no conversion for {kind!r}")  # a field type this loader does not know: a bug, not a user error

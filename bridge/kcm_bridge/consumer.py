@@ -1,0 +1,275 @@
+"""The Kafka consumer behind one small interface: confluent-kafka (default) or kafka-python.
+
+Both consume as a classic consumer group, never auto-commit, and report partition moves through callbacks
+that run inside `poll`, on the bridge's own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+from kcm_common.errors import UserError
+from kcm_common.kafka import KafkaSettings, kafka_python_options
+
+log = logging.getLogger("kcm.bridge.consumer")
+
+Partition = tuple[str, int]
+PartitionsCallback = Callable[[list[Partition]], None]
+
+# Consumer tuning a client properties file may carry beside TLS/SASL: Kafka name -> (kafka-python, librdkafka, type).
+CONSUMER_PROPERTIES: dict[str, tuple[str, str, type]] = {
+    "session.timeout.ms": ("session_timeout_ms", "session.timeout.ms", int),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", "heartbeat.interval.ms", int),
+    "max.poll.interval.ms": ("max_poll_interval_ms", "max.poll.interval.ms", int),
+    "auto.offset.reset": ("auto_offset_reset", "auto.offset.reset", str),
+    "fetch.min.bytes": ("fetch_min_bytes", "fetch.min.bytes", int),
+    "fetch.max.wait.ms": ("fetch_max_wait_ms", "fetch.wait.max.ms", int),
+    "fetch.max.bytes": ("fetch_max_bytes", "fetch.max.bytes", int),
+    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", "max.partition.fetch.bytes", int),
+    "partition.assignment.strategy": ("", "partition.assignment.strategy", str),
+}
+# kafka-python keyword -> librdkafka property, for the TLS/SASL settings kcm_common validates.
+_LIBRDKAFKA_NAMES = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_password": "ssl.key.password",
+    "client_id": "client.id",
+    "request_timeout_ms": "socket.timeout.ms",
+}
+BACKENDS = ("confluent-kafka", "kafka-python")
+
+
+class Record(NamedTuple):
+    """One consumed record, the same for every backend."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+class Consumer(Protocol):
+    """What the bridge needs from a Kafka consumer."""
+
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]: ...
+    def commit(self, offsets: Mapping[Partition, int]) -> None: ...
+    def pause(self, partitions: list[Partition]) -> None: ...
+    def resume(self, partitions: list[Partition]) -> None: ...
+    def assignment(self) -> list[Partition]: ...
+    def close(self) -> None: ...
+
+
+class DeadLetterProducer(Protocol):
+    def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None: ...
+    def flush(self, timeout_s: float) -> None: ...
+    def close(self) -> None: ...
+
+
+def split_properties(properties: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(TLS/SASL properties for KafkaSettings, consumer tuning by Kafka name with typed values)."""
+    security, tuning = {}, {}
+    for key, value in properties.items():
+        if key not in CONSUMER_PROPERTIES:
+            security[key] = value
+            continue
+        kind = CONSUMER_PROPERTIES[key][2]
+        try:
+            tuning[key] = kind(value.strip())
+        except ValueError:
+            raise UserError(f"client property {key} must be a whole number, not {value!r}") from None
+    reset = tuning.get("auto.offset.reset")
+    if reset is not None and reset not in ("earliest", "latest"):
+        raise UserError(f"client property auto.offset.reset must be earliest or latest, not {reset!r}")
+    return security, tuning
+
+
+def open_consumer(backend: str, settings: KafkaSettings, tuning: Mapping[str, Any], group_id: str,
+                  topics: list[str], on_assign: PartitionsCallback, on_revoke: PartitionsCallback) -> Consumer:
+    """A subscribed consumer of `backend`; `on_revoke` also hears of partitions lost without a clean revoke."""
+    if backend == "kafka-python":
+        return KafkaPythonConsumer(settings, tuning, group_id, topics, on_assign, on_revoke)
+    return ConfluentConsumer(settings, tuning, group_id, topics, on_assign, on_revoke)
+
+
+def open_dead_letter_producer(backend: str, settings: KafkaSettings) -> DeadLetterProducer:
+    if backend == "kafka-python":
+        return KafkaPythonDeadLetters(settings)
+    return ConfluentDeadLetters(settings)
+
+
+def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
+    """The original headers plus where the record came from and why it could not be bridged."""
+    headers = [(name, value) for name, value in record.headers if value is not None]
+    return headers + [("kcm.dlq.reason", reason.encode()), ("kcm.dlq.topic", record.topic.encode()),
+                      ("kcm.dlq.partition", str(record.partition).encode()),
+                      ("kcm.dlq.offset", str(record.offset).encode())]
+
+
+def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
+    """TLS/SASL settings in librdkafka spelling (after kcm_common's validation)."""
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
+    for key, value in kafka_python_options(settings.properties).items():
+        if key == "ssl_check_hostname":
+            config["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        elif key in _LIBRDKAFKA_NAMES:
+            config[_LIBRDKAFKA_NAMES[key]] = value
+    return config
+
+
+class ConfluentConsumer:
+    """confluent-kafka (librdkafka): the fast default."""
+
+    def __init__(self, settings: KafkaSettings, tuning: Mapping[str, Any], group_id: str, topics: list[str],
+                 on_assign: PartitionsCallback, on_revoke: PartitionsCallback) -> None:
+        import confluent_kafka
+
+        self._tp = confluent_kafka.TopicPartition
+        self._error = confluent_kafka.KafkaError
+        config = librdkafka_config(settings)
+        config.update({"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
+                       "auto.offset.reset": "earliest", "enable.partition.eof": False,
+                       "logger": logging.getLogger("kcm.bridge.librdkafka")})
+        config.update({CONSUMER_PROPERTIES[key][1]: value for key, value in tuning.items()})
+        try:
+            self._consumer = confluent_kafka.Consumer(config)
+        except confluent_kafka.KafkaException as exc:
+            raise UserError(f"the Kafka consumer rejected its settings: {exc.args[0].str()}") from None
+
+        def assigned(_: Any, partitions: list[Any]) -> None:
+            on_assign([(p.topic, p.partition) for p in partitions])
+
+        def revoked(_: Any, partitions: list[Any]) -> None:
+            on_revoke([(p.topic, p.partition) for p in partitions])
+
+        self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        records = []
+        for message in self._consumer.consume(max_records, timeout_s):
+            error = message.error()
+            if error is not None:
+                if error.fatal():
+                    raise RuntimeError(f"Kafka consumer failed: {error.str()}")
+                log.warning("Kafka consumer: %s", error.str())
+                continue
+            records.append(Record(message.topic(), message.partition(), message.offset(), message.key(),
+                                  message.value(), message.headers() or []))
+        return records
+
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        self._consumer.commit(offsets=[self._tp(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
+
+    def pause(self, partitions: list[Partition]) -> None:
+        self._consumer.pause([self._tp(t, p) for t, p in partitions])
+
+    def resume(self, partitions: list[Partition]) -> None:
+        self._consumer.resume([self._tp(t, p) for t, p in partitions])
+
+    def assignment(self) -> list[Partition]:
+        return [(p.topic, p.partition) for p in self._consumer.assignment()]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaPythonConsumer:
+    """kafka-python: pure Python (fast CRCs with the crc32c package), selectable with --kafka-client."""
+
+    def __init__(self, settings: KafkaSettings, tuning: Mapping[str, Any], group_id: str, topics: list[str],
+                 on_assign: PartitionsCallback, on_revoke: PartitionsCallback) -> None:
+        from kafka import ConsumerRebalanceListener, KafkaConsumer
+        from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        self._tp, self._offset = TopicPartition, OffsetAndMetadata
+        options = {"group_id": group_id, "enable_auto_commit": False, "auto_offset_reset": "earliest",
+                   "fetch_max_wait_ms": 100, **settings.client_options()}
+        unsupported = [key for key in tuning if not CONSUMER_PROPERTIES[key][0]]
+        if unsupported:
+            raise UserError(f"client property {unsupported[0]} is only supported with --kafka-client confluent-kafka")
+        options.update({CONSUMER_PROPERTIES[key][0]: value for key, value in tuning.items()})
+        self._consumer = KafkaConsumer(**options)
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                on_revoke([(p.topic, p.partition) for p in revoked])
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                on_assign([(p.topic, p.partition) for p in assigned])
+
+        self._consumer.subscribe(topics, listener=Listener())
+
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
+                for records in batches.values() for r in records]
+
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        self._consumer.commit({self._tp(t, p): self._offset(o, "", -1) for (t, p), o in offsets.items()})
+
+    def pause(self, partitions: list[Partition]) -> None:
+        self._consumer.pause(*(self._tp(t, p) for t, p in partitions))
+
+    def resume(self, partitions: list[Partition]) -> None:
+        self._consumer.resume(*(self._tp(t, p) for t, p in partitions))
+
+    def assignment(self) -> list[Partition]:
+        return [(p.topic, p.partition) for p in self._consumer.assignment()]
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+
+class ConfluentDeadLetters:
+    def __init__(self, settings: KafkaSettings) -> None:
+        import confluent_kafka
+
+        self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
+                                                   "linger.ms": 20})
+
+    def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None:
+        def delivered(error: Any, _: Any) -> None:
+            if error is not None:
+                log.error("dead-lettering %s/%d@%d to %s failed: %s", record.topic, record.partition,
+                          record.offset, topic, error.str())
+            on_done(error is None)
+
+        self._producer.produce(topic, value=record.value, key=record.key,
+                               headers=dead_letter_headers(record, reason), on_delivery=delivered)
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float) -> None:
+        self._producer.poll(0)
+        if timeout_s > 0:
+            self._producer.flush(timeout_s)
+
+    def close(self) -> None:
+        self._producer.flush(5)
+
+
+class KafkaPythonDeadLetters:
+    def __init__(self, settings: KafkaSettings) -> None:
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(linger_ms=20, **settings.client_options())
+
+    def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None:
+        future = self._producer.send(topic, value=record.value, key=record.key,
+                                     headers=dead_letter_headers(record, reason))
+        future.add_callback(lambda _: on_done(True))
+        future.add_errback(lambda error: (log.error("dead-lettering to %s failed: %s", topic, error), on_done(False)))
+
+    def flush(self, timeout_s: float) -> None:
+        if timeout_s > 0:
+            self._producer.flush(timeout_s)
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)

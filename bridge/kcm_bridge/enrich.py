@@ -1,0 +1,153 @@
+"""Enrichment: contract headers and static attributes become resource attributes, then drop/rename/hash rules.
+
+The resource is rewritten at the protobuf wire level: metrics, scopes and points are copied as bytes and never
+decoded again, which is what keeps the bridge near the Kafka client's own speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from kcm_bridge.config import AttributeRule, EnrichConfig
+from kcm_bridge.wire import LEN, RESOURCE_METRICS, field, fields
+
+# ResourceMetrics.resource, Resource.attributes, KeyValue.key, KeyValue.value
+_RESOURCE = _ATTRIBUTES = _KEY = 1
+_VALUE = 2
+_STRING_VALUE = 1
+
+
+class Rules:
+    """The configured drop/rename/hash rules, applied in order to one attribute at a time."""
+
+    def __init__(self, rules: list[AttributeRule]) -> None:
+        self._rules = [(rule, _salt(rule)) for rule in rules]
+        self.attributes = frozenset(rule.attribute for rule in rules)
+
+    def apply(self, key: str, value: str | None) -> tuple[str | None, str | None]:
+        """The attribute after the rules: (None, _) when dropped; value None means "unchanged, not a string"."""
+        for rule, salt in self._rules:
+            if rule.attribute != key:
+                continue
+            if rule.action == "drop":
+                return None, None
+            if rule.action == "rename":
+                key = rule.to or key
+            else:
+                value = hashlib.sha256(salt + (value or "").encode()).hexdigest()
+        return key, value
+
+
+def _salt(rule: AttributeRule) -> bytes:
+    if rule.salt is not None:
+        return rule.salt.encode()
+    if rule.salt_file:
+        return Path(rule.salt_file).read_bytes().strip()
+    if rule.salt_env:
+        return os.environ[rule.salt_env].encode()
+    return b""
+
+
+class Enricher:
+    """Turns a record's header attributes into the resource attributes an export carries."""
+
+    def __init__(self, config: EnrichConfig) -> None:
+        self._use_headers = config.header_attributes
+        self._static = dict(config.static_attributes)
+        self._rules = Rules(config.rules)
+        # Header sets repeat for every push of a client, so their encoded form is cached (bounded).
+        self._encode = lru_cache(maxsize=4096)(self._encode_attributes)
+
+    def attributes(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The attributes added to every resource of a record: headers, then static ones, then the rules."""
+        merged = {**(headers if self._use_headers else {}), **self._static}
+        result: dict[str, str] = {}
+        for key, value in merged.items():
+            new_key, new_value = self._rules.apply(key, value)
+            if new_key is not None:
+                result[new_key] = new_value if new_value is not None else value
+        return result
+
+    def enrich(self, metrics_data: bytes, headers: Mapping[str, str]) -> bytes:
+        """`metrics_data` (serialised MetricsData) with every resource carrying the added attributes."""
+        encoded, keys = self._encode(tuple(headers.items()))
+        if not encoded and not self._rules.attributes:
+            return metrics_data
+        return splice(metrics_data, encoded, keys, self._rules)
+
+    def _encode_attributes(self, header_items: tuple[tuple[str, str], ...]) -> tuple[bytes, frozenset[str]]:
+        added = self.attributes(dict(header_items))
+        return b"".join(field(_ATTRIBUTES, string_key_value(k, v)) for k, v in added.items()), frozenset(added)
+
+
+def splice(metrics_data: bytes, added: bytes, added_keys: frozenset[str], rules: Rules) -> bytes:
+    """Rewrite each ResourceMetrics' resource: its own attributes after the rules, minus keys `added` replaces."""
+    out = []
+    for number, wire_type, start, value_start, end in fields(metrics_data):
+        if number == RESOURCE_METRICS and wire_type == LEN:
+            out.append(field(RESOURCE_METRICS,
+                              _resource_metrics(metrics_data[value_start:end], added, added_keys, rules)))
+        else:
+            out.append(metrics_data[start:end])
+    return b"".join(out)
+
+
+def _resource_metrics(data: bytes, added: bytes, added_keys: frozenset[str], rules: Rules) -> bytes:
+    resource_parts, rest = [], []
+    for number, wire_type, start, value_start, end in fields(data):
+        if number == _RESOURCE and wire_type == LEN:
+            resource_parts.append(data[value_start:end])
+        else:
+            rest.append(data[start:end])
+    # Repeated occurrences of a message field merge, so their concatenation is the resource.
+    resource = b"".join(resource_parts)
+    kept, other = [], []
+    for number, wire_type, start, value_start, end in fields(resource):
+        if number == _ATTRIBUTES and wire_type == LEN:
+            attribute = _kept_attribute(resource[value_start:end], added_keys, rules)
+            if attribute is not None:
+                kept.append(field(_ATTRIBUTES, attribute))
+        else:
+            other.append(resource[start:end])
+    return field(_RESOURCE, b"".join(kept) + added + b"".join(other)) + b"".join(rest)
+
+
+def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules) -> bytes | None:
+    key, value = "", b""
+    for number, wire_type, _, value_start, end in fields(key_value):
+        if number == _KEY and wire_type == LEN:
+            key = key_value[value_start:end].decode("utf-8", errors="replace")
+        elif number == _VALUE and wire_type == LEN:
+            value = key_value[value_start:end]
+    if key in rules.attributes:
+        new_key, new_value = rules.apply(key, _any_value_text(value))
+        if new_key is None or new_key in added_keys:
+            return None
+        if new_key != key or new_value != _any_value_text(value):
+            return string_key_value(new_key, new_value or "") if new_value is not None else (
+                field(_KEY, new_key.encode()) + field(_VALUE, value))
+        return key_value
+    return None if key in added_keys else key_value
+
+
+def _any_value_text(raw: bytes) -> str:
+    value = AnyValue.FromString(raw)
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind in ("bool_value",):
+        return "true" if value.bool_value else "false"
+    if kind in ("int_value", "double_value"):
+        return str(getattr(value, kind))
+    return raw.hex()
+
+
+def string_key_value(key: str, value: str) -> bytes:
+    """An encoded OTLP KeyValue with a string value."""
+    return field(_KEY, key.encode()) + field(_VALUE, field(_STRING_VALUE, value.encode()))

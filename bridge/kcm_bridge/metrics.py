@@ -1,0 +1,77 @@
+"""The bridge's own Prometheus metrics and its /metrics, /healthz and /readyz endpoint."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class BridgeMetrics:
+    """Counters the pipeline updates; one registry per bridge so several can run in one process (tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.records = Counter("kcm_bridge_records_consumed", "Records consumed", registry=r)
+        self.bytes = Counter("kcm_bridge_bytes_consumed", "Record value bytes consumed", registry=r)
+        self.decode_failures = Counter("kcm_bridge_decode_failures", "Undecodable records", ["reason"], registry=r)
+        self.dead_lettered = Counter("kcm_bridge_dead_lettered", "Records written to the dead-letter topic",
+                                     registry=r)
+        self.points = Counter("kcm_bridge_points_exported", "Data points delivered", ["endpoint"], registry=r)
+        self.rejected = Counter("kcm_bridge_points_rejected", "Data points an endpoint rejected (partial success)",
+                                ["endpoint"], registry=r)
+        self.export_seconds = Histogram("kcm_bridge_export_seconds", "Export latency including retries",
+                                        ["endpoint"], registry=r)
+        self.export_failures = Counter("kcm_bridge_export_failures", "Failed export attempts", ["endpoint", "code"],
+                                       registry=r)
+        self.retries = Counter("kcm_bridge_export_retries", "Export attempts beyond the first", ["endpoint"],
+                               registry=r)
+        self.inflight_bytes = Gauge("kcm_bridge_inflight_bytes", "Bytes consumed but not yet exported", registry=r)
+        self.paused = Gauge("kcm_bridge_paused", "1 while fetching is paused for back-pressure", registry=r)
+        self.committed = Gauge("kcm_bridge_committed_offset", "Last committed offset", ["topic", "partition"],
+                               registry=r)
+
+    def value(self, counter: Counter | Gauge, **labels: str) -> float:
+        """The current value of a metric (summed over unlisted labels), for tests and logs."""
+        name = counter._name  # noqa: SLF001 (prometheus_client keeps the base name here)
+        total = 0.0
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                if sample.name in (name, name + "_total") and all(sample.labels.get(k) == v
+                                                                  for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+
+def serve(metrics: BridgeMetrics, host: str, port: int, ready: Callable[[], bool]) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz (the process runs) and /readyz (`ready()`) on a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server name)
+            if self.path == "/metrics":
+                self._answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                self._answer(200, b"ok\n")
+            elif self.path == "/readyz":
+                ok = ready()
+                self._answer(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+            else:
+                self._answer(404, b"not found\n")
+
+        def _answer(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass  # scrapes every few seconds would drown the bridge's own log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="kcm-bridge-metrics", daemon=True).start()
+    return server

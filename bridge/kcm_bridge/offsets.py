@@ -1,0 +1,94 @@
+"""Which offset each partition may commit: only past records that were all exported or dead-lettered."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+Partition = tuple[str, int]
+
+
+class Ticket:
+    """Work that finishes when `parts` deliveries (exports to endpoints, a dead-letter write) have each ended."""
+
+    __slots__ = ("_lock", "_remaining", "done", "size")
+
+    def __init__(self, parts: int = 1, size: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._remaining = parts
+        self.done = parts == 0
+        self.size = size
+
+    def set_parts(self, parts: int) -> None:
+        with self._lock:
+            self._remaining = parts
+            self.done = parts == 0
+
+    def finish_part(self) -> bool:
+        """Mark one delivery ended (from any thread); True when that ended the ticket."""
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining == 0:
+                self.done = True
+                return True
+            return False
+
+
+class _Span:
+    __slots__ = ("ticket", "first", "last")
+
+    def __init__(self, ticket: Ticket, offset: int) -> None:
+        self.ticket, self.first, self.last = ticket, offset, offset
+
+
+class OffsetTracker:
+    """Per partition, the spans of consumed records in order, each owned by a ticket; called from one thread."""
+
+    def __init__(self) -> None:
+        self._spans: dict[Partition, deque[_Span]] = {}
+        self._consumed: dict[Partition, int] = {}   # next offset after the last consumed record
+        self._committed: dict[Partition, int] = {}
+
+    def add(self, partition: Partition, offset: int, ticket: Ticket | None) -> None:
+        """Record `offset` as consumed; it is finished with `ticket`, or at once when `ticket` is None (skipped)."""
+        self._consumed[partition] = offset + 1
+        if ticket is None:
+            return
+        spans = self._spans.setdefault(partition, deque())
+        if spans and spans[-1].ticket is ticket:
+            spans[-1].last = offset
+        else:
+            spans.append(_Span(ticket, offset))
+
+    def commit_position(self, partition: Partition) -> int | None:
+        """The offset to commit: the first record not yet finished, else one past the last consumed."""
+        spans = self._spans.get(partition)
+        while spans and spans[0].ticket.done:
+            spans.popleft()
+        if spans:
+            return spans[0].first
+        return self._consumed.get(partition)
+
+    def to_commit(self) -> dict[Partition, int]:
+        """Positions that moved since the last `committed` call."""
+        positions = {}
+        for partition in self._consumed:
+            position = self.commit_position(partition)
+            if position is not None and position != self._committed.get(partition):
+                positions[partition] = position
+        return positions
+
+    def committed(self, positions: dict[Partition, int]) -> None:
+        self._committed.update(positions)
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """Drop the state of partitions this member no longer owns."""
+        for partition in partitions:
+            self._spans.pop(partition, None)
+            self._consumed.pop(partition, None)
+            self._committed.pop(partition, None)
+
+    def pending(self, partitions: list[Partition] | None = None) -> int:
+        """Unfinished spans (of `partitions`, or all)."""
+        keys = self._spans if partitions is None else [p for p in partitions if p in self._spans]
+        return sum(1 for key in keys for span in self._spans[key] if not span.ticket.done)

@@ -1,0 +1,358 @@
+"""The bridge: consume → decode → enrich → batch → export → commit, at least once.
+
+One thread owns the consumer (poll, batching, commits, rebalance callbacks); exports run on a thread pool and
+finish tickets. An offset is committed only when every record at or below it on its partition was exported or
+dead-lettered (see offsets.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+from kcm_common import contract
+from kcm_common.errors import UserError
+from kcm_common.kafka import KafkaSettings, check_reachable
+from kcm_common.names import ATTRIBUTE_HEADERS
+
+from kcm_bridge.config import BridgeConfig
+from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
+                                 open_dead_letter_producer, split_properties)
+from kcm_bridge.enrich import Enricher
+from kcm_bridge.export import Endpoint, Outcome
+from kcm_bridge.metrics import BridgeMetrics, serve
+from kcm_bridge.offsets import OffsetTracker, Ticket
+from kcm_bridge.temporality import DeltaToCumulative
+from kcm_bridge.wire import count_points
+
+log = logging.getLogger("kcm.bridge")
+
+_POLL_RECORDS = 500
+
+
+def prepare(record: Record, enricher: Enricher, converter: DeltaToCumulative | None = None) -> tuple[bytes, int]:
+    """A record as enriched MetricsData bytes and its point count; raises contract.DecodeError."""
+    headers = {}
+    for name, raw in record.headers:
+        if raw is not None:
+            headers[name] = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", errors="replace")
+    media = headers.get(contract.CONTENT_TYPE_HEADER, "").split(";", 1)[0].strip().lower()
+    if not record.value:
+        raise contract.DecodeError("empty", "record has no value; expected an OTLP MetricsData payload")
+    payload = b""
+    if media in ("", contract.CONTENT_TYPE_PROTOBUF):
+        payload = contract.decompress(record.value, headers.get(contract.CONTENT_ENCODING_HEADER) or "none")
+        if not payload:
+            raise contract.DecodeError("empty", "record value decompresses to nothing")
+    if media != contract.CONTENT_TYPE_PROTOBUF and (not payload or payload.lstrip(b" \t\r").startswith(b"{")):
+        # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
+        payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
+    attributes = {name: headers[name] for name in ATTRIBUTE_HEADERS if name in headers}
+    if converter is not None:
+        payload = _to_cumulative(payload, converter, record, attributes.get("client_instance_id"))
+    try:
+        enriched = enricher.enrich(payload, attributes)
+        return enriched, count_points(enriched)
+    # The wire walk and the point count raise ValueError on a broken message; AnyValue parsing its own error.
+    except Exception as err:
+        raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
+
+
+def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record, instance: str | None) -> bytes:
+    # The one step that needs the decoded message: only taken when conversion is on.
+    try:
+        metrics = MetricsData.FromString(payload)
+    except Exception as err:
+        raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
+    key = instance or (record.key or b"").decode("utf-8", errors="replace")
+    if converter.convert(metrics, key, (record.topic, record.partition)):
+        return metrics.SerializeToString()
+    return payload
+
+
+@dataclass
+class _Batch:
+    ticket: Ticket = field(default_factory=Ticket)
+    parts: list[tuple[bytes, int, bytes]] = field(default_factory=list)   # (payload, points, routing key)
+    points: int = 0
+    size: int = 0
+    opened: float = field(default_factory=time.monotonic)
+
+
+class Bridge:
+    """Runs the pipeline until `stop()`; `run()` returns 0 after a clean drain."""
+
+    def __init__(self, config: BridgeConfig) -> None:
+        self.config = config
+        self.metrics = BridgeMetrics()
+        security, self._tuning = split_properties(config.kafka_properties())
+        self._settings = KafkaSettings(config.kafka.bootstrap_servers, security)
+        self._settings.client_options()  # validate TLS/SASL properties now, naming a bad one
+        self._enricher = Enricher(config.enrich)
+        self._converter = (DeltaToCumulative(config.temporality.max_streams, config.temporality.idle_expiry_s)
+                           if config.temporality.delta_to_cumulative else None)
+        self._stopping = threading.Event()
+        self._drain_deadline = float("inf")
+        self._endpoints = [Endpoint(e, config.retry, self._give_up) for e in config.endpoints]
+        workers = sum(e.concurrency for e in config.endpoints)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcm-bridge-export")
+        self._tracker = OffsetTracker()
+        self._batch = _Batch()
+        self._inflight: deque[Ticket] = deque()
+        self._paused = False
+        self._average_size = 1024.0
+        self._assignment_changed = False
+        self._consumer: Consumer | None = None
+        self._dead_letters: DeadLetterProducer | None = None
+        self._ready = False
+        self.metrics_port: int | None = None  # the bound port once serving (config may say 0: any free port)
+
+    # -- control -------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the bridge to stop fetching, drain and exit (safe from signal handlers and other threads)."""
+        self._stopping.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and not self._stopping.is_set()
+
+    def _give_up(self) -> bool:
+        return self._stopping.is_set() and time.monotonic() >= self._drain_deadline
+
+    # -- main loop -----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Consume until stopped, then flush, commit and close within `delivery.shutdown_timeout_s`."""
+        config = self.config
+        check_reachable(self._settings, config.kafka.connect_timeout_s)
+        server = None
+        if config.metrics_port is not None:
+            try:
+                server = serve(self.metrics, config.metrics_host, config.metrics_port, lambda: self.ready)
+            except OSError as err:
+                raise UserError(f"metrics_port {config.metrics_port}: cannot listen on {config.metrics_host} "
+                                f"({err.strerror}); pick another --metrics-port") from None
+            self.metrics_port = server.server_address[1]
+            log.info("serving /metrics, /healthz and /readyz on port %d", self.metrics_port)
+        if config.delivery.dead_letter_topic:
+            self._dead_letters = open_dead_letter_producer(config.kafka.client, self._settings)
+        self._consumer = open_consumer(config.kafka.client, self._settings, self._tuning, config.kafka.group_id,
+                                       config.kafka.topics, self._on_assign, self._on_revoke)
+        self._ready = True
+        log.info("bridging %s (group %s, %s) to %s", ",".join(config.kafka.topics), config.kafka.group_id,
+                 self._settings.describe(), ", ".join(e.name for e in self._endpoints))
+        last_commit = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                linger = config.batch.linger_ms / 1000
+                timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
+                                                                         - time.monotonic()))
+                records = self._consumer.poll(timeout, self._poll_size())
+                if records:
+                    self.metrics.records.inc(len(records))
+                    self.metrics.bytes.inc(sum(len(record.value or b"") for record in records))
+                for record in records:
+                    self._add(record)
+                if self._batch.parts and time.monotonic() - self._batch.opened >= linger:
+                    self._flush()
+                self._backpressure()
+                if self._dead_letters is not None:
+                    self._dead_letters.flush(0)
+                if time.monotonic() - last_commit >= config.delivery.commit_interval_s:
+                    self._commit()
+                    last_commit = time.monotonic()
+        finally:
+            self._drain()
+            if server is not None:
+                server.shutdown()
+        return 0
+
+    def _poll_size(self) -> int:
+        """Records to fetch at most: what fits in the in-flight budget at the average size seen, so memory stays
+        bounded by the budget even when a whole backlog is ready to fetch."""
+        budget = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
+        return max(1, min(_POLL_RECORDS, int(budget // self._average_size)))
+
+    def _add(self, record: Record) -> None:
+        partition = (record.topic, record.partition)
+        try:
+            payload, points = prepare(record, self._enricher, self._converter)
+        except contract.DecodeError as err:
+            self._reject(record, partition, err)
+            return
+        self._average_size += (len(payload) - self._average_size) / 64
+        batch_config = self.config.batch
+        if self._batch.parts and (self._batch.points + points > batch_config.max_points
+                                  or self._batch.size + len(payload) > batch_config.max_bytes):
+            self._flush()
+        batch = self._batch
+        if not batch.parts:
+            batch.opened = time.monotonic()
+        key = record.key or b""
+        batch.parts.append((payload, points, key))
+        batch.points += points
+        batch.size += len(payload)
+        self._tracker.add(partition, record.offset, batch.ticket)
+
+    def _reject(self, record: Record, partition: Partition, err: contract.DecodeError) -> None:
+        self.metrics.decode_failures.labels(err.reason).inc()
+        where = f"{record.topic}/{record.partition}@{record.offset}"
+        topic = self.config.delivery.dead_letter_topic
+        if self._dead_letters is None or topic is None:
+            log.warning("skipping undecodable record %s (%s): %s", where, err.reason, err)
+            self._tracker.add(partition, record.offset, None)
+            return
+        log.warning("dead-lettering undecodable record %s to %s (%s): %s", where, topic, err.reason, err)
+        ticket = Ticket()
+
+        def done(ok: bool) -> None:
+            # A failed dead-letter write leaves the ticket open: the record is not committed past.
+            if ok:
+                self.metrics.dead_lettered.inc()
+                ticket.finish_part()
+
+        self._tracker.add(partition, record.offset, ticket)
+        self._dead_letters.send(topic, record, err.reason, done)
+
+    def _flush(self) -> None:
+        """Hand the open batch to the exporters: every endpoint (fanout) or each key's endpoint (hash)."""
+        batch, self._batch = self._batch, _Batch()
+        if not batch.parts:
+            return
+        endpoints = self._endpoints
+        if self.config.routing == "hash" and len(endpoints) > 1:
+            groups: dict[int, list[tuple[bytes, int, bytes]]] = {}
+            for part in batch.parts:
+                groups.setdefault(zlib.crc32(part[2]) % len(endpoints), []).append(part)
+            work = [(endpoints[index], parts) for index, parts in groups.items()]
+        else:
+            work = [(endpoint, batch.parts) for endpoint in endpoints]
+        batch.ticket.size = batch.size
+        batch.ticket.set_parts(len(work))
+        self._inflight.append(batch.ticket)
+        for endpoint, parts in work:
+            # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest.
+            request = b"".join(part[0] for part in parts)
+            points = sum(part[1] for part in parts)
+            future = self._pool.submit(self._export, endpoint, request, points)
+            future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
+
+    def _export(self, endpoint: Endpoint, request: bytes, points: int) -> Outcome:
+        started = time.monotonic()
+        outcome = endpoint.export(request)
+        labels = {"endpoint": endpoint.name}
+        self.metrics.export_seconds.labels(**labels).observe(time.monotonic() - started)
+        if outcome.attempts > 1:
+            self.metrics.retries.labels(**labels).inc(outcome.attempts - 1)
+        if outcome.error is not None:
+            self.metrics.export_failures.labels(endpoint.name, outcome.error).inc()
+        if outcome.delivered:
+            self.metrics.points.labels(**labels).inc(points - outcome.rejected_points)
+            self.metrics.rejected.labels(**labels).inc(outcome.rejected_points)
+        return outcome
+
+    def _exported(self, future: Future[Outcome], ticket: Ticket) -> None:
+        try:
+            outcome = future.result()
+        except Exception:
+            log.exception("export failed unexpectedly; its records stay uncommitted")
+            return
+        # An abandoned export (shutdown deadline) leaves its records uncommitted for the next owner.
+        if not outcome.abandoned:
+            ticket.finish_part()
+
+    def _inflight_bytes(self) -> int:
+        while self._inflight and self._inflight[0].done:
+            self._inflight.popleft()
+        return sum(t.size for t in self._inflight if not t.done) + self._batch.size
+
+    def _backpressure(self) -> None:
+        """Pause every partition while too much is unexported (an endpoint is slow or down); resume at half."""
+        assert self._consumer is not None
+        inflight = self._inflight_bytes()
+        self.metrics.inflight_bytes.set(inflight)
+        limit = self.config.delivery.max_inflight_bytes
+        if not self._paused and inflight > limit:
+            self._paused = True
+            self._assignment_changed = True
+            log.warning("%d bytes await export (limit %d): pausing consumption until endpoints catch up",
+                        inflight, limit)
+        elif self._paused and inflight <= limit // 2:
+            self._paused = False
+            self._consumer.resume(self._consumer.assignment())
+            log.info("endpoints caught up: resuming consumption")
+        if self._paused and self._assignment_changed:
+            self._consumer.pause(self._consumer.assignment())
+            self._assignment_changed = False
+        self.metrics.paused.set(1 if self._paused else 0)
+
+    def _commit(self, only: list[Partition] | None = None) -> None:
+        assert self._consumer is not None
+        positions = self._tracker.to_commit()
+        if only is not None:
+            positions = {p: o for p, o in positions.items() if p in only}
+        if not positions:
+            return
+        try:
+            self._consumer.commit(positions)
+        except Exception as err:  # a commit during a rebalance fails; the next owner re-reads from the last one
+            log.warning("commit of %s failed: %s", _describe(positions), err)
+            return
+        self._tracker.committed(positions)
+        for (topic, partition), offset in positions.items():
+            self.metrics.committed.labels(topic, str(partition)).set(offset)
+        log.debug("committed %s", _describe(positions))
+
+    # -- rebalances ----------------------------------------------------------------------------------------
+    def _on_assign(self, partitions: list[Partition]) -> None:
+        log.info("assigned %s", ", ".join(f"{t}/{p}" for t, p in partitions) or "nothing")
+        self._assignment_changed = True
+
+    def _on_revoke(self, partitions: list[Partition]) -> None:
+        """Export what is open, wait a bounded time for those partitions' exports, commit them, forget them."""
+        log.info("revoking %s", ", ".join(f"{t}/{p}" for t, p in partitions) or "nothing")
+        self._flush()
+        deadline = time.monotonic() + self.config.delivery.revoke_timeout_s
+        while self._tracker.pending(partitions) and time.monotonic() < deadline:
+            if self._dead_letters is not None:
+                self._dead_letters.flush(0.05)
+            time.sleep(0.02)
+        self._commit(only=partitions)
+        self._tracker.forget(partitions)
+        if self._converter is not None:
+            self._converter.forget(partitions)
+        self._assignment_changed = True
+
+    # -- shutdown ------------------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Stop fetching, export what is open, commit what was exported, close; bounded by the shutdown timeout."""
+        self._stopping.set()
+        self._drain_deadline = time.monotonic() + self.config.delivery.shutdown_timeout_s
+        if self._consumer is not None:
+            self._flush()
+            while self._tracker.pending() and time.monotonic() < self._drain_deadline:
+                if self._dead_letters is not None:
+                    self._dead_letters.flush(0.05)
+                time.sleep(0.02)
+            left = self._tracker.pending()
+            if left:
+                log.warning("shutdown timeout: %d batches not exported; they stay uncommitted and will be re-read",
+                            left)
+            self._commit()
+            self._consumer.close()
+        if self._dead_letters is not None:
+            self._dead_letters.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for endpoint in self._endpoints:
+            endpoint.close()
+        log.info("bridge stopped")
+
+
+def _describe(positions: dict[Partition, int]) -> str:
+    return ", ".join(f"{t}/{p}@{o}" for (t, p), o in sorted(positions.items()))

@@ -1,0 +1,111 @@
+"""Delta sums to cumulative ones, per stream (client instance + scope + metric + point attributes).
+
+Follows the OpenTelemetry reset semantics: a stream the bridge has no state for (first seen, evicted, idle
+expired, or its partition moved here) starts again with its own start time; a point that is not newer than the
+last one of its stream (a re-delivered push) is dropped rather than counted twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (AGGREGATION_TEMPORALITY_CUMULATIVE,
+                                                        AGGREGATION_TEMPORALITY_DELTA, MetricsData,
+                                                        NumberDataPoint)
+
+Partition = tuple[str, int]
+StreamKey = tuple[str, str, str, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Stream:
+    partition: Partition
+    start_ns: int
+    total: float | int
+    last_ns: int
+    seen_s: float
+
+
+class DeltaToCumulative:
+    """Bounded per-stream running totals; call from one thread."""
+
+    def __init__(self, max_streams: int, idle_expiry_s: float) -> None:
+        self._max_streams = max_streams
+        self._idle_expiry_s = idle_expiry_s
+        self._streams: OrderedDict[StreamKey, _Stream] = OrderedDict()
+        self.dropped_points = 0
+        self.evicted_streams = 0
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def convert(self, metrics: MetricsData, instance: str, partition: Partition, now_s: float | None = None) -> bool:
+        """Rewrite the delta sums of `metrics` in place; True when anything changed."""
+        now_s = time.monotonic() if now_s is None else now_s
+        self._expire(now_s)
+        changed = False
+        for resource_metrics in metrics.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if metric.WhichOneof("data") != "sum" or \
+                            metric.sum.aggregation_temporality != AGGREGATION_TEMPORALITY_DELTA:
+                        continue
+                    changed = True
+                    metric.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
+                    dropped = [index for index, point in enumerate(metric.sum.data_points)
+                               if not self._accumulate(point, (instance, scope_metrics.scope.name, metric.name,
+                                                               _attribute_key(point.attributes)), partition, now_s)]
+                    for index in reversed(dropped):
+                        del metric.sum.data_points[index]
+        return changed
+
+    def _accumulate(self, point: NumberDataPoint, key: StreamKey, partition: Partition, now_s: float) -> bool:
+        is_int = point.WhichOneof("value") == "as_int"
+        delta = point.as_int if is_int else point.as_double
+        stream = self._streams.get(key)
+        if stream is None:
+            start = point.start_time_unix_nano or point.time_unix_nano
+            stream = _Stream(partition, start, 0, start, now_s)
+            self._remember(key, stream)
+        elif point.time_unix_nano <= stream.last_ns:
+            self.dropped_points += 1
+            return False
+        else:
+            self._streams.move_to_end(key)
+        stream.total += delta
+        stream.last_ns = point.time_unix_nano
+        stream.seen_s = now_s
+        point.start_time_unix_nano = stream.start_ns
+        if is_int:
+            point.as_int = int(stream.total)
+        else:
+            point.as_double = float(stream.total)
+        return True
+
+    def _remember(self, key: StreamKey, stream: _Stream) -> None:
+        while len(self._streams) >= self._max_streams:
+            self._streams.popitem(last=False)
+            self.evicted_streams += 1
+        self._streams[key] = stream
+
+    def _expire(self, now_s: float) -> None:
+        # Streams are kept in order of last update, so the idle ones are at the front.
+        while self._streams:
+            key, stream = next(iter(self._streams.items()))
+            if now_s - stream.seen_s < self._idle_expiry_s:
+                return
+            del self._streams[key]
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """Drop the streams of partitions this member no longer reads (their next owner starts them again)."""
+        gone = set(partitions)
+        for key in [k for k, s in self._streams.items() if s.partition in gone]:
+            del self._streams[key]
+
+
+def _attribute_key(attributes: Iterable[KeyValue]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((kv.key, kv.value.SerializeToString().hex()) for kv in attributes))

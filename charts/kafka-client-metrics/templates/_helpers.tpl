@@ -1,0 +1,165 @@
+{{/* Names, labels, images and the security settings every kcm pod shares. */}}
+
+{{- define "kcm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kcm.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "<fullname>-<component>", kept within the 63 characters of a DNS label. */}}
+{{- define "kcm.componentName" -}}
+{{- printf "%s-%s" (include "kcm.fullname" .root | trunc (int (sub 62 (len .component))) | trimSuffix "-") .component -}}
+{{- end -}}
+
+{{- define "kcm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kcm.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "kcm.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "kcm.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: kafka-client-metrics
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* An image reference: repository:tag, or repository@digest when a digest is given. */}}
+{{- define "kcm.imageRef" -}}
+{{- if eq .image.tag "latest" -}}
+{{- fail (printf "image tag of %s is \"latest\": set a release tag or a digest, so an upgrade or rollback runs a known image" .image.repository) -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kcm.serviceAccountName" -}}
+{{- $values := index .root.Values .component -}}
+{{- if $values.serviceAccount.create -}}
+{{- default (include "kcm.componentName" .) $values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" $values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod-level security: never root, the runtime's default seccomp profile. */}}
+{{- define "kcm.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Container-level security: read-only root, no privilege escalation, no capabilities. */}}
+{{- define "kcm.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Kafka connection flags shared by every kcm command. */}}
+{{- define "kcm.kafkaArgs" -}}
+- --bootstrap-server={{ .Values.kafka.bootstrapServers }}
+{{- if .Values.kafka.clientConfig.existingSecret }}
+- --command-config=/etc/kcm/kafka/client/{{ .Values.kafka.clientConfig.key }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes holding the Kafka client config and TLS material, mounted read-only. */}}
+{{- define "kcm.kafkaVolumes" -}}
+{{- if .Values.kafka.clientConfig.existingSecret }}
+- name: kafka-client-config
+  secret:
+    secretName: {{ .Values.kafka.clientConfig.existingSecret }}
+    items:
+      - key: {{ .Values.kafka.clientConfig.key }}
+        path: {{ .Values.kafka.clientConfig.key }}
+{{- end }}
+{{- range .Values.kafka.tlsSecrets }}
+- name: kafka-tls-{{ . }}
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "kcm.kafkaVolumeMounts" -}}
+{{- if .Values.kafka.clientConfig.existingSecret }}
+- name: kafka-client-config
+  mountPath: /etc/kcm/kafka/client
+  readOnly: true
+{{- end }}
+{{- range .Values.kafka.tlsSecrets }}
+- name: kafka-tls-{{ . }}
+  mountPath: /etc/kcm/kafka/{{ . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The namespaces the operator watches in namespaced mode. */}}
+{{- define "kcm.watchedNamespaces" -}}
+{{- if .Values.operator.watch.namespaces -}}
+{{- toYaml (uniq .Values.operator.watch.namespaces) -}}
+{{- else -}}
+{{- toYaml (list .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespaces whose Secrets the operator may read (see operator.rbac.secrets). */}}
+{{- define "kcm.secretNamespaces" -}}
+{{- if .Values.operator.rbac.secrets.namespaces -}}
+{{- toYaml (uniq .Values.operator.rbac.secrets.namespaces) -}}
+{{- else if .Values.operator.watch.allNamespaces -}}
+{{- toYaml (list .Release.Namespace) -}}
+{{- else -}}
+{{- include "kcm.watchedNamespaces" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's rules in every namespace it reconciles. */}}
+{{- define "kcm.operatorRules" -}}
+# The resources it reconciles: kopf reads, watches and patches them (finalizers, annotations, status).
+- apiGroups: ["kcm.dev"]
+  resources: ["clientmetricssubscriptions"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["kcm.dev"]
+  resources: ["clientmetricssubscriptions/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["kcm.dev"]
+  resources: ["clientmetricssubscriptions/finalizers"]
+  verbs: ["update"]
+# KafkaConnections are only looked up by name, when a subscription's spec.connection names one.
+- apiGroups: ["kcm.dev"]
+  resources: ["kafkaconnections"]
+  verbs: ["get"]
+# Applied / failed / drift events on those resources (kopf posts core/v1 Events).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}

@@ -1,0 +1,69 @@
+"""`kcm bridge`: forward the metrics topic to OTLP/gRPC collectors, at least once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from types import FrameType
+
+from kcm_common.names import DEFAULT_METRICS_TOPIC
+
+log = logging.getLogger("kcm.bridge")
+
+HELP = "forward client metrics from the metrics topic to OTLP/gRPC collectors"
+DESCRIPTION = ("Consume the metrics topic as a consumer group, add the contract headers as resource attributes "
+               "and export to OTLP/gRPC collectors; offsets are committed only after export (at least once). "
+               "Settings come from --config YAML, then KCM_BRIDGE_* variables, then these flags.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="bridge configuration YAML (see docs/bridge.md)")
+    parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,HOST:PORT]",
+                        help="Kafka bootstrap servers holding the metrics topic")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="client properties file: TLS/SASL and consumer settings (session.timeout.ms, ...)")
+    parser.add_argument("--topic", action="append", metavar="TOPIC",
+                        help=f"topic to read (repeatable; default: {DEFAULT_METRICS_TOPIC})")
+    parser.add_argument("--group-id", help="consumer group (default: kcm-bridge)")
+    parser.add_argument("--endpoint", action="append", metavar="HOST:PORT",
+                        help="OTLP/gRPC collector (repeatable; replaces the config file's endpoints)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plaintext gRPC to every endpoint (no TLS)")
+    parser.add_argument("--routing", choices=("fanout", "hash"),
+                        help="fanout: every endpoint gets everything; hash: each client sticks to one endpoint")
+    parser.add_argument("--kafka-client", choices=("confluent-kafka", "kafka-python"),
+                        help="consumer implementation (default: confluent-kafka)")
+    parser.add_argument("--dead-letter-topic", metavar="TOPIC",
+                        help="write undecodable records here (default: count and log them)")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus /metrics, /healthz and /readyz on this port")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bridge until SIGTERM/SIGINT, then drain and exit 0."""
+    from kcm_bridge import config as bridge_config
+    from kcm_bridge.pipeline import Bridge
+
+    overrides = {
+        ("kafka", "bootstrap_servers"): args.bootstrap_server,
+        ("kafka", "command_config"): args.command_config,
+        ("kafka", "topics"): args.topic,
+        ("kafka", "group_id"): args.group_id,
+        ("kafka", "client"): args.kafka_client,
+        ("routing",): args.routing,
+        ("delivery", "dead_letter_topic"): args.dead_letter_topic,
+        ("metrics_port",): args.metrics_port,
+    }
+    config = bridge_config.load(args.config, env=os.environ, overrides=overrides, endpoints=args.endpoint,
+                                insecure=args.insecure)
+    bridge = Bridge(config)
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        log.info("%s received: draining", signal.Signals(signum).name)
+        bridge.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return bridge.run()

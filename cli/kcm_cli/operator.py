@@ -1,0 +1,83 @@
+"""`kcm operator`: run the Kubernetes operator that keeps ClientMetricsSubscriptions in Kafka."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+
+from kcm_common.errors import UserError
+
+HELP = "run the operator: ClientMetricsSubscription resources → CLIENT_METRICS in Kafka"
+DESCRIPTION = ("Watch ClientMetricsSubscription (and KafkaConnection) resources and keep each subscription in "
+               "Kafka as its spec says: differences applied, drift reverted, conflicts reported, finalizers on "
+               "delete. Finds the Kubernetes API as kubectl does (in-cluster service account, else KUBECONFIG).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", action="append", metavar="NS",
+                       help="watch this namespace (repeatable; globs such as 'team-*' allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
+    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
+                        help="the default Kafka cluster (resources without spec.connection)")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="client properties file for TLS/SASL to the default cluster")
+    parser.add_argument("--drift-interval", type=float, default=60.0, metavar="SECONDS",
+                        help="how often each subscription is compared with Kafka (default 60)")
+    parser.add_argument("--metrics-port", type=int, default=9090, metavar="PORT",
+                        help="Prometheus metrics on http://0.0.0.0:PORT/metrics (0 = off; default 9090)")
+    parser.add_argument("--liveness-port", type=int, default=8080, metavar="PORT",
+                        help="liveness probe on http://0.0.0.0:PORT/healthz (0 = off; default 8080)")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="json: one JSON object per line, with the resource's namespace and name")
+    parser.add_argument("--standalone", action="store_true",
+                        help="no peering with other replicas (default: peer through kopf's KopfPeering if present)")
+    parser.add_argument("--priority", type=int, metavar="N",
+                        help="peering priority; the highest-priority replica works, the rest wait (default: random)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGINT/SIGTERM."""
+    import kopf
+    import prometheus_client
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    from kcm_common.kafka import KafkaSettings
+    from kcm_operator.connections import ConnectionResolver
+    from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
+    from kcm_operator.logs import use_json
+
+    settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
+    if args.drift_interval < 1:
+        raise UserError(f"--drift-interval must be at least 1 second, not {args.drift_interval:g}")
+    for option in ("metrics_port", "liveness_port"):
+        if not 0 <= getattr(args, option) <= 65535:
+            raise UserError(f"--{option.replace('_', '-')} must be a port from 0 to 65535")
+    if args.log_format == "json":
+        use_json()
+    # kafka-python logs its whole configuration, SASL password included, at DEBUG.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger("kafka").getEffectiveLevel()))
+    try:
+        try:
+            kube_config.load_incluster_config()
+        except kube_config.ConfigException:
+            kube_config.load_kube_config()
+    except (kube_config.ConfigException, OSError) as exc:
+        raise UserError(
+            f"cannot find the Kubernetes API (no in-cluster service account, no kubeconfig): {exc}") from None
+    operator_config = OperatorConfig(settings, args.drift_interval,
+                                     resolve=ConnectionResolver(client.ApiClient()).resolve)
+    if args.metrics_port:
+        prometheus_client.start_http_server(args.metrics_port)
+    kopf.run(
+        registry=build_registry(operator_config),
+        settings=operator_settings(),
+        namespaces=args.namespace or (),
+        clusterwide=args.all_namespaces,
+        standalone=True if args.standalone else None,
+        priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+    )
+    return 0

@@ -1,0 +1,90 @@
+"""`kcm rollup`: run the Spark rollup job over the metrics topic (local master by default, or under spark-submit)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import timedelta
+
+from kcm_common.errors import UserError
+from kcm_common.names import DEFAULT_METRICS_TOPIC
+
+HELP = "roll the metrics topic up into fleet-level windows (PySpark, Parquet output)"
+DESCRIPTION = ("Read the metrics topic, decode it in Spark and write 1m/1h rollups (count, min, max, avg, last, "
+               "p50/p95/p99, instances, increase, rate) as Parquet partitioned by resolution and date. Re-running a "
+               "range replaces exactly its windows. Runs locally by default; the same command runs under "
+               "spark-submit and in a SparkApplication.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
+                        help="Kafka bootstrap servers holding the metrics topic")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="client properties file for TLS/SASL (security.protocol, sasl.mechanism, ...)")
+    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic (default: %(default)s)")
+    parser.add_argument("--from", dest="start", metavar="TIME",
+                        help="first record time (Kafka timestamp), ISO 8601 or epoch seconds; widened to a window start")
+    parser.add_argument("--to", dest="end", metavar="TIME",
+                        help="end of the range, exclusive (default: now); widened to a window end")
+    parser.add_argument("--last", metavar="DURATION", help="the range [now - DURATION, now), e.g. 1h or 30m")
+    parser.add_argument("--starting-offsets", default="earliest", metavar="OFFSETS",
+                        help='earliest, latest or Spark\'s JSON {"topic":{"0":23}} (default: %(default)s)')
+    parser.add_argument("--ending-offsets", default="latest", metavar="OFFSETS",
+                        help='latest or Spark\'s JSON {"topic":{"0":42}} (default: %(default)s)')
+    parser.add_argument("--resolution", default="1m,1h", metavar="SIZES",
+                        help="window sizes, finest first merged into coarser (default: %(default)s)")
+    parser.add_argument("--group-by", metavar="COLUMNS",
+                        help="dimensions besides metric and type (default: "
+                             "client_id,client_software_name,client_software_version,attributes)")
+    parser.add_argument("--lookback", default="5m", metavar="DURATION",
+                        help="read this much before --from to find each counter's previous value (default: %(default)s)")
+    parser.add_argument("--output", required=True, metavar="PATH",
+                        help="Parquet directory: local path or any Hadoop filesystem URI (s3a://, gs://, hdfs://)")
+    parser.add_argument("--master", metavar="URL",
+                        help="Spark master (default: the one spark-submit gives, else local[*])")
+    parser.add_argument("--min-partitions", type=int, metavar="N",
+                        help="split the offset ranges into at least N Spark partitions")
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="print N rows of the latest coarsest window (default: %(default)s; 0 for none)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kcm_rollups.job import parse_dimensions, run_rollup
+    from kcm_rollups.windows import parse_duration, parse_time
+
+    if args.last and (args.start or args.end):
+        raise UserError("--last cannot be combined with --from/--to; give one or the other")
+    if args.end and not args.start:
+        raise UserError("--to needs --from")
+    options = {}
+    if args.group_by:
+        options["dimensions"] = parse_dimensions(args.group_by)
+    if args.min_partitions is not None:
+        if args.min_partitions < 1:
+            raise UserError("--min-partitions must be at least 1")
+        options["min_partitions"] = args.min_partitions
+    if args.top < 0:
+        raise UserError("--top must be 0 or more")
+    result = run_rollup(
+        args.bootstrap_server, args.topic, args.output,
+        start=parse_time(args.start) if args.start else None,
+        end=parse_time(args.end) if args.end else None,
+        last=timedelta(seconds=parse_duration(args.last, "--last")) if args.last else None,
+        resolutions=args.resolution, command_config=args.command_config, master=args.master,
+        starting_offsets=args.starting_offsets, ending_offsets=args.ending_offsets,
+        lookback_seconds=parse_duration(args.lookback, "--lookback"), top=args.top, **options)
+    if args.json:
+        print(json.dumps({"input_records": result.input_records, "decode_errors": result.decode_errors,
+                          "points": result.points, "rows_written": result.rows_written, "windows": result.windows,
+                          "seconds": round(result.seconds, 3)}))
+        return 0
+    for row in result.top_rows:
+        print("  ".join(f"{name}={_cell(value)}" for name, value in row.items() if value is not None))
+    for line in result.summary_lines():
+        print(line)
+    return 0
+
+
+def _cell(value: object) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,205 @@
+"""The Kafka edge of reconciliation: list, describe and incrementally alter CLIENT_METRICS resources, many per request.
+
+Errors come back mapped: a spec Kafka refuses → InvalidSpecError, no connection → KafkaUnavailableError,
+a broker without KIP-714 (APIs 71/72 not advertised) → UnsupportedError.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import kafka.errors as kafka_errors
+from kafka import KafkaAdminClient
+from kafka.protocol.admin import DescribeConfigsRequest, IncrementalAlterConfigsRequest, ListConfigResourcesRequest
+
+from kcm_common.codes import (
+    CLIENT_METRICS_CONFIG_SOURCE,
+    CLIENT_METRICS_RESOURCE,
+    GET_TELEMETRY_SUBSCRIPTIONS,
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+    PUSH_TELEMETRY,
+)
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
+from kcm_operator.errors import InvalidSpecError, UnsupportedError
+from kcm_operator.reconcile import Change, ops_for_kafka
+
+log = logging.getLogger("kcm.operator.admin")
+
+BATCH_SIZE = 100  # resources per request, as Strimzi's topic operator batches
+_CONNECTION_ERRORS = (kafka_errors.KafkaConnectionError, kafka_errors.BrokerNotAvailableError,
+                      kafka_errors.KafkaTimeoutError, kafka_errors.RequestTimedOutError,
+                      kafka_errors.NodeNotReadyError, kafka_errors.NotControllerError, OSError)
+
+
+class KafkaAdminError(Exception):
+    """Kafka refused one resource's change for a reason other than the spec (e.g. authorization)."""
+
+
+class SubscriptionAdmin:
+    """CLIENT_METRICS calls on one cluster; reconnects by itself after Kafka went away. Thread-safe."""
+
+    def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self._client: KafkaAdminClient | None = None
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # one request at a time: the operator calls from many handler threads
+
+    def list_names(self) -> list[str]:
+        """Every CLIENT_METRICS resource in the cluster, managed or not."""
+        response = self._send(ListConfigResourcesRequest(resource_types=[CLIENT_METRICS_RESOURCE]))
+        if response.error_code:
+            raise _error(response.error_code, "listing subscriptions")
+        return sorted(entry.resource_name for entry in response.config_resources)
+
+    def describe(self, names: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The set configs of each named subscription ({} for one that does not exist)."""
+        found: dict[str, dict[str, str]] = {}
+        for start in range(0, len(names), BATCH_SIZE):
+            chunk = list(dict.fromkeys(names[start:start + BATCH_SIZE]))
+            request = DescribeConfigsRequest(resources=[(CLIENT_METRICS_RESOURCE, name, None) for name in chunk],
+                                             include_synonyms=False)
+            for result in self._send(request).results:
+                if result.error_code:
+                    raise _error(result.error_code, f"describing subscription {result.resource_name}: "
+                                                    f"{result.error_message}")
+                found[result.resource_name] = {entry.name: entry.value for entry in result.configs
+                                               if entry.config_source == CLIENT_METRICS_CONFIG_SOURCE}
+        return found
+
+    def alter(self, changes: Sequence[Change], validate_only: bool = False) -> dict[str, Exception | None]:
+        """Send every change's ops (IncrementalAlterConfigs); per subscription: None, or the error Kafka gave."""
+        outcome: dict[str, Exception | None] = {}
+        pending = [change for change in changes if change.ops]
+        for start in range(0, len(pending), BATCH_SIZE):
+            chunk = pending[start:start + BATCH_SIZE]
+            request = IncrementalAlterConfigsRequest(
+                resources=[(CLIENT_METRICS_RESOURCE, change.name, ops_for_kafka(change.ops)) for change in chunk],
+                validate_only=validate_only)
+            for result in self._send(request).responses:
+                outcome[result.resource_name] = (
+                    _error(result.error_code, result.error_message or "") if result.error_code else None)
+        return outcome
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+    def _send(self, request: Any) -> Any:
+        client = self._connected()
+        try:
+            with self._send_lock:
+                return client._manager.run(_await, client._manager.send(request))
+        except _CONNECTION_ERRORS as exc:
+            with self._lock:
+                self._reset()
+            raise KafkaUnavailableError(f"lost the connection to Kafka at {self.settings.describe()}: {exc}") from None
+
+    def _connected(self) -> KafkaAdminClient:
+        with self._lock:
+            if self._client is None:
+                check_reachable(self.settings, self.timeout_s)
+                timeout_ms = int(self.timeout_s * 1000)
+                try:
+                    client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms,
+                                              **self.settings.client_options())
+                except kafka_errors.KafkaError as exc:
+                    raise diagnose_failure(self.settings, exc) from None
+                api_versions = client._manager.broker_version_data.api_versions
+                if GET_TELEMETRY_SUBSCRIPTIONS not in api_versions or PUSH_TELEMETRY not in api_versions:
+                    client.close()
+                    raise UnsupportedError(
+                        f"the brokers at {self.settings.describe()} do not do KIP-714 client telemetry "
+                        "(no GetTelemetrySubscriptions/PushTelemetry APIs): each broker needs kcm's receiver "
+                        "plugin (metric.reporters) before subscriptions have any effect")
+                self._client = client
+            return self._client
+
+    def _reset(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # closing a client whose connection already broke must not hide the first error
+                log.debug("closing the admin client failed", exc_info=True)
+            self._client = None
+
+
+class BatchedAdmin:
+    """One-subscription calls from many handler threads sent as shared requests: up to BATCH_SIZE per request,
+    collected for at most `linger_s` (Strimzi's topic operator: 100 within 100 ms)."""
+
+    def __init__(self, admin: SubscriptionAdmin, linger_s: float = 0.1) -> None:
+        self.admin = admin
+        self._describe = _Batcher(admin.describe, linger_s)
+        self._alter = _Batcher(admin.alter, linger_s)
+
+    @property
+    def settings(self) -> KafkaSettings:
+        return self.admin.settings
+
+    def describe_one(self, name: str) -> dict[str, str]:
+        """The set configs of one subscription ({} when it does not exist)."""
+        return self._describe.submit(name, name) or {}
+
+    def alter_one(self, change: Change) -> Exception | None:
+        """Send one change's ops; None, or the error Kafka gave for it."""
+        return self._alter.submit(change.name, change) if change.ops else None
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+class _Batcher:
+    """The first caller of a batch waits for company, sends everyone's items in one call and hands out results."""
+
+    def __init__(self, send: Callable[[list[Any]], Mapping[str, Any]], linger_s: float) -> None:
+        self._send = send
+        self._linger_s = linger_s
+        self._changed = threading.Condition()
+        self._pending: dict[str, tuple[Any, Future[Any]]] = {}
+        self._leading = False
+
+    def submit(self, key: str, item: Any) -> Any:
+        future: Future[Any] = Future()
+        with self._changed:
+            while key in self._pending:  # Kafka refuses a resource named twice in one request
+                self._changed.wait()
+            self._pending[key] = (item, future)
+            lead, self._leading = not self._leading, True
+            self._changed.notify_all()
+        if lead:
+            self._lead()
+        return future.result()
+
+    def _lead(self) -> None:
+        deadline = time.monotonic() + self._linger_s
+        with self._changed:
+            while len(self._pending) < BATCH_SIZE and (remaining := deadline - time.monotonic()) > 0:
+                self._changed.wait(remaining)
+            batch, self._pending, self._leading = self._pending, {}, False
+            self._changed.notify_all()
+        try:
+            results = self._send([item for item, _ in batch.values()])
+        except Exception as exc:  # the whole request failed: every caller gets the reason
+            for _, future in batch.values():
+                future.set_exception(exc)
+            return
+        for key, (_, future) in batch.items():
+            future.set_result(results.get(key))
+
+
+async def _await(future: Any) -> Any:
+    return await future
+
+
+def _error(code: int, message: str) -> Exception:
+    if code in (INVALID_CONFIG, INVALID_REQUEST):
+        return InvalidSpecError(message)
+    name = kafka_errors.for_code(code).__name__
+    return KafkaAdminError(f"{name} (error {code}): {message}")

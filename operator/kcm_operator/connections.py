@@ -1,0 +1,93 @@
+"""KafkaConnection resources → KafkaSettings, with SASL credentials and TLS material read from Secrets.
+
+Credentials live only in the returned settings (whose repr hides them) and in 0600 files for TLS material;
+errors name the Secret and key, never a value.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kcm_common.kafka import KafkaSettings
+from kcm_operator import schema
+from kcm_operator.errors import InvalidSpecError
+
+PLURAL = "kafkaconnections"
+
+
+class ConnectionResolver:
+    """Reads KafkaConnections and their Secrets through the Kubernetes API; `resolve(namespace, name)`."""
+
+    def __init__(self, api_client: client.ApiClient, material_dir: Path | None = None) -> None:
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._material_dir = material_dir or Path(tempfile.mkdtemp(prefix="kcm-operator-tls-"))
+
+    def resolve(self, namespace: str, name: str) -> KafkaSettings:
+        """The settings of KafkaConnection `namespace/name`; InvalidSpecError when it or a Secret is missing."""
+        try:
+            obj = self._custom.get_namespaced_custom_object(schema.GROUP, schema.VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise InvalidSpecError(f"spec.connection: KafkaConnection {namespace}/{name} does not exist") from None
+            raise
+        crd = schema.load_crds()[schema.CONNECTION_KIND]
+        spec = schema.apply_defaults(crd.schema, obj)["spec"]
+        return settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
+                                  self._material_dir)
+
+    def _secret_value(self, namespace: str, secret: str, key: str) -> bytes:
+        try:
+            data = self._core.read_namespaced_secret(secret, namespace).data or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                raise InvalidSpecError(f"Secret {namespace}/{secret} does not exist") from None
+            raise
+        if key not in data:
+            raise InvalidSpecError(f"Secret {namespace}/{secret} has no key {key!r}")
+        return base64.b64decode(data[key])
+
+
+def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir: Path) -> KafkaSettings:
+    """KafkaSettings for a (defaulted) KafkaConnection spec; `secret_value(secret, key) -> bytes` reads Secrets."""
+    properties = {"security.protocol": spec["securityProtocol"]}
+    sasl = spec.get("sasl")
+    if sasl:
+        ref = sasl["secretRef"]
+        properties["sasl.mechanism"] = sasl["mechanism"]
+        properties["sasl.username"] = secret_value(ref["name"], ref.get("usernameKey", "username")).decode()
+        properties["sasl.password"] = secret_value(ref["name"], ref.get("passwordKey", "password")).decode()
+    tls = spec.get("tls") or {}
+    if "caSecretRef" in tls:
+        ref = tls["caSecretRef"]
+        properties["ssl.ca.location"] = _material(material_dir, secret_value(ref["name"], ref.get("key", "ca.crt")))
+    if "clientCertSecretRef" in tls:
+        ref = tls["clientCertSecretRef"]
+        properties["ssl.certificate.location"] = _material(
+            material_dir, secret_value(ref["name"], ref.get("certKey", "tls.crt")))
+        properties["ssl.key.location"] = _material(
+            material_dir, secret_value(ref["name"], ref.get("keyKey", "tls.key")))
+    if tls.get("verifyHostname") is False:
+        properties["ssl.endpoint.identification.algorithm"] = ""
+    settings = KafkaSettings(spec["bootstrapServers"], properties)
+    settings.client_options()  # refuse what kafka-python cannot honour now, not at the first Kafka call
+    return settings
+
+
+def _material(directory: Path, content: bytes) -> str:
+    # kafka-python reads TLS material from files; one private file per distinct content.
+    path = directory / hashlib.sha256(content).hexdigest()[:16]
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(content)
+    return str(path)

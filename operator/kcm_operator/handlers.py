@@ -1,0 +1,252 @@
+"""kopf handlers: keep every ClientMetricsSubscription's CLIENT_METRICS resource in Kafka as its spec says.
+
+One-way, like Strimzi's topic operator: create/update/resume/periodic drift checks apply only the difference,
+a finalizer removes the subscription (deletionPolicy Delete) or leaves it (Retain), the oldest resource naming
+a subscription owns it, and `kcm.dev/paused: "true"` stops reconciling.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, KafkaUnavailableError
+from kcm_operator import metrics
+from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, SubscriptionAdmin
+from kcm_operator.errors import InvalidSpecError, UnsupportedError, reason_of
+from kcm_operator.reconcile import DELETE_POLICY, Claim, Desired, desired_from_spec, diff, drift, owner, removal
+
+GROUP, VERSION = "kcm.dev", "v1alpha1"
+SUBSCRIPTIONS = "clientmetricssubscriptions"
+FINALIZER = "kcm.dev/subscription"
+PAUSED_ANNOTATION = "kcm.dev/paused"
+STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
+MAX_BACKOFF_S = 60.0
+
+log = logging.getLogger("kcm.operator")
+
+
+@dataclass
+class OperatorConfig:
+    """What `kcm operator` was started with; `resolve` maps a KafkaConnection reference to its settings."""
+
+    settings: KafkaSettings
+    drift_interval_s: float = 60.0
+    resolve: Callable[[str, str], KafkaSettings] | None = None  # (namespace, connection name) → settings
+    kafka_timeout_s: float = 10.0
+    admins: dict[tuple[Any, ...], BatchedAdmin] = field(default_factory=dict)
+    ready: set[str] = field(default_factory=set)  # uids of Ready resources, for the managed-subscriptions gauge
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def mark_ready(self, uid: str, ready: bool) -> None:
+        with self.lock:
+            (self.ready.add if ready else self.ready.discard)(uid)
+            metrics.MANAGED.set(len(self.ready))
+
+    def admin(self, namespace: str, connection: str | None) -> BatchedAdmin:
+        """The (cached, shared) admin for the default cluster or a KafkaConnection's."""
+        if connection and self.resolve is None:
+            raise InvalidSpecError(f"spec.connection {connection!r}: this operator has no KafkaConnection support")
+        try:
+            settings = self.resolve(namespace, connection) if connection else self.settings
+        except KafkaConfigError as exc:
+            raise InvalidSpecError(f"KafkaConnection {namespace}/{connection}: {exc}") from None
+        key = (settings.bootstrap_servers, tuple(sorted(settings.properties.items())))
+        with self.lock:
+            if key not in self.admins:
+                self.admins[key] = BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s))
+            return self.admins[key]
+
+    def close(self) -> None:
+        with self.lock:
+            for admin in self.admins.values():
+                admin.close()
+            self.admins.clear()
+
+
+def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf settings: kcm.dev finalizer and annotations, and only the Events kcm posts itself."""
+    settings = settings or kopf.OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    # Not GROUP itself: kopf ignores every annotation under its storage prefix, kcm.dev/paused included.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STATE_PREFIX)
+    settings.execution.max_workers = BATCH_SIZE  # handlers block on Kafka; enough of them to fill a batch
+    settings.posting.loggers = False  # log lines stay logs; Events are the applied/failed/drift ones below
+    return settings
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """Every handler of the operator, bound to `config`."""
+    registry = kopf.OperatorRegistry()
+    resource = dict(group=GROUP, version=VERSION, plural=SUBSCRIPTIONS, registry=registry)
+
+    @kopf.index(**resource, id="claims")
+    def claims(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any],
+               **_: Any) -> dict[tuple[str, str], Claim]:
+        return {_claim_key(namespace, name, spec): Claim(namespace, name, meta.get("creationTimestamp") or "",
+                                                         meta.get("uid") or "")}
+
+    @kopf.on.resume(**resource, id="reconcile")
+    @kopf.on.create(**resource, id="reconcile")
+    @kopf.on.update(**resource, id="reconcile")
+    def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
+        _reconcile(config, body, patch, claims, retry, drift_check=False)
+
+    @kopf.timer(**resource, id="drift", interval=config.drift_interval_s, initial_delay=config.drift_interval_s)
+    def check_drift(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, **_: Any) -> None:
+        try:
+            _reconcile(config, body, patch, claims, retry=0, drift_check=True)
+        except kopf.TemporaryError:
+            pass  # the status says why; the next tick tries again
+
+    @kopf.on.delete(**resource, id="delete")
+    def delete(body: kopf.Body, claims: kopf.Index, retry: int, **_: Any) -> None:
+        _delete(config, body, claims, retry)
+
+    @kopf.on.login(registry=registry, id="login")
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In a pod the service account, elsewhere $KUBECONFIG or ~/.kube/config, as kubectl would.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.cleanup(registry=registry, id="close")
+    def close(**_: Any) -> None:
+        config.close()
+
+    return registry
+
+
+def _claim_key(namespace: str, name: str, spec: Mapping[str, Any]) -> tuple[str, str]:
+    connection = spec.get("connection")
+    return (f"{namespace}/{connection}" if connection else "", desired_from_spec(namespace, name, spec).name)
+
+
+def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
+               drift_check: bool) -> None:
+    started = time.monotonic()
+    namespace, name = body.metadata.namespace, body.metadata.name
+    desired = desired_from_spec(namespace, name, body.spec)
+    status = _Status(body, patch, desired.name)
+    if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true":
+        status.set("Paused", "True", "Paused", f"annotation {PAUSED_ANNOTATION} is \"true\": Kafka is not reconciled")
+        metrics.record(started, "skipped", "Paused")
+        return
+    status.set("Paused", "False", "Reconciling", "")
+    me = Claim(namespace, name, body.metadata.get("creationTimestamp") or "", body.metadata.uid or "")
+    first = owner(claims.get(_claim_key(namespace, name, body.spec), [me]))
+    if first is not None and (first.namespace, first.name) != (namespace, name):
+        status.set("Ready", "False", "Conflict",
+                   f"subscription {desired.name} is managed by the older resource {first.ref}")
+        config.mark_ready(body.metadata.uid, False)
+        metrics.record(started, "failed", "Conflict")
+        return
+    try:
+        change = _apply(config, namespace, desired)
+    except (InvalidSpecError, UnsupportedError, KafkaUnavailableError) as exc:
+        reason = reason_of(exc)
+        status.set("Ready", "False", reason, str(exc))
+        config.mark_ready(body.metadata.uid, False)
+        if status.ready_changed:
+            kopf.event(body, type="Warning", reason=reason, message=str(exc))
+        metrics.record(started, "failed", reason)
+        if isinstance(exc, KafkaUnavailableError):
+            metrics.KAFKA_ERRORS.labels(reason).inc()
+            raise kopf.TemporaryError(str(exc), delay=min(MAX_BACKOFF_S, 2.0 ** min(retry, 6))) from None
+        return
+    if change.ops:
+        status.applied()
+        if drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
+            message = f"subscription {desired.name} was changed outside kcm and is reverted: {drift(change)}"
+            log.warning("%s/%s: %s", namespace, name, message)
+            kopf.event(body, type="Warning", reason="Drift", message=message)
+            metrics.DRIFT_CORRECTIONS.inc()
+        else:
+            kopf.event(body, type="Normal", reason="Applied", message=change.describe())
+    status.set("Ready", "True", "Applied", f"subscription {desired.name} is in Kafka as specified")
+    config.mark_ready(body.metadata.uid, True)
+    metrics.record(started, "applied" if change.ops else "unchanged", "Applied")
+
+
+def _apply(config: OperatorConfig, namespace: str, desired: Desired) -> Any:
+    admin = config.admin(namespace, desired.connection)
+    change = diff(desired, admin.describe_one(desired.name))
+    if change.ops:
+        error = admin.alter_one(change)
+        if error is not None:
+            raise error if isinstance(error, InvalidSpecError) else InvalidSpecError(str(error))
+    return change
+
+
+def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: int) -> None:
+    namespace, name = body.metadata.namespace, body.metadata.name
+    desired = desired_from_spec(namespace, name, body.spec)
+    config.mark_ready(body.metadata.uid, False)
+    others = [claim for claim in claims.get(_claim_key(namespace, name, body.spec), [])
+              if (claim.namespace, claim.name) != (namespace, name)]
+    me = Claim(namespace, name, body.metadata.get("creationTimestamp") or "", body.metadata.uid or "")
+    if owner([*others, me]) != me:
+        log.info("%s/%s: deleted without touching %s, which %s manages", namespace, name, desired.name,
+                 owner(others).ref)
+        return
+    if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true" or desired.deletion_policy != DELETE_POLICY:
+        log.info("%s/%s: deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
+                 namespace, name, desired.name)
+        return
+    try:
+        admin = config.admin(namespace, desired.connection)
+        change = removal(desired.name, admin.describe_one(desired.name))
+        error = admin.alter_one(change)
+    except UnsupportedError:
+        return  # a cluster without KIP-714 cannot have been given the subscription
+    except KafkaUnavailableError as exc:
+        metrics.KAFKA_ERRORS.labels("KafkaUnavailable").inc()
+        raise kopf.TemporaryError(str(exc), delay=min(MAX_BACKOFF_S, 2.0 ** min(retry, 6))) from None
+    if error is not None:
+        raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=MAX_BACKOFF_S)
+    log.info("%s/%s: %s", namespace, name, change.describe())
+
+
+class _Status:
+    """Status edits for one handler run; conditions and fields are patched only when they change."""
+
+    def __init__(self, body: kopf.Body, patch: kopf.Patch, subscription_name: str) -> None:
+        self._current = body.status
+        self._patch = patch
+        self._generation = body.metadata.get("generation")
+        self._conditions = {condition["type"]: dict(condition) for condition in self._current.get("conditions") or ()}
+        self.ready_changed = False
+        self.was_ready = self._conditions.get("Ready", {}).get("status") == "True"
+        if self._current.get("subscriptionName") != subscription_name:
+            patch.status["subscriptionName"] = subscription_name
+        if self._current.get("observedGeneration") != self._generation:
+            patch.status["observedGeneration"] = self._generation
+
+    def set(self, kind: str, state: str, reason: str, message: str) -> None:
+        old = self._conditions.get(kind)
+        if old and (old.get("status"), old.get("reason"), old.get("message"), old.get("observedGeneration")) == (
+                state, reason, message, self._generation):
+            return
+        if old is None and kind == "Paused" and state == "False":
+            return  # no Paused condition until a resource has been paused once
+        self._conditions[kind] = {
+            "type": kind, "status": state, "reason": reason, "message": message,
+            "observedGeneration": self._generation,
+            "lastTransitionTime": (old["lastTransitionTime"] if old and old.get("status") == state
+                                   and old.get("lastTransitionTime") else _now()),
+        }
+        self.ready_changed = self.ready_changed or kind == "Ready"
+        self._patch.status["conditions"] = sorted(self._conditions.values(), key=lambda c: c["type"] != "Ready")
+
+    def applied(self) -> None:
+        self._patch.status["lastAppliedTime"] = _now()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

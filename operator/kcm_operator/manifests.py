@@ -1,0 +1,101 @@
+"""Read ClientMetricsSubscription YAML (files, multi-document, directories) and check it against the CRD first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kcm_common.errors import UserError
+from kcm_operator import schema
+from kcm_operator.errors import InvalidSpecError
+from kcm_operator.reconcile import Desired, desired_from_spec
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One YAML document and where it came from (`file.yaml#2` for the second document)."""
+
+    source: str
+    obj: dict[str, Any]
+
+    @property
+    def ref(self) -> str:
+        meta = self.obj.get("metadata") or {}
+        return f"{self.obj.get('kind')} {meta.get('namespace') or 'default'}/{meta.get('name')} ({self.source})"
+
+
+def load(paths: Iterable[str | Path], recursive: bool = False) -> list[Manifest]:
+    """Every document in the given files and directories (their *.yaml/*.yml/*.json), in name order."""
+    manifests = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = path.rglob("*") if recursive else path.iterdir()
+            files = sorted(p for p in found if p.is_file() and p.suffix in _SUFFIXES)
+            if not files:
+                raise UserError(f"{path} holds no .yaml, .yml or .json files")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise UserError(f"{path}: no such file or directory")
+        for file in files:
+            manifests.extend(_documents(file))
+    return manifests
+
+
+def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired]]:
+    """The ClientMetricsSubscriptions among `manifests`, validated and defaulted; InvalidSpecError names each problem."""
+    problems = []
+    found = []
+    for manifest in manifests:
+        if manifest.obj.get("apiVersion", "").split("/")[0] != schema.GROUP:
+            continue
+        errors = schema.validate(manifest.obj)
+        if errors:
+            problems.extend(f"{manifest.ref}: {error}" for error in errors)
+            continue
+        if manifest.obj["kind"] != schema.SUBSCRIPTION_KIND:
+            continue
+        crd = schema.load_crds()[schema.SUBSCRIPTION_KIND]
+        spec = schema.apply_defaults(crd.schema, manifest.obj)["spec"]
+        meta = manifest.obj["metadata"]
+        found.append((manifest, desired_from_spec(meta.get("namespace") or "default", meta["name"], spec)))
+    owners: dict[str, Manifest] = {}
+    for manifest, desired in found:
+        if desired.name in owners:
+            problems.append(f"{manifest.ref}: subscription {desired.name!r} is already defined by "
+                            f"{owners[desired.name].ref}")
+        owners.setdefault(desired.name, manifest)
+    if problems:
+        raise InvalidSpecError("invalid resources, nothing applied:\n  " + "\n  ".join(problems))
+    return found
+
+
+def _documents(file: Path) -> list[Manifest]:
+    try:
+        documents = list(yaml.safe_load_all(file.read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise UserError(f"cannot read {file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{file} is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" line {where.line + 1}" if where is not None else ""
+        raise UserError(f"{file}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    manifests = []
+    for index, document in enumerate(documents, start=1):
+        if document is None:
+            continue
+        source = f"{file}#{index}" if len(documents) > 1 else str(file)
+        if not isinstance(document, dict):
+            raise UserError(f"{source}: expected a Kubernetes resource (a mapping), found {type(document).__name__}")
+        if document.get("kind") == "List" and isinstance(document.get("items"), list):
+            manifests.extend(Manifest(f"{source}[{i}]", item) for i, item in enumerate(document["items"]))
+        else:
+            manifests.append(Manifest(source, document))
+    return manifests

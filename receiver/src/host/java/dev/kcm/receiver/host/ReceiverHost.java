@@ -1,0 +1,192 @@
+package dev.kcm.receiver.host;
+
+import java.io.BufferedInputStream;
+import java.io.BufferedOutputStream;
+import java.io.DataInputStream;
+import java.io.DataOutputStream;
+import java.io.EOFException;
+import java.io.IOException;
+import java.net.InetAddress;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Optional;
+
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.metrics.KafkaMetricsContext;
+import org.apache.kafka.common.metrics.MetricsReporter;
+import org.apache.kafka.common.network.ClientInformation;
+import org.apache.kafka.common.network.ListenerName;
+import org.apache.kafka.common.protocol.ApiKeys;
+import org.apache.kafka.common.requests.RequestContext;
+import org.apache.kafka.common.requests.RequestHeader;
+import org.apache.kafka.common.security.auth.KafkaPrincipal;
+import org.apache.kafka.common.security.auth.SecurityProtocol;
+import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
+import org.apache.kafka.server.telemetry.ClientTelemetry;
+import org.apache.kafka.server.telemetry.ClientTelemetryContext;
+import org.apache.kafka.server.telemetry.ClientTelemetryExporter;
+import org.apache.kafka.server.telemetry.ClientTelemetryExporterProvider;
+import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
+import org.apache.kafka.server.telemetry.ClientTelemetryReceiver;
+
+/**
+ * Hosts a receiver plugin as a broker does, for the sandbox: configure, contextChange, then one exportMetrics call
+ * per push read from stdin. Usage: ReceiverHost API(3.8|4.2) PLUGIN_CLASS CLUSTER_ID BROKER_ID [key=value ...].
+ *
+ * <p>Frames (big-endian): instance id (2 longs), terminating (byte), client id, software name, software version,
+ * source address (each an int length, -1 for none, then UTF-8), source port (int, -1 for none), push interval ms
+ * (int), data (int length, bytes). Each is answered on stdout with 0, or 1 and an error text; 'R' means ready.
+ */
+public final class ReceiverHost {
+    static final String CONTENT_TYPE = "application/x-protobuf";
+    private static final ListenerName LISTENER = ListenerName.forSecurityProtocol(SecurityProtocol.PLAINTEXT);
+
+    private ReceiverHost() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (args.length < 4) {
+            System.err.println("usage: ReceiverHost 3.8|4.2 PLUGIN_CLASS CLUSTER_ID BROKER_ID [key=value ...]");
+            System.exit(2);
+        }
+        String api = args[0];
+        Map<String, Object> config = new HashMap<>();
+        for (int i = 4; i < args.length; i++) {
+            int equals = args[i].indexOf('=');
+            config.put(args[i].substring(0, equals), args[i].substring(equals + 1));
+        }
+        config.put("node.id", args[3]);
+        MetricsReporter plugin = (MetricsReporter) Class.forName(args[1]).getDeclaredConstructor().newInstance();
+        DataOutputStream out = new DataOutputStream(new BufferedOutputStream(System.out));
+        try {
+            plugin.configure(config);
+            Map<String, String> labels = new HashMap<>();
+            labels.put("kafka.broker.id", args[3]);
+            // A broker without a cluster id (none known yet) gives no label rather than an empty one.
+            if (!args[2].isEmpty()) {
+                labels.put("kafka.cluster.id", args[2]);
+            }
+            plugin.contextChange(new KafkaMetricsContext("kafka.server", labels));
+            Exporter exporter = exporter(api, plugin);
+            out.writeByte('R');
+            out.flush();
+            serve(new DataInputStream(new BufferedInputStream(System.in)), out, exporter);
+        } finally {
+            plugin.close();
+        }
+    }
+
+    interface Exporter {
+        void export(AuthorizableRequestContext context, ClientTelemetryPayload payload, int pushIntervalMs);
+    }
+
+    @SuppressWarnings("removal")
+    private static Exporter exporter(String api, MetricsReporter plugin) {
+        if (api.equals("4.2")) {
+            ClientTelemetryExporter exporter = ((ClientTelemetryExporterProvider) plugin).clientTelemetryExporter();
+            return (context, payload, interval) -> exporter.exportMetrics(new ClientTelemetryContext() {
+                @Override
+                public int pushIntervalMs() {
+                    return interval;
+                }
+
+                @Override
+                public AuthorizableRequestContext authorizableRequestContext() {
+                    return context;
+                }
+            }, payload);
+        }
+        if (api.equals("3.8")) {
+            ClientTelemetryReceiver receiver = ((ClientTelemetry) plugin).clientReceiver();
+            return (context, payload, interval) -> receiver.exportMetrics(context, payload);
+        }
+        throw new IllegalArgumentException("API must be 3.8 or 4.2, not " + api);
+    }
+
+    private static void serve(DataInputStream in, DataOutputStream out, Exporter exporter) throws IOException {
+        int correlationId = 0;
+        while (true) {
+            long msb;
+            try {
+                msb = in.readLong();
+            } catch (EOFException closed) {
+                return;
+            }
+            Uuid instance = new Uuid(msb, in.readLong());
+            boolean terminating = in.readByte() != 0;
+            String clientId = text(in);
+            String softwareName = text(in);
+            String softwareVersion = text(in);
+            String address = text(in);
+            int port = in.readInt();
+            int interval = in.readInt();
+            byte[] data = new byte[in.readInt()];
+            in.readFully(data);
+            try {
+                RequestContext context = new RequestContext(
+                        new RequestHeader(ApiKeys.PUSH_TELEMETRY, (short) 0, clientId, correlationId++),
+                        address + ":" + port + "-0", address == null ? null : InetAddress.getByName(address),
+                        port < 0 ? Optional.empty() : Optional.of(port), KafkaPrincipal.ANONYMOUS, LISTENER,
+                        SecurityProtocol.PLAINTEXT,
+                        softwareName == null ? ClientInformation.EMPTY
+                                : new ClientInformation(softwareName, softwareVersion),
+                        false);
+                // Kafka hands the plugin a read-only view of the request buffer.
+                ByteBuffer view = ByteBuffer.wrap(data).asReadOnlyBuffer();
+                exporter.export(context, new Payload(instance, terminating, view), interval);
+                out.writeByte(0);
+            // What a broker does when the plugin throws: the client is answered INVALID_RECORD.
+            } catch (Exception error) {
+                byte[] message = String.valueOf(error).getBytes(StandardCharsets.UTF_8);
+                out.writeByte(1);
+                out.writeInt(message.length);
+                out.write(message);
+            }
+            out.flush();
+        }
+    }
+
+    private static String text(DataInputStream in) throws IOException {
+        int length = in.readInt();
+        if (length < 0) {
+            return null;
+        }
+        byte[] bytes = new byte[length];
+        in.readFully(bytes);
+        return new String(bytes, StandardCharsets.UTF_8);
+    }
+
+    private static final class Payload implements ClientTelemetryPayload {
+        private final Uuid instance;
+        private final boolean terminating;
+        private final ByteBuffer data;
+
+        Payload(Uuid instance, boolean terminating, ByteBuffer data) {
+            this.instance = instance;
+            this.terminating = terminating;
+            this.data = data;
+        }
+
+        @Override
+        public Uuid clientInstanceId() {
+            return instance;
+        }
+
+        @Override
+        public boolean isTerminating() {
+            return terminating;
+        }
+
+        @Override
+        public String contentType() {
+            return CONTENT_TYPE;
+        }
+
+        @Override
+        public ByteBuffer data() {
+            return data;
+        }
+    }
+}

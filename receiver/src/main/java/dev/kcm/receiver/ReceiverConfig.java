@@ -1,0 +1,204 @@
+package dev.kcm.receiver;
+
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+import org.apache.kafka.clients.CommonClientConfigs;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.common.config.AbstractConfig;
+import org.apache.kafka.common.config.ConfigDef;
+import org.apache.kafka.common.config.ConfigDef.Importance;
+import org.apache.kafka.common.config.ConfigDef.Type;
+import org.apache.kafka.common.config.ConfigException;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+/** The plugin's settings: broker properties prefixed {@code kcm.receiver.}, parsed once at start-up. */
+public final class ReceiverConfig {
+    public static final String PREFIX = "kcm.receiver.";
+    public static final String TOPIC = PREFIX + "topic";
+    public static final String BOOTSTRAP_SERVERS = PREFIX + "bootstrap.servers";
+    public static final String QUEUE_MAX_BYTES = PREFIX + "queue.max.bytes";
+    public static final String CLOSE_TIMEOUT_MS = PREFIX + "close.timeout.ms";
+    public static final String PRODUCER_PREFIX = PREFIX + "producer.";
+
+    public static final String DEFAULT_TOPIC = "kafka-client-metrics";
+    public static final long DEFAULT_QUEUE_MAX_BYTES = 16L * 1024 * 1024;
+
+    // The serializers are the plugin's business: records are built as bytes.
+    private static final Set<String> FIXED_PRODUCER_KEYS = Set.of(
+            ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG);
+
+    static final ConfigDef DEFINITION = new ConfigDef()
+            .define(TOPIC, Type.STRING, DEFAULT_TOPIC, new ConfigDef.NonEmptyString(), Importance.HIGH,
+                    "Topic every client push is written to (metrics-topic contract v1).")
+            .define(BOOTSTRAP_SERVERS, Type.LIST, "", Importance.MEDIUM,
+                    "Where the internal producer connects; empty: this broker's own inter-broker listener.")
+            .define(QUEUE_MAX_BYTES, Type.LONG, DEFAULT_QUEUE_MAX_BYTES, ConfigDef.Range.atLeast(1024),
+                    Importance.MEDIUM, "Bytes of pushes held while the producer catches up; pushes beyond are dropped and counted.")
+            .define(CLOSE_TIMEOUT_MS, Type.LONG, 5000L, ConfigDef.Range.atLeast(0), Importance.LOW,
+                    "How long shutdown waits for queued pushes to be written.");
+
+    public final String topic;
+    public final long queueMaxBytes;
+    public final long closeTimeoutMs;
+    public final Map<String, Object> producerConfig;
+
+    private ReceiverConfig(String topic, long queueMaxBytes, long closeTimeoutMs, Map<String, Object> producerConfig) {
+        this.topic = topic;
+        this.queueMaxBytes = queueMaxBytes;
+        this.closeTimeoutMs = closeTimeoutMs;
+        this.producerConfig = producerConfig;
+    }
+
+    /** Parses the broker's properties; throws ConfigException naming the bad property. */
+    public static ReceiverConfig parse(Map<String, ?> brokerConfig) {
+        Map<String, Object> own = new HashMap<>();
+        Map<String, Object> overrides = new HashMap<>();
+        for (Map.Entry<String, ?> entry : brokerConfig.entrySet()) {
+            String key = entry.getKey();
+            if (key.startsWith(PRODUCER_PREFIX)) {
+                overrides.put(key.substring(PRODUCER_PREFIX.length()), entry.getValue());
+            } else if (key.startsWith(PREFIX)) {
+                if (!DEFINITION.names().contains(key)) {
+                    throw new ConfigException(key, entry.getValue(), "unknown kcm receiver property; known: "
+                            + String.join(", ", DEFINITION.names()) + " and " + PRODUCER_PREFIX + "*");
+                }
+                own.put(key, entry.getValue());
+            }
+        }
+        AbstractConfig parsed = new AbstractConfig(DEFINITION, own, false);
+        for (String key : overrides.keySet()) {
+            if (FIXED_PRODUCER_KEYS.contains(key)) {
+                throw new ConfigException(PRODUCER_PREFIX + key, overrides.get(key),
+                        "the receiver writes bytes with its own serializers; remove this property");
+            }
+        }
+        List<String> bootstrap = parsed.getList(BOOTSTRAP_SERVERS);
+        Map<String, Object> producer = new HashMap<>();
+        if (bootstrap.isEmpty()) {
+            BrokerListener listener = BrokerListener.choose(brokerConfig);
+            producer.put(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG, listener.address);
+            producer.put(CommonClientConfigs.SECURITY_PROTOCOL_CONFIG, listener.securityProtocol);
+        } else {
+            producer.put(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG, String.join(",", bootstrap));
+        }
+        String nodeId = nodeId(brokerConfig);
+        producer.put(ProducerConfig.CLIENT_ID_CONFIG, nodeId == null ? "kcm-receiver" : "kcm-receiver-" + nodeId);
+        producer.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, true);
+        producer.put(ProducerConfig.ACKS_CONFIG, "all");
+        producer.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "zstd");
+        producer.put(ProducerConfig.LINGER_MS_CONFIG, 20);
+        // The plugin's own producer must not push telemetry into the broker that feeds it.
+        producer.put(ProducerConfig.ENABLE_METRICS_PUSH_CONFIG, false);
+        producer.putAll(overrides);
+        producer.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        producer.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        checkProducer(producer);
+        return new ReceiverConfig(parsed.getString(TOPIC), parsed.getLong(QUEUE_MAX_BYTES),
+                parsed.getLong(CLOSE_TIMEOUT_MS), producer);
+    }
+
+    /** The broker's id from its properties (KRaft {@code node.id}, else {@code broker.id}); null when neither. */
+    static String nodeId(Map<String, ?> brokerConfig) {
+        Object id = brokerConfig.get("node.id");
+        if (id == null) {
+            id = brokerConfig.get("broker.id");
+        }
+        return id == null ? null : String.valueOf(id);
+    }
+
+    private static void checkProducer(Map<String, Object> producer) {
+        try {
+            new ProducerConfig(producer);
+        } catch (ConfigException e) {
+            throw new ConfigException(PRODUCER_PREFIX + "*: " + e.getMessage());
+        }
+    }
+
+    /** The listener of this broker the internal producer uses when no bootstrap servers are given. */
+    static final class BrokerListener {
+        final String address;
+        final String securityProtocol;
+
+        private BrokerListener(String address, String securityProtocol) {
+            this.address = address;
+            this.securityProtocol = securityProtocol;
+        }
+
+        static BrokerListener choose(Map<String, ?> brokerConfig) {
+            String listeners = text(brokerConfig.get("listeners"));
+            if (listeners.isBlank()) {
+                throw new ConfigException(BOOTSTRAP_SERVERS, "",
+                        "the broker has no 'listeners' to derive it from; set it to this cluster's bootstrap servers");
+            }
+            Map<String, String> protocols = protocolMap(text(brokerConfig.get("listener.security.protocol.map")));
+            List<String> controllers = List.of(text(brokerConfig.get("controller.listener.names")).split(","));
+            String preferred = text(brokerConfig.get("inter.broker.listener.name"));
+            if (preferred.isBlank()) {
+                String protocol = text(brokerConfig.get("security.inter.broker.protocol"));
+                preferred = protocol.isBlank() ? "PLAINTEXT" : protocol;
+            }
+            List<String[]> candidates = new ArrayList<>();
+            for (String entry : listeners.split(",")) {
+                entry = entry.trim();
+                int scheme = entry.indexOf("://");
+                if (scheme < 0) {
+                    continue;
+                }
+                String name = entry.substring(0, scheme).trim().toUpperCase();
+                if (!controllers.contains(name)) {
+                    candidates.add(new String[] {name, hostPort(entry.substring(scheme + 3))});
+                }
+            }
+            if (candidates.isEmpty()) {
+                throw new ConfigException(BOOTSTRAP_SERVERS, "",
+                        "no broker listener in 'listeners' to derive it from; set it to this cluster's bootstrap servers");
+            }
+            String[] chosen = candidates.get(0);
+            for (String[] candidate : candidates) {
+                if (candidate[0].equals(preferred.toUpperCase())) {
+                    chosen = candidate;
+                }
+            }
+            return new BrokerListener(chosen[1], protocols.getOrDefault(chosen[0], chosen[0]));
+        }
+
+        private static String hostPort(String address) {
+            int colon = address.lastIndexOf(':');
+            String host = colon < 0 ? "" : address.substring(0, colon);
+            // A wildcard or empty bind host means every interface, so loopback reaches this broker.
+            if (host.isEmpty() || host.equals("0.0.0.0") || host.equals("[::]") || host.equals("::")) {
+                host = "localhost";
+            }
+            return host + address.substring(colon);
+        }
+
+        private static Map<String, String> protocolMap(String text) {
+            Map<String, String> map = new HashMap<>();
+            for (String pair : text.split(",")) {
+                String[] parts = pair.split(":");
+                if (parts.length == 2) {
+                    map.put(parts[0].trim().toUpperCase(), parts[1].trim().toUpperCase());
+                }
+            }
+            return map;
+        }
+
+        private static String text(Object value) {
+            if (value == null) {
+                return "";
+            }
+            if (value instanceof List) {
+                List<String> items = new ArrayList<>();
+                for (Object item : (List<?>) value) {
+                    items.add(String.valueOf(item));
+                }
+                return String.join(",", items);
+            }
+            return String.valueOf(value);
+        }
+    }
+}

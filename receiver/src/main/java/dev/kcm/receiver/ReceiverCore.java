@@ -1,0 +1,115 @@
+package dev.kcm.receiver;
+
+import java.nio.ByteBuffer;
+import java.util.Map;
+import java.util.function.Function;
+
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.Producer;
+import org.apache.kafka.common.metrics.MetricsContext;
+import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
+import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/** What both plugin classes do; it names no Kafka 4.2 type, so the 3.8 class loads on brokers that lack them. */
+final class ReceiverCore implements AutoCloseable {
+    private static final Logger LOG = LoggerFactory.getLogger(ReceiverCore.class);
+    static final String CLUSTER_ID_LABEL = "kafka.cluster.id";
+    static final String BROKER_ID_LABEL = "kafka.broker.id";
+
+    private final Function<Map<String, Object>, Producer<byte[], byte[]>> producerFactory;
+    private volatile ReceiverConfig config;
+    private volatile ReceiverMetrics metrics;
+    private volatile TopicWriter writer;
+    private volatile String brokerId;
+    private volatile String clusterId;
+
+    ReceiverCore() {
+        this(KafkaProducer::new);
+    }
+
+    /** For tests: the producer comes from the factory (Kafka's MockProducer, a producer to a dead address). */
+    ReceiverCore(Function<Map<String, Object>, Producer<byte[], byte[]>> producerFactory) {
+        this.producerFactory = producerFactory;
+    }
+
+    void configure(Map<String, ?> brokerConfig) {
+        close();
+        ReceiverConfig parsed = ReceiverConfig.parse(brokerConfig);
+        if (brokerId == null) {
+            brokerId = ReceiverConfig.nodeId(brokerConfig);
+        }
+        ReceiverMetrics newMetrics = new ReceiverMetrics(this::queuedBytes);
+        Producer<byte[], byte[]> producer = producerFactory.apply(parsed.producerConfig);
+        config = parsed;
+        metrics = newMetrics;
+        writer = new TopicWriter(producer, push -> ContractRecord.build(parsed.topic, push, brokerId, clusterId),
+                newMetrics, parsed.queueMaxBytes, parsed.closeTimeoutMs);
+        LOG.info("kcm receiver: writing client pushes to topic {} via {}", parsed.topic,
+                parsed.producerConfig.get("bootstrap.servers"));
+    }
+
+    void contextChange(MetricsContext context) {
+        Map<String, String> labels = context.contextLabels();
+        if (labels.containsKey(CLUSTER_ID_LABEL)) {
+            clusterId = labels.get(CLUSTER_ID_LABEL);
+        }
+        if (labels.containsKey(BROKER_ID_LABEL)) {
+            brokerId = labels.get(BROKER_ID_LABEL);
+        }
+    }
+
+    /** Called on the broker's request thread: copies the data and queues it; never throws. */
+    void export(AuthorizableRequestContext context, ClientTelemetryPayload payload, Integer pushIntervalMs) {
+        ReceiverMetrics counters = metrics;
+        TopicWriter queue = writer;
+        if (counters == null || queue == null) {
+            return;
+        }
+        try {
+            // 4.x hands a view of the request buffer, reused once this call returns: copy it now.
+            ByteBuffer data = payload.data().duplicate();
+            byte[] copy = new byte[data.remaining()];
+            data.get(copy);
+            counters.pushesReceived.increment();
+            counters.bytesReceived.add(copy.length);
+            queue.offer(new Push(context, payload.clientInstanceId(), payload.isTerminating(), payload.contentType(),
+                    copy, pushIntervalMs));
+        // Anything escaping here would make the broker answer the client INVALID_RECORD.
+        } catch (Throwable error) {
+            exportFailed(error);
+        }
+    }
+
+    void exportFailed(Throwable error) {
+        ReceiverMetrics counters = metrics;
+        if (counters != null) {
+            counters.exportErrors.increment();
+        }
+        LOG.debug("kcm receiver: could not take a push", error);
+    }
+
+    ReceiverMetrics metrics() {
+        return metrics;
+    }
+
+    private long queuedBytes() {
+        TopicWriter current = writer;
+        return current == null ? 0 : current.heldBytes();
+    }
+
+    @Override
+    public void close() {
+        TopicWriter oldWriter = writer;
+        ReceiverMetrics oldMetrics = metrics;
+        writer = null;
+        metrics = null;
+        if (oldWriter != null) {
+            oldWriter.close();
+        }
+        if (oldMetrics != null) {
+            oldMetrics.close();
+        }
+    }
+}

@@ -1,0 +1,59 @@
+package dev.kcm.receiver;
+
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.atomic.LongAdder;
+import java.util.function.LongSupplier;
+
+import org.apache.kafka.common.metrics.JmxReporter;
+import org.apache.kafka.common.metrics.KafkaMetricsContext;
+import org.apache.kafka.common.metrics.Measurable;
+import org.apache.kafka.common.metrics.MetricConfig;
+import org.apache.kafka.common.metrics.Metrics;
+import org.apache.kafka.common.metrics.MetricsReporter;
+import org.apache.kafka.common.utils.Time;
+
+/** The plugin's counters, exposed over JMX as {@code kafka.server:type=kcm-receiver} beside the broker's own. */
+public final class ReceiverMetrics implements AutoCloseable {
+    public static final String JMX_PREFIX = "kafka.server";
+    public static final String GROUP = "kcm-receiver";
+
+    final LongAdder pushesReceived = new LongAdder();
+    final LongAdder bytesReceived = new LongAdder();
+    final LongAdder pushesWritten = new LongAdder();
+    final LongAdder bytesWritten = new LongAdder();
+    final LongAdder pushesDropped = new LongAdder();
+    final LongAdder producerErrors = new LongAdder();
+    final LongAdder exportErrors = new LongAdder();
+
+    private final Metrics registry;
+
+    ReceiverMetrics(LongSupplier queuedBytes) {
+        // Counters are LongAdders read on demand, so the request thread never takes a sensor lock.
+        List<MetricsReporter> reporters = List.of(new JmxReporter());
+        registry = new Metrics(new MetricConfig(), reporters, Time.SYSTEM, new KafkaMetricsContext(JMX_PREFIX));
+        add("pushes-received-total", "Client pushes handed to the plugin by the broker.", pushesReceived::sum);
+        add("bytes-received-total", "Bytes of pushes handed to the plugin.", bytesReceived::sum);
+        add("pushes-written-total", "Pushes acknowledged by the metrics topic.", pushesWritten::sum);
+        add("bytes-written-total", "Bytes of pushes acknowledged by the metrics topic.", bytesWritten::sum);
+        add("pushes-dropped-total", "Pushes dropped because the queue was full.", pushesDropped::sum);
+        add("producer-errors-total", "Pushes the internal producer failed to write.", producerErrors::sum);
+        add("export-errors-total", "Pushes that failed inside the plugin before reaching the queue.", exportErrors::sum);
+        add("queue-bytes", "Bytes of pushes waiting to be written.", queuedBytes);
+    }
+
+    private void add(String name, String description, LongSupplier value) {
+        registry.addMetric(registry.metricName(name, GROUP, description, Map.of()),
+                (Measurable) (config, now) -> value.getAsLong());
+    }
+
+    /** Kafka's registry, for tests and for reading every value by name. */
+    public Metrics registry() {
+        return registry;
+    }
+
+    @Override
+    public void close() {
+        registry.close();
+    }
+}

@@ -1,0 +1,92 @@
+package dev.kcm.receiver;
+
+import java.net.InetAddress;
+import java.net.UnknownHostException;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Optional;
+
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.network.ClientInformation;
+import org.apache.kafka.common.network.ListenerName;
+import org.apache.kafka.common.protocol.ApiKeys;
+import org.apache.kafka.common.requests.RequestContext;
+import org.apache.kafka.common.requests.RequestHeader;
+import org.apache.kafka.common.security.auth.KafkaPrincipal;
+import org.apache.kafka.common.security.auth.SecurityProtocol;
+import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
+import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
+
+/** What the broker hands a plugin, built the way the broker builds it. */
+final class Fixtures {
+    static final Uuid INSTANCE = new Uuid(0x0123456789abcdefL, 0x0fedcba987654321L);
+
+    private Fixtures() {
+    }
+
+    static RequestContext requestContext(String clientId, ClientInformation software, Integer port) {
+        try {
+            return new RequestContext(new RequestHeader(ApiKeys.PUSH_TELEMETRY, (short) 0, clientId, 7),
+                    "conn-1", InetAddress.getByName("10.1.2.3"), Optional.ofNullable(port),
+                    new KafkaPrincipal(KafkaPrincipal.USER_TYPE, "alice"),
+                    ListenerName.normalised("SASL_SSL"), SecurityProtocol.SASL_SSL, software, false);
+        } catch (UnknownHostException e) {
+            throw new AssertionError(e);
+        }
+    }
+
+    static RequestContext requestContext() {
+        return requestContext("payments-1", new ClientInformation("apache-kafka-java", "4.3.0"), 51234);
+    }
+
+    static ClientTelemetryPayload payload(byte[] data, boolean terminating) {
+        return new ClientTelemetryPayload() {
+            @Override
+            public Uuid clientInstanceId() {
+                return INSTANCE;
+            }
+
+            @Override
+            public boolean isTerminating() {
+                return terminating;
+            }
+
+            @Override
+            public String contentType() {
+                return "application/x-protobuf";
+            }
+
+            @Override
+            public ByteBuffer data() {
+                return ByteBuffer.wrap(data).asReadOnlyBuffer();
+            }
+        };
+    }
+
+    static Push push(AuthorizableRequestContext context, byte[] data, Integer pushIntervalMs) {
+        return new Push(context, INSTANCE, false, "application/x-protobuf", data, pushIntervalMs);
+    }
+
+    static Map<String, String> headers(ProducerRecord<byte[], byte[]> record) {
+        Map<String, String> out = new HashMap<>();
+        for (Header header : record.headers()) {
+            out.put(header.key(), new String(header.value(), StandardCharsets.UTF_8));
+        }
+        return out;
+    }
+
+    static Map<String, Object> brokerConfig(String... pairs) {
+        Map<String, Object> config = new HashMap<>();
+        config.put("node.id", "3");
+        config.put("listeners", "PLAINTEXT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093");
+        config.put("controller.listener.names", "CONTROLLER");
+        for (int i = 0; i < pairs.length; i += 2) {
+            config.put(pairs[i], pairs[i + 1]);
+        }
+        return config;
+    }
+}

@@ -1,0 +1,60 @@
+package dev.kcm.receiver;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import org.apache.kafka.common.config.ConfigException;
+import org.junit.jupiter.api.Test;
+
+class ReceiverConfigTest {
+    private static String failure(String... pairs) {
+        KcmClientTelemetry plugin = new KcmClientTelemetry();
+        return assertThrows(ConfigException.class, () -> plugin.configure(Fixtures.brokerConfig(pairs))).getMessage();
+    }
+
+    @Test
+    void badValuesFailStartUpNamingTheProperty() {
+        assertTrue(failure("kcm.receiver.queue.max.bytes", "lots").contains("kcm.receiver.queue.max.bytes"));
+        assertTrue(failure("kcm.receiver.queue.max.bytes", "10").contains("kcm.receiver.queue.max.bytes"));
+        assertTrue(failure("kcm.receiver.topic", "").contains("kcm.receiver.topic"));
+        assertTrue(failure("kcm.receiver.topik", "x").contains("kcm.receiver.topik"));
+        assertTrue(failure("kcm.receiver.producer.key.serializer", "x")
+                .contains("kcm.receiver.producer.key.serializer"));
+        assertTrue(failure("kcm.receiver.producer.acks", "some").contains("kcm.receiver.producer."));
+    }
+
+    @Test
+    void withoutListenersTheBootstrapServersMustBeGiven() {
+        KcmClientTelemetry plugin = new KcmClientTelemetry();
+        java.util.Map<String, Object> config = Fixtures.brokerConfig();
+        config.remove("listeners");
+        String message = assertThrows(ConfigException.class, () -> plugin.configure(config)).getMessage();
+        assertTrue(message.contains("kcm.receiver.bootstrap.servers"), message);
+    }
+
+    @Test
+    void theProducerDefaultsToTheInterBrokerListenerAndIsSafe() {
+        ReceiverConfig config = ReceiverConfig.parse(Fixtures.brokerConfig(
+                "listeners", "CONTROLLER://:9093,INTERNAL://kafka-0.kafka:9091,EXTERNAL://0.0.0.0:9094",
+                "listener.security.protocol.map", "INTERNAL:SSL,EXTERNAL:SASL_SSL,CONTROLLER:PLAINTEXT",
+                "inter.broker.listener.name", "INTERNAL",
+                "kcm.receiver.producer.ssl.truststore.location", "/etc/kafka/truststore.jks"));
+        assertEquals("kafka-0.kafka:9091", config.producerConfig.get("bootstrap.servers"));
+        assertEquals("SSL", config.producerConfig.get("security.protocol"));
+        assertEquals("/etc/kafka/truststore.jks", config.producerConfig.get("ssl.truststore.location"));
+        assertEquals(true, config.producerConfig.get("enable.idempotence"));
+        assertEquals("zstd", config.producerConfig.get("compression.type"));
+        assertEquals(false, config.producerConfig.get("enable.metrics.push"));
+        assertEquals("kcm-receiver-3", config.producerConfig.get("client.id"));
+        assertEquals("kafka-client-metrics", config.topic);
+    }
+
+    @Test
+    void aWildcardListenerIsReachedOnLocalhost() {
+        ReceiverConfig config = ReceiverConfig.parse(Fixtures.brokerConfig());
+        assertEquals("localhost:9092", config.producerConfig.get("bootstrap.servers"));
+        assertFalse(config.producerConfig.containsKey("ssl.truststore.location"));
+    }
+}

@@ -1,0 +1,190 @@
+package dev.kcm.receiver;
+
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.lang.management.ManagementFactory;
+import java.nio.ByteBuffer;
+import java.util.List;
+import java.util.Map;
+import java.util.function.BooleanSupplier;
+
+import javax.management.ObjectName;
+
+import org.apache.kafka.clients.producer.MockProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.metrics.KafkaMetricsContext;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
+import org.apache.kafka.server.telemetry.ClientTelemetryContext;
+import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
+import org.junit.jupiter.api.Test;
+
+@SuppressWarnings("removal")
+class ReceiverCoreTest {
+    private static final byte[] METRICS = new byte[600];
+
+    private static MockProducer<byte[], byte[]> mockProducer(boolean autoComplete) {
+        return new MockProducer<>(autoComplete, null, new ByteArraySerializer(), new ByteArraySerializer());
+    }
+
+    private static long count(ReceiverCore core, String name) {
+        return ((Number) core.metrics().registry().metrics().entrySet().stream()
+                .filter(entry -> entry.getKey().name().equals(name))
+                .findFirst().orElseThrow().getValue().metricValue()).longValue();
+    }
+
+    private static void await(BooleanSupplier condition) throws InterruptedException {
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (!condition.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("condition not met within 10 s");
+            }
+            Thread.sleep(5);
+        }
+    }
+
+    @Test
+    void the38PluginWritesEachPushWithTheBrokerIdentity() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig("kcm.receiver.topic", "client-metrics"));
+            plugin.contextChange(new KafkaMetricsContext("kafka.server",
+                    Map.of("kafka.cluster.id", "cluster-x", "kafka.broker.id", "3")));
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            await(() -> producer.history().size() == 1);
+            ProducerRecord<byte[], byte[]> record = producer.history().get(0);
+            assertEquals("client-metrics", record.topic());
+            Map<String, String> headers = Fixtures.headers(record);
+            assertEquals("cluster-x", headers.get("cluster_id"));
+            assertEquals("3", headers.get("broker_id"));
+            assertTrue(!headers.containsKey("push_interval_ms"), "3.8 API has no push interval");
+            await(() -> count(plugin.core(), "pushes-written-total") == 1);
+            assertEquals(METRICS.length, count(plugin.core(), "bytes-written-total"));
+        }
+    }
+
+    @Test
+    void the42PluginAddsThePushInterval() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig());
+            plugin.clientTelemetryExporter().exportMetrics(context(Fixtures.requestContext(), 5000),
+                    Fixtures.payload(METRICS, true));
+            await(() -> producer.history().size() == 1);
+            Map<String, String> headers = Fixtures.headers(producer.history().get(0));
+            assertEquals("5000", headers.get("push_interval_ms"));
+            assertEquals("true", headers.get("terminating"));
+        }
+    }
+
+    @Test
+    void thePayloadIsCopiedBeforeTheBrokerReusesItsBuffer() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        byte[] buffer = {1, 2, 3, 4};
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig());
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(buffer, false));
+            buffer[0] = 9;
+            await(() -> producer.history().size() == 1);
+            assertEquals(1, producer.history().get(0).value()[0]);
+        }
+    }
+
+    @Test
+    void aFullQueueDropsAndCountsInsteadOfBlocking() throws Exception {
+        // The producer never acknowledges, so every push stays held against the 1024-byte budget.
+        MockProducer<byte[], byte[]> producer = mockProducer(false);
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig("kcm.receiver.queue.max.bytes", "1024",
+                    "kcm.receiver.close.timeout.ms", "0"));
+            for (int i = 0; i < 5; i++) {
+                plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            }
+            assertEquals(5, count(plugin.core(), "pushes-received-total"));
+            assertEquals(4, count(plugin.core(), "pushes-dropped-total"));
+            await(() -> producer.history().size() == 1);
+            producer.completeNext();
+            await(() -> count(plugin.core(), "pushes-written-total") == 1);
+            assertEquals(0, count(plugin.core(), "queue-bytes"));
+            // Room again: the next push is taken.
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            assertEquals(4, count(plugin.core(), "pushes-dropped-total"));
+        }
+    }
+
+    @Test
+    void aProducerThatCannotReachKafkaNeverThrowsIntoTheRequestThread() throws Exception {
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry()) {
+            plugin.configure(Fixtures.brokerConfig("kcm.receiver.bootstrap.servers", "127.0.0.1:1",
+                    "kcm.receiver.producer.max.block.ms", "200", "kcm.receiver.close.timeout.ms", "0"));
+            for (int i = 0; i < 3; i++) {
+                assertDoesNotThrow(() -> plugin.clientReceiver().exportMetrics(Fixtures.requestContext(),
+                        Fixtures.payload(METRICS, false)));
+            }
+            await(() -> count(plugin.core(), "producer-errors-total") == 3);
+            assertEquals(0, count(plugin.core(), "pushes-written-total"));
+        }
+    }
+
+    @Test
+    void aBrokenPayloadIsCountedNotThrown() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        ClientTelemetryPayload broken = new ClientTelemetryPayload() {
+            @Override
+            public Uuid clientInstanceId() {
+                return Fixtures.INSTANCE;
+            }
+
+            @Override
+            public boolean isTerminating() {
+                return false;
+            }
+
+            @Override
+            public String contentType() {
+                return null;
+            }
+
+            @Override
+            public ByteBuffer data() {
+                throw new IllegalStateException("buffer released");
+            }
+        };
+        try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig());
+            assertDoesNotThrow(() -> plugin.clientTelemetryExporter().exportMetrics(
+                    context(Fixtures.requestContext(), 1000), broken));
+            assertEquals(1, count(plugin.core(), "export-errors-total"));
+            assertEquals(List.of(), producer.history());
+        }
+    }
+
+    @Test
+    void countersAreInTheBrokersJmxDomain() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig());
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            Object received = ManagementFactory.getPlatformMBeanServer().getAttribute(
+                    new ObjectName("kafka.server:type=kcm-receiver"), "pushes-received-total");
+            assertEquals(1.0, ((Number) received).doubleValue());
+        }
+    }
+
+    private static ClientTelemetryContext context(AuthorizableRequestContext request, int interval) {
+        return new ClientTelemetryContext() {
+            @Override
+            public int pushIntervalMs() {
+                return interval;
+            }
+
+            @Override
+            public AuthorizableRequestContext authorizableRequestContext() {
+                return request;
+            }
+        };
+    }
+}

@@ -1,0 +1,183 @@
+"""Rollup math over decoded points: epoch-aligned windows, per-type statistics, coarser windows merged from finer.
+
+Every rollup row carries mergeable state (count, nan_count, min, max, sum, last/last_at, a KLL sketch, an HLL sketch of
+instances, increase, histogram buckets); `finish` derives avg, quantiles, instances and rate from that state, so a
+window computed from points and one merged from finer windows end up with the same columns. See docs/rollups.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DoubleType
+
+from kcm_rollups.histograms import QUANTILES, histogram_quantile
+from kcm_rollups.windows import Resolution
+
+DEFAULT_DIMENSIONS: tuple[str, ...] = ("client_id", "client_software_name", "client_software_version", "attributes")
+# Columns a user may group by: the client identity, the other contract headers, and the point attributes.
+GROUPABLE: tuple[str, ...] = DEFAULT_DIMENSIONS + (
+    "client_instance_id", "client_source_address", "client_source_port", "principal", "listener_name",
+    "security_protocol", "broker_id", "cluster_id", "subscription_id")
+STATE_COLUMNS: tuple[str, ...] = ("count", "nan_count", "min", "max", "sum", "last", "last_at", "kll_sketch",
+                                  "instances_sketch", "increase", "bounds", "bucket_counts")
+_HISTOGRAM_TYPES = ("histogram", "exponential_histogram", "summary")
+_MICROS = 1_000_000
+
+
+def window_start(micros: Column, size_seconds: int) -> Column:
+    """The epoch-aligned start (a UTC timestamp) of the window of `size_seconds` holding `micros`."""
+    return F.timestamp_seconds(F.floor(micros / F.lit(size_seconds * _MICROS)) * F.lit(size_seconds))
+
+
+def _gauge_like() -> Column:
+    # Non-monotonic cumulative sums (up-down counters) are levels, not counts: they roll up like gauges.
+    return (F.col("type") == "gauge") | ((F.col("type") == "sum") & ~F.col("monotonic")
+                                         & (F.col("temporality") == "cumulative"))
+
+
+def _counter() -> Column:
+    return (F.col("type") == "sum") & ~_gauge_like()
+
+
+def with_increases(points: DataFrame) -> DataFrame:
+    """Add `increase` to sum points and `d_count/d_sum/d_buckets` to histogram points: deltas as they are, cumulative
+    points as the difference to their stream's previous point, or the new value after a reset (drop, new start)."""
+    # The first point of a stream has no predecessor here and adds nothing: the job reads a lookback for it.
+    stream = Window.partitionBy("client_instance_id", "metric", "attributes").orderBy(
+        "record_micros", "partition", "offset", "time_ns")
+    finite = ~F.isnan("value")
+    cumulative = F.col("temporality") == "cumulative"
+    counters = points.filter(_counter() & finite)
+    prev_value, prev_start = F.lag("value").over(stream), F.lag("start_ns").over(stream)
+    reset = (F.col("value") < prev_value) | (F.col("start_ns") != prev_start)
+    counters = counters.withColumn("increase", F.when(
+        ~cumulative, F.col("value")).when(prev_value.isNull(), None).when(
+        reset, F.col("value")).otherwise(F.col("value") - prev_value))
+
+    histograms = points.filter(F.col("type").isin(*_HISTOGRAM_TYPES))
+    prev_count, prev_sum = F.lag("count").over(stream), F.lag("sum").over(stream)
+    prev_buckets, prev_bounds = F.lag("bucket_counts").over(stream), F.lag("bounds").over(stream)
+    h_reset = ((F.col("count") < prev_count) | (F.col("start_ns") != prev_start)
+               | ~F.equal_null(F.col("bounds"), prev_bounds)
+               | F.exists(F.zip_with("bucket_counts", prev_buckets, lambda a, b: a < b), lambda less: less))
+    first = prev_count.isNull()
+    histograms = (histograms
+                  .withColumn("d_count", F.when(~cumulative, F.col("count")).when(first, None).when(
+                      h_reset, F.col("count")).otherwise(F.col("count") - prev_count))
+                  .withColumn("d_sum", F.when(~cumulative, F.col("sum")).when(first, None).when(
+                      h_reset, F.col("sum")).otherwise(F.col("sum") - prev_sum))
+                  .withColumn("d_buckets", F.when(~cumulative, F.col("bucket_counts")).when(first, None).when(
+                      h_reset, F.col("bucket_counts")).otherwise(F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b))))
+
+    rest = points.filter(~((_counter() & finite) | F.col("type").isin(*_HISTOGRAM_TYPES)))
+    return rest.unionByName(counters, allowMissingColumns=True).unionByName(histograms, allowMissingColumns=True)
+
+
+def _sum_arrays(column: str) -> Column:
+    # Element-wise sum of equal-length arrays (histograms with the same bounds, so the same bucket count).
+    return F.aggregate(F.collect_list(column), F.lit(None).cast("array<bigint>"),
+                       lambda acc, x: F.coalesce(F.zip_with(acc, x, lambda a, b: a + b), x))
+
+
+def _keys(dimensions: Sequence[str]) -> list[str]:
+    return ["window_start", "metric", "type", *dimensions, "bounds"]
+
+
+def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str] = DEFAULT_DIMENSIONS) -> DataFrame:
+    """Rollup state per (window, metric, type, dimensions, bounds) of points that already went through with_increases."""
+    gauge = _gauge_like()
+    value = F.when(~F.isnan("value"), F.col("value"))
+    level = F.when(gauge, value)
+    last_value = F.when(gauge | _counter(), value)
+    order = F.when(last_value.isNotNull(), F.struct("record_micros", "partition", "offset", "time_ns"))
+    histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
+    keyed = points.withColumn("window_start", window_start(F.col("record_micros"), size_seconds)).withColumn(
+        "bounds", F.when(F.col("type") == "histogram", F.col("bounds")))
+    return keyed.groupBy(*_keys(dimensions)).agg(
+        F.sum(F.when(gauge, level.isNotNull().cast("long")).when(histogram, F.col("d_count"))
+              .otherwise(F.lit(1))).alias("count"),
+        F.sum(F.when(gauge & F.isnan("value"), 1).otherwise(0)).cast("long").alias("nan_count"),
+        F.min(level).alias("min"),
+        F.max(level).alias("max"),
+        F.sum(F.when(histogram, F.col("d_sum")).otherwise(level)).alias("sum"),
+        F.max_by(last_value, order).alias("last"),
+        F.max(F.when(last_value.isNotNull(), F.timestamp_micros("record_micros"))).alias("last_at"),
+        F.kll_sketch_agg_double(level).alias("kll_sketch"),
+        F.hll_sketch_agg("client_instance_id").alias("instances_sketch"),
+        F.sum(F.when(_counter(), F.col("increase"))).alias("increase"),
+        _sum_arrays("d_buckets").alias("bucket_counts"),
+    )
+
+
+def merge_state(state: DataFrame, size_seconds: int, dimensions: Sequence[str] = DEFAULT_DIMENSIONS) -> DataFrame:
+    """Rollup state of coarser windows of `size_seconds`, merged from finer rollup rows (never from points)."""
+    coarse = state.withColumn("window_start", window_start(F.unix_micros("window_start"), size_seconds))
+    return coarse.groupBy(*_keys(dimensions)).agg(
+        F.sum("count").alias("count"),
+        F.sum("nan_count").alias("nan_count"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.sum("sum").alias("sum"),
+        F.max_by("last", F.when(F.col("last").isNotNull(), F.col("last_at"))).alias("last"),
+        F.max("last_at").alias("last_at"),
+        F.kll_merge_agg_double("kll_sketch").alias("kll_sketch"),
+        F.hll_union_agg("instances_sketch").alias("instances_sketch"),
+        F.sum("increase").alias("increase"),
+        _sum_arrays("bucket_counts").alias("bucket_counts"),
+    )
+
+
+def _quantiles_of(bounds, bucket_counts):  # untyped: PySpark would read type hints as a pandas UDF's
+    if bounds is None or bucket_counts is None:
+        return None
+    return [histogram_quantile(q, bounds, bucket_counts) for _, q in QUANTILES]
+
+
+# Runs once per histogram rollup row, not per point: a plain Python UDF is cheap enough here.
+_histogram_quantiles = F.udf(_quantiles_of, ArrayType(DoubleType()))
+
+
+def finish(state: DataFrame, resolution: Resolution, dimensions: Sequence[str] = DEFAULT_DIMENSIONS) -> DataFrame:
+    """Output rows: the state plus avg, p50/p95/p99, instances and rate, nulls where a column does not apply."""
+    ranks = F.array(*[F.lit(q) for _, q in QUANTILES])
+    gauge_quantiles = F.when(F.col("kll_sketch").isNotNull() & (F.col("type") != "histogram")
+                             & (F.col("min").isNotNull()), F.kll_sketch_get_quantile_double("kll_sketch", ranks))
+    quantiles = F.coalesce(gauge_quantiles, _histogram_quantiles("bounds", "bucket_counts"))
+    missing = [F.lit(None).cast("string").alias(name) for name in DEFAULT_DIMENSIONS if name not in dimensions]
+    has_sum = F.col("sum").isNotNull() & (F.col("count") > 0)
+    return state.select(
+        F.lit(resolution.label).alias("resolution"),
+        "window_start",
+        (F.col("window_start") + F.expr(f"INTERVAL {resolution.seconds} SECONDS")).alias("window_end"),
+        "metric", "type", *dimensions, *missing,
+        F.hll_sketch_estimate("instances_sketch").alias("instances"),
+        "count", "nan_count", "min", "max", "sum",
+        F.when(has_sum, F.col("sum") / F.col("count")).alias("avg"),
+        "last", "last_at",
+        *[quantiles[i].alias(name) for i, (name, _) in enumerate(QUANTILES)],
+        "increase",
+        (F.col("increase") / F.lit(float(resolution.seconds))).alias("rate"),
+        "bounds", "bucket_counts", "kll_sketch", "instances_sketch",
+    )
+
+
+def rollup(points: DataFrame, resolutions: Sequence[Resolution], dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
+           since_micros: int | None = None) -> DataFrame:
+    """Rows of every resolution for decoded `points` (errors dropped): the finest from points, each coarser merged
+    from the one before. Points before `since_micros` serve only as predecessors of cumulative points."""
+    points = with_increases(points.filter(F.col("error").isNull() & F.col("metric").isNotNull()))
+    if since_micros is not None:
+        points = points.filter(F.col("record_micros") >= F.lit(since_micros))
+    state = partial_state(points, resolutions[0].seconds, dimensions)
+    outputs = []
+    for index, resolution in enumerate(resolutions):
+        if index:
+            state = merge_state(state, resolution.seconds, dimensions)
+        outputs.append(finish(state, resolution, dimensions))
+    result = outputs[0]
+    for output in outputs[1:]:
+        result = result.unionByName(output)
+    return result

@@ -1,0 +1,263 @@
+"""The rollup job: read the metrics topic, decode in Spark, roll up, and replace exactly the computed windows in Parquet.
+
+`run_rollup(...)` is the one entry point: `kcm rollup`, `spark-submit` and the demo all call it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from kcm_common.errors import UserError
+from kcm_common.kafka import KafkaSettings, check_reachable
+from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
+from kcm_rollups.windows import Resolution, parse_resolutions, widen
+
+log = logging.getLogger("kcm.rollup")
+
+DEFAULT_LOOKBACK_SECONDS = 300
+TOP_COLUMNS = ("resolution", "window_start", "client_id", "metric", "type", "instances", "count", "avg", "p99",
+               "last", "increase", "rate")
+
+
+@dataclass(frozen=True)
+class RollupOptions:
+    """What one run reads and writes; `start`/`end` select records by Kafka timestamp, widened to whole windows."""
+
+    kafka: KafkaSettings
+    topic: str
+    output: str
+    resolutions: tuple[Resolution, ...]
+    start: datetime | None = None
+    end: datetime | None = None
+    starting_offsets: str = "earliest"
+    ending_offsets: str = "latest"
+    dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS
+    lookback_seconds: int = DEFAULT_LOOKBACK_SECONDS
+    min_partitions: int | None = None
+    top: int = 10
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.dimensions if name not in GROUPABLE]
+        if unknown:
+            raise UserError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPABLE)}")
+        if self.start and self.end and self.start >= self.end:
+            raise UserError(f"--from {self.start.isoformat()} is not before --to {self.end.isoformat()}")
+
+    def window_range(self) -> tuple[int, int] | None:
+        """[start, end) in epoch seconds widened to whole windows of the coarsest resolution; None without times."""
+        if self.start is None:
+            return None
+        end = self.end or datetime.now(timezone.utc)
+        return widen(self.start.timestamp(), end.timestamp(), self.resolutions[-1].seconds)
+
+
+@dataclass
+class RollupResult:
+    """What a run did: the summary it prints and the top rows of its coarsest resolution."""
+
+    input_records: int
+    decode_errors: dict[str, int]
+    points: int
+    rows_written: int
+    windows: dict[str, int]
+    window_range: tuple[datetime, datetime] | None
+    seconds: float
+    top_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary_lines(self) -> list[str]:
+        errors = ", ".join(f"{reason} {n}" for reason, n in sorted(self.decode_errors.items())) or "none"
+        windows = ", ".join(f"{n} × {label}" for label, n in self.windows.items()) or "none"
+        span = (f"{self.window_range[0].isoformat()} .. {self.window_range[1].isoformat()}"
+                if self.window_range else "whole offset range")
+        return [f"windows from {span}",
+                f"input records {self.input_records}, decode errors: {errors}",
+                f"points {self.points}, rows written {self.rows_written}, windows {windows}",
+                f"took {self.seconds:.1f} s"]
+
+
+def read_records(spark: Any, options: RollupOptions, read_from_s: int | None = None) -> Any:
+    """The metrics topic as a DataFrame shaped like Spark's Kafka source (Spark's connector when present)."""
+    from kcm_rollups.session import kafka_format
+
+    reader = (spark.read.format(kafka_format(spark))
+              .option("kafka.bootstrap.servers", options.kafka.bootstrap_servers)
+              .option("subscribe", options.topic)
+              .option("startingOffsets", options.starting_offsets)
+              .option("endingOffsets", options.ending_offsets)
+              .option("includeHeaders", "true"))
+    for key, value in options.kafka.properties.items():
+        reader = reader.option(f"kafka.{key}", value)
+    if read_from_s is not None and options.starting_offsets == "earliest":
+        # Only narrows the scan: records are still filtered on their timestamp, since a lookup may answer early.
+        reader = (reader.option("startingTimestamp", str(read_from_s * 1000))
+                  .option("startingOffsetsByTimestampStrategy", "latest"))
+    if options.min_partitions:
+        reader = reader.option("minPartitions", str(options.min_partitions))
+    return reader.load()
+
+
+def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: datetime | None = None,
+               end: datetime | None = None, last: timedelta | None = None, resolutions: str = "1m,1h",
+               command_config: str | None = None, master: str | None = None, **options: Any) -> RollupResult:
+    """Roll up `topic` into Parquet at `output`; `last` means the range [now - last, now). Returns the summary."""
+    from kcm_rollups.session import spark_session
+
+    if last is not None:
+        end = datetime.now(timezone.utc)
+        start = end - last
+    settings = KafkaSettings.from_cli(bootstrap_servers, command_config)
+    rollup_options = RollupOptions(kafka=settings, topic=topic, output=output,
+                                   resolutions=parse_resolutions(resolutions), start=start, end=end, **options)
+    check_reachable(settings)
+    spark = spark_session(default_master(master))
+    try:
+        return run(spark, rollup_options)
+    except Exception as err:
+        # The Python source runs in Spark's Python workers: its errors come back wrapped in Spark's.
+        found = re.search(r"KafkaSourceError: (.+)", str(err))
+        if found is None:
+            raise
+        raise UserError(found.group(1).strip()) from None
+
+
+def default_master(master: str | None) -> str | None:
+    """`master` if given; none under spark-submit (it chose one); else every local core."""
+    if master:
+        return master
+    return None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]"
+
+
+def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> RollupResult:
+    """The job on an existing session: read, decode, roll up, write, summarise."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from kcm_rollups.aggregate import rollup
+    from kcm_rollups.decode import decode_points
+
+    began = time.monotonic()
+    now = now or datetime.now(timezone.utc)
+    span = options.window_range()
+    read_from = span[0] - options.lookback_seconds if span else None
+    records = read_records(spark, options, read_from)
+    if span:
+        records = records.filter((F.col("timestamp") >= F.timestamp_seconds(F.lit(read_from)))
+                                 & (F.col("timestamp") < F.timestamp_seconds(F.lit(span[1]))))
+    points = decode_points(records).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        in_range = points if span is None else points.filter(F.col("record_micros") >= F.lit(span[0] * 1_000_000))
+        counts = in_range.groupBy("error").agg(
+            F.sum(F.col("record_first").cast("long")).alias("records"),
+            F.count("metric").alias("points")).collect()
+        rows = rollup(points, options.resolutions, options.dimensions,
+                      since_micros=span[0] * 1_000_000 if span else None)
+        rows = rows.withColumn("partial", F.col("window_end") > F.lit(now)).withColumn(
+            "date", F.date_format("window_start", "yyyy-MM-dd"))
+        written, rows_written, windows = write_rollups(spark, rows, options.output, span)
+        top = top_rows(written, options.resolutions[-1].label, options.top)
+    finally:
+        points.unpersist()
+    return RollupResult(
+        input_records=sum(r["records"] or 0 for r in counts),
+        decode_errors={r["error"]: r["records"] for r in counts if r["error"] is not None},
+        points=sum(r["points"] for r in counts if r["error"] is None),
+        rows_written=rows_written,
+        windows=windows,
+        window_range=(datetime.fromtimestamp(span[0], timezone.utc), datetime.fromtimestamp(span[1], timezone.utc))
+        if span else None,
+        seconds=time.monotonic() - began,
+        top_rows=top,
+    )
+
+
+def write_rollups(spark: Any, rows: Any, output: str,
+                  span: tuple[int, int] | None) -> tuple[Any, int, dict[str, int]]:
+    """Replace exactly this run's windows under `output` (all windows of a time range, else the ones computed), keeping
+    all others; returns the new rows, their number and the number of windows per resolution."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    new = rows.localCheckpoint(eager=True)
+    touched = new.groupBy("resolution", "date").agg(
+        F.count_distinct("window_start").alias("windows"), F.count("*").alias("rows")).collect()
+    windows: dict[str, int] = {}
+    for row in touched:
+        windows[row["resolution"]] = windows.get(row["resolution"], 0) + row["windows"]
+    rows_written = sum(row["rows"] for row in touched)
+    existing = None
+    if _HadoopPath(spark, output).exists():
+        try:
+            existing = spark.read.parquet(output).withColumn("date", F.col("date").cast("string"))
+        except AnalysisException as err:
+            # An empty directory (made by hand, or by a failed first run): nothing to keep.
+            if "UNABLE_TO_INFER_SCHEMA" not in str(err):
+                raise
+    partitions = {(row["resolution"], row["date"]) for row in touched}
+    combined = new
+    if existing is not None:
+        if span is not None:
+            replaced = (F.col("window_start") >= F.timestamp_seconds(F.lit(span[0]))) & (
+                F.col("window_start") < F.timestamp_seconds(F.lit(span[1])))
+            partitions |= {(r["resolution"], r["date"])
+                           for r in existing.filter(replaced).select("resolution", "date").distinct().collect()}
+            old = _in_partitions(existing, partitions).filter(~replaced)
+        else:
+            old = _in_partitions(existing, partitions).join(
+                new.select("resolution", "window_start").distinct(), ["resolution", "window_start"], "left_anti")
+        # Materialised before the overwrite deletes the files it was read from.
+        combined = new.unionByName(old, allowMissingColumns=True).localCheckpoint(eager=True)
+    if not partitions:
+        return new, 0, windows
+    (combined.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy("resolution", "date").parquet(output))
+    # A partition whose every window was replaced by nothing is not rewritten by the overwrite: remove it.
+    kept = {(r["resolution"], r["date"]) for r in combined.select("resolution", "date").distinct().collect()}
+    for resolution, date in sorted(partitions - kept):
+        _HadoopPath(spark, f"{output.rstrip('/')}/resolution={resolution}/date={date}").delete()
+    return new, rows_written, windows
+
+
+def _in_partitions(frame: Any, partitions: set[tuple[str, str]]) -> Any:
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    conditions = [(F.col("resolution") == r) & (F.col("date") == d) for r, d in sorted(partitions)]
+    return frame.filter(reduce(lambda a, b: a | b, conditions)) if conditions else frame.limit(0)
+
+
+class _HadoopPath:
+    # Through Hadoop's FileSystem, so object stores (s3a://, gs://) work as local paths do.
+    def __init__(self, spark: Any, path: str) -> None:
+        self._path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)
+        self._fs = self._path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def exists(self) -> bool:
+        return bool(self._fs.exists(self._path))
+
+    def delete(self) -> None:
+        self._fs.delete(self._path, True)
+
+
+def top_rows(rows: Any, resolution: str, limit: int) -> list[dict[str, Any]]:
+    """The rows of the latest window of `resolution`, most instances first, as plain dicts for printing."""
+    from pyspark.sql import functions as F
+
+    finest = rows.filter(F.col("resolution") == resolution)
+    latest = finest.agg(F.max("window_start")).first()[0]
+    if latest is None:
+        return []
+    chosen = finest.filter(F.col("window_start") == latest).orderBy(
+        F.desc("instances"), "metric", "client_id").limit(limit)
+    return [r.asDict() for r in chosen.select(*TOP_COLUMNS).collect()]
+
+
+def parse_dimensions(text: str) -> tuple[str, ...]:
+    """`--group-by client_id,attributes` as a tuple of column names."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())

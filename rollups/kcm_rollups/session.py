@@ -1,0 +1,42 @@
+"""The Spark session the rollup job runs in, and which Kafka reader it has: Spark's connector or kcm's source."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from kcm_rollups.source import SOURCE_NAME, KafkaDataSource
+
+_CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def spark_session(master: str | None = None, app_name: str = "kcm-rollup",
+                  config: Mapping[str, str] | None = None) -> SparkSession:
+    """The active session, or a new one; `master` only applies when none is running (spark-submit sets its own)."""
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+        if master.startswith("local"):
+            # Local Python workers must be this interpreter (it has kcm installed), not whatever `python3` is;
+            # PySpark reads the variable when it creates the context.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            # A terminal run prints kcm's summary; Spark's progress bars would interleave with it.
+            builder = builder.config("spark.ui.showConsoleProgress", "false")
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    # Windows are computed and written in UTC whatever the machine's zone.
+    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    spark.dataSource.register(KafkaDataSource)
+    return spark
+
+
+def kafka_format(spark: SparkSession) -> str:
+    """"kafka" when Spark's Kafka connector is on the classpath, else kcm's Python source with the same options."""
+    try:
+        loadable = spark.sparkContext._jvm.org.apache.spark.util.Utils.classIsLoadable(_CONNECTOR_CLASS)
+    except Exception:  # Spark Connect has no JVM gateway; py4j errors mean the same: use the Python source.
+        loadable = False
+    return "kafka" if loadable else SOURCE_NAME

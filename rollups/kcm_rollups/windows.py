@@ -1,0 +1,80 @@
+"""Rollup resolutions and time ranges: durations, epoch-aligned windows, and ranges widened to whole windows."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from kcm_common.errors import UserError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+)([smhd])")
+
+
+@dataclass(frozen=True, order=True)
+class Resolution:
+    """A window size in seconds and its label (`1m`, `1h`) as written in the `resolution` column."""
+
+    seconds: int
+    label: str
+
+
+def parse_duration(text: str, what: str = "duration") -> int:
+    """`90s`, `5m`, `1h`, `2d` (or a combination such as `1h30m`) as whole seconds; raises UserError."""
+    compact = text.strip().lower().replace(" ", "")
+    parts = _DURATION.findall(compact)
+    if not parts or "".join(n + u for n, u in parts) != compact:
+        raise UserError(f"{what} {text!r} is not a duration such as 30s, 5m, 1h or 1d")
+    seconds = sum(int(number) * _UNITS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise UserError(f"{what} {text!r} must be longer than zero")
+    return seconds
+
+
+def label(seconds: int) -> str:
+    """The shortest label for a window size: 60 -> `1m`, 3600 -> `1h`, 90 -> `90s`."""
+    for unit in ("d", "h", "m"):
+        if seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{seconds}s"
+
+
+def parse_resolutions(text: str) -> tuple[Resolution, ...]:
+    """`1m,1h` into resolutions, finest first; each must be a whole multiple of the one before (it is merged from it)."""
+    sizes = sorted({parse_duration(part, "resolution") for part in text.split(",") if part.strip()})
+    if not sizes:
+        raise UserError("--resolution needs at least one window size, e.g. 1m,1h")
+    for finer, coarser in zip(sizes, sizes[1:]):
+        if coarser % finer:
+            raise UserError(f"resolution {label(coarser)} is not a whole multiple of {label(finer)}; "
+                            "each coarser window is merged from the finer ones")
+    if 86400 % sizes[-1] and sizes[-1] % 86400:
+        raise UserError(f"resolution {label(sizes[-1])} does not divide a day; use one that does (e.g. 1m, 5m, 1h, 1d)")
+    return tuple(Resolution(size, label(size)) for size in sizes)
+
+
+def align_down(seconds: float, size: int) -> int:
+    """The start of the epoch-aligned window of `size` seconds holding `seconds`."""
+    return int(seconds // size) * size
+
+
+def widen(start: float, end: float, size: int) -> tuple[int, int]:
+    """[start, end) widened to whole windows of `size` seconds, so no window is cut by the range."""
+    return align_down(start, size), -align_down(-end, size)
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 (a zone-less time is UTC) or epoch seconds, as an aware UTC datetime; raises UserError."""
+    value = text.strip()
+    try:
+        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+    except (ValueError, OverflowError):
+        pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UserError(f"time {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)

@@ -1,0 +1,174 @@
+"""The sandbox's Java receiver: kcm's broker plugin (receiver/) hosted in a JVM the way a broker hosts it.
+
+The plugin is configured with broker-like properties, told the cluster and broker ids, and handed each accepted
+push as a real `RequestContext` plus payload; its own KafkaProducer writes the record through the sandbox.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+from kcm_common.errors import UserError
+from kcm_sandbox.telemetry import ClientIdentity, PushResult
+
+log = logging.getLogger("kcm.sandbox.java_receiver")
+
+_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = _ROOT / "receiver" / "build.py"
+PLUGIN_CLASSES = {"3.8": "dev.kcm.receiver.KcmClientTelemetry", "4.2": "dev.kcm.receiver.KcmTelemetryExporter"}
+# What a broker's libs/ holds that the plugin needs: Kafka's client jar, slf4j and the codecs.
+_RUNTIME_LIBS = ("kafka-clients-4.3.0.jar", "slf4j-api-2.0.18.jar", "zstd-jni-1.5.6-10.jar", "lz4-java-1.10.2.jar",
+                 "snappy-java-1.1.1.7.jar")
+_START_TIMEOUT_S = 30.0
+_REPLY_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 15.0
+
+
+def build_dir() -> Path:
+    """Where receiver/build.py puts its output (KCM_RECEIVER_BUILD overrides, as for the script)."""
+    return Path(os.environ.get("KCM_RECEIVER_BUILD", _ROOT / "build" / "receiver"))
+
+
+def jar_path() -> Path:
+    """The plugin jar users put in a broker's libs/ (build/receiver/kcm-receiver.jar)."""
+    return build_dir() / "kcm-receiver.jar"
+
+
+def runtime_classpath(*jars: Path) -> str:
+    """The given jars plus Kafka's client jar, slf4j and the codecs, as a java -cp value."""
+    lib = build_dir() / "lib"
+    return os.pathsep.join([*map(str, jars), *(str(lib / name) for name in _RUNTIME_LIBS)])
+
+
+def ensure_built() -> Path:
+    """Bring the jars up to date with receiver/build.py (fast when they are); returns the build directory.
+
+    Without the script (kcm installed from a wheel) the jars must already be in the build directory. Raises UserError.
+    """
+    if shutil.which("java") is None:
+        raise UserError("the Java receiver and clients need `java` (JDK 17+) on PATH; use --receiver python")
+    if BUILD_SCRIPT.exists():
+        done = subprocess.run([sys.executable, str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=600,
+                              check=False)
+        if done.returncode != 0:
+            raise UserError(f"building the Java receiver failed: {done.stderr.strip()}")
+    needed = (jar_path(), build_dir() / "kcm-receiver-host.jar", build_dir() / "kcm-test-clients.jar")
+    missing = [path.name for path in needed if not path.exists()]
+    if missing:
+        raise UserError(f"{', '.join(missing)} missing in {build_dir()}; run receiver/build.py from a kcm checkout")
+    return build_dir()
+
+
+class JavaReceiver:
+    """Feeds pushes to the plugin in a JVM over its stdin; a call returns once the plugin has taken the push."""
+
+    def __init__(self, bootstrap: str, topic: str, broker_id: int, cluster_id: str, api: str = "4.2",
+                 extra_config: dict[str, str] | None = None) -> None:
+        if api not in PLUGIN_CLASSES:
+            raise UserError(f"--receiver-api must be one of {', '.join(PLUGIN_CLASSES)}, not {api!r}")
+        ensure_built()
+        config = {
+            "kcm.receiver.topic": topic,
+            "kcm.receiver.bootstrap.servers": bootstrap,
+            "listeners": f"PLAINTEXT://{bootstrap}",
+            **(extra_config or {}),
+        }
+        command = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                   "-cp", runtime_classpath(build_dir() / "kcm-receiver-host.jar", jar_path()),
+                   "dev.kcm.receiver.host.ReceiverHost", api, PLUGIN_CLASSES[api], cluster_id, str(broker_id),
+                   *(f"{key}={value}" for key, value in config.items())]
+        self._lock = threading.Lock()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, bufsize=0)
+        self._drain = threading.Thread(target=self._read_stderr, name="kcm-java-receiver-log", daemon=True)
+        self._drain.start()
+        try:
+            ready = self._read(1, _START_TIMEOUT_S)
+        except RuntimeError as exc:
+            self.close()
+            raise UserError(f"the Java receiver did not start: {self._last_error() or exc}") from None
+        if ready != b"R":
+            self.close()
+            raise UserError(f"the Java receiver did not start: {self._last_error() or ready!r}")
+
+    def __call__(self, instance_id: uuid.UUID, identity: ClientIdentity, push: PushResult) -> None:
+        assert push.payload is not None
+        frame = b"".join((
+            instance_id.bytes,
+            b"\x01" if push.terminating else b"\x00",
+            _text(identity.client_id), _text(identity.software_name), _text(identity.software_version),
+            _text(identity.source_address),
+            struct.pack(">ii", -1 if identity.source_port is None else identity.source_port, push.push_interval_ms),
+            struct.pack(">i", len(push.payload)), push.payload,
+        ))
+        # One exchange at a time: the gateway calls receivers from a thread pool.
+        with self._lock:
+            assert self._process.stdin is not None
+            try:
+                self._process.stdin.write(frame)
+            except OSError as exc:
+                raise RuntimeError(f"the Java receiver is gone: {self._last_error() or exc}") from None
+            if self._read(1, _REPLY_TIMEOUT_S) == b"\x01":
+                (length,) = struct.unpack(">i", self._read(4, _REPLY_TIMEOUT_S))
+                raise RuntimeError(f"the plugin threw: {self._read(length, _REPLY_TIMEOUT_S).decode()}")
+
+    def close(self) -> None:
+        """Close stdin: the host closes the plugin, which flushes what it holds, and exits."""
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the Java receiver did not stop within %.0f s; killing it", _STOP_TIMEOUT_S)
+            self._process.kill()
+            self._process.wait()
+        self._drain.join(timeout=5)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+    def _read(self, size: int, timeout_s: float) -> bytes:
+        stdout = self._process.stdout
+        assert stdout is not None
+        data = b""
+        while len(data) < size:
+            ready, _, _ = select.select([stdout], [], [], timeout_s)
+            if not ready:
+                raise RuntimeError(f"no answer from the Java receiver within {timeout_s:.0f} s")
+            chunk = stdout.read(size - len(data))
+            if not chunk:
+                raise RuntimeError(f"the Java receiver exited (code {self._process.poll()})")
+            data += chunk
+        return data
+
+    def _read_stderr(self) -> None:
+        assert self._process.stderr is not None
+        for raw in self._process.stderr:
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            self._stderr.append(line)
+            log.debug("java receiver: %s", line)
+
+    def _last_error(self) -> str:
+        # The host prints Java's exception last; its first line names the bad property.
+        for line in list(self._stderr):
+            if "Exception: " in line:
+                return line.split("Exception: ", 1)[1]
+        lines = list(self._stderr)
+        return lines[-1] if lines else ""
+
+
+def _text(value: str | None) -> bytes:
+    if value is None:
+        return struct.pack(">i", -1)
+    encoded = value.encode()
+    return struct.pack(">i", len(encoded)) + encoded

@@ -1,0 +1,98 @@
+package dev.kcm.clients;
+
+import java.io.IOException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.PartitionInfo;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+/**
+ * A real Java producer or consumer for tests: it runs until stdin closes (or SECONDS pass), then closes the client,
+ * which sends its terminating telemetry push. Usage: TestClient producer|consumer BOOTSTRAP TOPIC CLIENT_ID SECONDS
+ * [key=value ...]. Prints "started" once the first record is sent or the partitions are assigned.
+ */
+public final class TestClient {
+    private TestClient() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        String role = args[0];
+        Properties config = new Properties();
+        config.put("bootstrap.servers", args[1]);
+        String topic = args[2];
+        config.put("client.id", args[3]);
+        long deadline = System.nanoTime() + (long) (Double.parseDouble(args[4]) * 1e9);
+        for (int i = 5; i < args.length; i++) {
+            int equals = args[i].indexOf('=');
+            config.put(args[i].substring(0, equals), args[i].substring(equals + 1));
+        }
+        Thread stdin = new Thread(() -> {
+            try {
+                while (System.in.read() >= 0) {
+                    continue;
+                }
+            } catch (IOException ignored) {
+                // A broken pipe means the same as a closed one: stop.
+            }
+        }, "stdin-watch");
+        stdin.setDaemon(true);
+        stdin.start();
+        if (role.equals("producer")) {
+            produce(config, topic, stdin, deadline);
+        } else if (role.equals("consumer")) {
+            consume(config, topic, stdin, deadline);
+        } else {
+            System.err.println("role must be producer or consumer, not " + role);
+            System.exit(2);
+        }
+    }
+
+    private static boolean running(Thread stdin, long deadline) {
+        return stdin.isAlive() && System.nanoTime() < deadline;
+    }
+
+    private static void produce(Properties config, String topic, Thread stdin, long deadline) throws Exception {
+        config.put("key.serializer", ByteArraySerializer.class.getName());
+        config.put("value.serializer", ByteArraySerializer.class.getName());
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(config)) {
+            producer.send(new ProducerRecord<>(topic, "first".getBytes())).get();
+            started();
+            long sent = 0;
+            while (running(stdin, deadline)) {
+                producer.send(new ProducerRecord<>(topic, ("record-" + sent++).getBytes()));
+                Thread.sleep(20);
+            }
+        }
+    }
+
+    private static void consume(Properties config, String topic, Thread stdin, long deadline) {
+        config.put("key.deserializer", ByteArrayDeserializer.class.getName());
+        config.put("value.deserializer", ByteArrayDeserializer.class.getName());
+        try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(config)) {
+            // Assigned rather than subscribed: the sandbox's broker holds every group join for seconds.
+            List<TopicPartition> partitions = new ArrayList<>();
+            for (PartitionInfo info : consumer.partitionsFor(topic, Duration.ofSeconds(30))) {
+                partitions.add(new TopicPartition(topic, info.partition()));
+            }
+            consumer.assign(partitions);
+            consumer.seekToBeginning(partitions);
+            started();
+            while (running(stdin, deadline)) {
+                consumer.poll(Duration.ofMillis(100));
+            }
+        }
+    }
+
+    private static void started() {
+        System.out.println("started");
+        System.out.flush();
+    }
+}

@@ -1,0 +1,78 @@
+"""Enrichment at the byte level: contract headers, static attributes and privacy rules on resource attributes."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+from kcm_bridge.config import AttributeRule, EnrichConfig
+from kcm_bridge.enrich import Enricher
+from kcm_bridge.wire import count_points
+from kcm_common import points
+from payloads import client_metrics
+
+HEADERS = {"client_id": "payments-1", "client_instance_id": "4c1d0f0e-0000-4000-8000-000000000001",
+           "client_source_address": "10.1.2.3", "principal": "User:alice"}
+
+
+def _resource(data: bytes, index: int = 0) -> dict:
+    return points.attributes(MetricsData.FromString(data).resource_metrics[index].resource.attributes)
+
+
+def test_headers_and_static_attributes_become_resource_attributes_and_metrics_stay_byte_identical():
+    original = client_metrics()
+    enriched = Enricher(EnrichConfig(static_attributes={"kafka.cluster.name": "prod"})).enrich(
+        original.SerializeToString(), HEADERS)
+
+    decoded = MetricsData.FromString(enriched)
+    assert _resource(enriched) == {**HEADERS, "kafka.cluster.name": "prod"}
+    assert decoded.resource_metrics[0].scope_metrics == original.resource_metrics[0].scope_metrics
+    assert count_points(enriched) == 2
+
+
+def test_header_values_replace_what_the_client_put_in_its_resource_and_other_attributes_stay():
+    original = client_metrics()
+    resource = original.resource_metrics[0].resource
+    resource.attributes.extend([KeyValue(key="client_id", value=AnyValue(string_value="spoofed")),
+                                KeyValue(key="host.name", value=AnyValue(string_value="pod-7"))])
+    enriched = Enricher(EnrichConfig()).enrich(original.SerializeToString(), {"client_id": "payments-1"})
+    assert _resource(enriched) == {"client_id": "payments-1", "host.name": "pod-7"}
+
+
+def test_drop_rename_and_salted_hash_rules_apply_to_header_and_client_attributes():
+    original = client_metrics()
+    original.resource_metrics[0].resource.attributes.append(
+        KeyValue(key="principal", value=AnyValue(string_value="User:from-client")))
+    rules = [AttributeRule(action="drop", attribute="client_source_address"),
+             AttributeRule(action="hash", attribute="principal", salt="pepper"),
+             AttributeRule(action="rename", attribute="client_id", to="kafka.client.id")]
+    enriched = Enricher(EnrichConfig(rules=rules)).enrich(original.SerializeToString(), HEADERS)
+
+    assert _resource(enriched) == {
+        "kafka.client.id": "payments-1",
+        "client_instance_id": HEADERS["client_instance_id"],
+        "principal": hashlib.sha256(b"pepper" + b"User:alice").hexdigest(),
+    }
+
+
+def test_concatenated_records_are_one_export_request_with_every_resource():
+    enricher = Enricher(EnrichConfig())
+    first = enricher.enrich(client_metrics("a").SerializeToString(), {"client_id": "a"})
+    second = enricher.enrich(client_metrics("b").SerializeToString(), {"client_id": "b"})
+    request = ExportMetricsServiceRequest.FromString(first + second)
+    assert [points.attributes(rm.resource.attributes)["client_id"] for rm in request.resource_metrics] == ["a", "b"]
+
+
+def test_without_headers_or_rules_the_payload_passes_through_unchanged():
+    payload = client_metrics().SerializeToString()
+    assert Enricher(EnrichConfig()).enrich(payload, {}) is payload
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x05ab", b"\x0a\x02\x12\x05"])
+def test_broken_protobuf_framing_is_an_error_not_a_silent_pass(garbage):
+    with pytest.raises(ValueError):
+        count_points(Enricher(EnrichConfig()).enrich(garbage, HEADERS))

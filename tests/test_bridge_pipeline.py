@@ -1,0 +1,364 @@
+"""The bridge end to end: metrics topic on the embedded broker → bridge → a real OTLP/gRPC collector."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import confluent_kafka
+import grpc
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
+
+from kcm_bridge import config as bridge_config
+from kcm_bridge.pipeline import Bridge
+from kcm_common import contract, points
+from kcm_common.kafka import KafkaSettings, ensure_topic
+from fake_collector import FakeCollector
+from payloads import client_metrics
+from test_sandbox_clients import _subscribe, running_producer
+
+BACKENDS = ("confluent-kafka", "kafka-python")
+# Tansu holds each JoinGroup for half the session timeout: keep it short.
+CONSUMER_PROPERTIES = "session.timeout.ms=3000\nheartbeat.interval.ms=500\nauto.offset.reset=earliest\n"
+
+
+def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> None:
+    # One record per batch keeps Tansu's watermarks exact.
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+    for key, value, headers in records:
+        producer.produce(topic, key=key, value=value, headers=headers)
+    assert producer.flush(20) == 0
+
+
+def _push(client_id: str, instance: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    value, headers = contract.encode(client_metrics(client_id), content_encoding="zstd",
+                                     attributes={"client_id": client_id, "client_instance_id": instance,
+                                                 "client_software_name": "librdkafka",
+                                                 "client_source_address": "10.0.0.7", "principal": "User:alice"})
+    return instance.encode(), value, headers
+
+
+def _client_ids(exports) -> list[str]:
+    ids = []
+    for export in exports:
+        for resource_metrics in export.request.resource_metrics:
+            ids.append(str(points.attributes(resource_metrics.resource.attributes).get("client_id")))
+    return ids
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int | None:
+    reader = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        (found,) = reader.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)
+    finally:
+        reader.close()
+    return None if found.offset < 0 else found.offset
+
+
+def _config(tmp_path, bootstrap: str, topic: str, endpoint: str | list[str], backend: str,
+            overrides: dict | None = None) -> bridge_config.BridgeConfig:
+    properties = tmp_path / "consumer.properties"
+    properties.write_text(CONSUMER_PROPERTIES)
+    values = {("kafka", "bootstrap_servers"): bootstrap, ("kafka", "command_config"): str(properties),
+              ("kafka", "topics"): [topic], ("kafka", "group_id"): f"bridge-{topic}", ("kafka", "client"): backend,
+              ("batch", "linger_ms"): 50, ("retry", "initial_backoff_s"): 0.1, ("retry", "max_backoff_s"): 0.5}
+    values.update(overrides or {})
+    endpoints = [endpoint] if isinstance(endpoint, str) else endpoint
+    return bridge_config.load(env={}, overrides=values, endpoints=endpoints, insecure=True)
+
+
+@contextmanager
+def running_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
+    bridge = Bridge(config)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(bridge.run()), daemon=True)
+    thread.start()
+    try:
+        yield bridge
+    finally:
+        bridge.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the bridge did not stop within 30 s"
+    assert result == [0]
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_collector_outage_loses_nothing_and_corrupt_records_go_to_the_dead_letter_topic(
+        backend, broker, new_topic, collector, tmp_path):
+    topic, dead_letters = new_topic(), new_topic(prefix="dlq")
+    records = [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(30)]
+    corrupt = [(b"bad-zstd", b"\x28\xb5\x2f\xfd garbage", [("content-encoding", b"zstd"), ("client_id", b"x")]),
+               (b"bad-proto", b"\xff\xff\xff", [("client_id", b"y")])]
+    _produce(broker.bootstrap, topic, records[:10] + corrupt + records[10:])
+    collector.fail_next(grpc.StatusCode.UNAVAILABLE, times=4)
+    collector.throttle_next(0.2)
+
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, backend,
+                     {("delivery", "dead_letter_topic"): dead_letters})
+    with running_bridge(config) as bridge:
+        assert collector.wait_for(lambda exports: len(set(_client_ids(exports))) >= 30, timeout=60)
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 32, 30, "commit of all 32")
+
+    assert set(_client_ids(collector.exports)) == {f"client-{i}" for i in range(30)}
+    assert collector.rejected_calls == 5
+    assert bridge.metrics.value(bridge.metrics.retries) >= 5
+    assert bridge.metrics.value(bridge.metrics.decode_failures, reason="decompress-failed") == 1
+    assert bridge.metrics.value(bridge.metrics.decode_failures, reason="invalid-protobuf") == 1
+    assert bridge.metrics.value(bridge.metrics.dead_lettered) == 2
+    resource = next(points.attributes(rm.resource.attributes) for export in collector.exports
+                    for rm in export.request.resource_metrics)
+    assert resource["client_software_name"] == "librdkafka"
+    assert resource["client_source_address"] == "10.0.0.7"
+    assert resource["client_instance_id"].startswith("00000000-0000-0000-0000-")
+
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, consumer_timeout_ms=3000)
+    reader.assign([TopicPartition(dead_letters, 0)])
+    reader.seek_to_beginning()
+    dead = list(reader)
+    reader.close()
+    assert [(r.key, r.value) for r in dead] == [(key, value) for key, value, _ in corrupt]
+    reasons = [dict(r.headers)["kcm.dlq.reason"] for r in dead]
+    assert reasons == [b"decompress-failed", b"invalid-protobuf"]
+    assert dict(dead[0].headers)["content-encoding"] == b"zstd"
+    assert dict(dead[1].headers)["kcm.dlq.offset"] == b"11"
+
+
+def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sigterm(
+        sandbox, collector, tmp_path):
+    _subscribe(sandbox, "everything", metrics="*", **{"interval.ms": "500"})
+    properties = tmp_path / "bridge.properties"
+    properties.write_text("session.timeout.ms=6000\nheartbeat.interval.ms=1000\nauto.offset.reset=earliest\n")
+    log_path = tmp_path / "bridge.log"
+    with running_producer(sandbox, "bridge-demo-producer"), open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kcm_cli.main", "bridge", "--bootstrap-server", sandbox.bootstrap,
+             "--command-config", str(properties), "--topic", sandbox.options.topic, "--group-id", "kcm-demo-bridge",
+             "--endpoint", collector.endpoint, "--insecure"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            arrived = collector.wait_for(lambda exports: "bridge-demo-producer" in _client_ids(exports), timeout=60)
+            assert arrived, log_path.read_text()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+                raise
+    assert code == 0, log_path.read_text()
+    resource = next(points.attributes(rm.resource.attributes) for export in collector.exports
+                    for rm in export.request.resource_metrics
+                    if points.attributes(rm.resource.attributes).get("client_id") == "bridge-demo-producer")
+    assert resource["client_software_name"] == "confluent-kafka-python"
+    assert resource["client_source_address"] == "127.0.0.1"
+    assert resource["push_interval_ms"] == "500"
+    assert len(resource["client_instance_id"]) == 36
+    assert "Traceback" not in log_path.read_text()
+    assert (_committed(sandbox.bootstrap, "kcm-demo-bridge", sandbox.options.topic) or 0) > 0
+
+
+def _start_kcm_bridge(config_path, log_path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "bridge", "--config", str(config_path)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_mid_stream_and_restart_delivers_every_point_at_least_once(
+        backend, broker, new_topic, collector, tmp_path):
+    topic = new_topic()
+    total = 300
+    _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
+                                       for i in range(total)])
+    properties = tmp_path / "consumer.properties"
+    properties.write_text(CONSUMER_PROPERTIES)
+    config_path = tmp_path / "bridge.yaml"
+    config_path.write_text(
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}],"
+        f" group_id: killed, client: {backend}}}\n"
+        f"endpoints: [{{endpoint: '{collector.endpoint}', insecure: true}}]\n"
+        "batch: {max_points: 20, linger_ms: 20}\n"
+        "delivery: {commit_interval_s: 0.1}\n")
+    log_path = tmp_path / "bridge.log"
+
+    first = _start_kcm_bridge(config_path, log_path)
+    try:
+        assert collector.wait_for(lambda exports: len(_client_ids(exports)) >= 60, timeout=60), log_path.read_text()
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    delivered_before_kill = len(set(_client_ids(collector.exports)))
+
+    second = _start_kcm_bridge(config_path, log_path)
+    try:
+        everything = collector.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=90)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        code = second.wait(30)
+    assert everything, log_path.read_text()
+    assert code == 0
+    ids = _client_ids(collector.exports)
+    assert set(ids) == {f"client-{i}" for i in range(total)}
+    assert delivered_before_kill < total, "the kill came too late to test a restart"
+    # Duplicates are the price of at least once: only records after the last commit come twice.
+    assert len(ids) - total < total
+    assert _committed(broker.bootstrap, "killed", topic) == total
+
+
+def _sum_points(request_or_data, instance: str | None = None) -> Iterator[tuple[tuple, int, int, float]]:
+    """(stream key, start, time, value) of every sum point."""
+    for resource_metrics in request_or_data.resource_metrics:
+        owner = instance or str(points.attributes(resource_metrics.resource.attributes).get("client_instance_id"))
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.WhichOneof("data") != "sum":
+                    continue
+                for point in metric.sum.data_points:
+                    key = (owner, metric.name, tuple(sorted(points.attributes(point.attributes).items())))
+                    value = point.as_int if point.WhichOneof("value") == "as_int" else point.as_double
+                    yield key, point.start_time_unix_nano, point.time_unix_nano, value
+
+
+def test_delta_sums_from_real_clients_become_running_totals_of_the_raw_deltas(sandbox, collector, tmp_path):
+    _subscribe(sandbox, "everything", metrics="org.apache.kafka.producer.", **{"interval.ms": "300"})
+    config = _config(tmp_path, sandbox.bootstrap, sandbox.options.topic, collector.endpoint, "confluent-kafka",
+                     {("temporality", "delta_to_cumulative"): True})
+    with running_producer(sandbox, "delta-producer"), running_bridge(config):
+        assert collector.wait_for(lambda exports: _client_ids(exports).count("delta-producer") >= 5, timeout=60)
+
+    reader = KafkaConsumer(bootstrap_servers=sandbox.bootstrap, group_id=None, consumer_timeout_ms=3000)
+    reader.assign([TopicPartition(sandbox.options.topic, 0)])
+    reader.seek_to_beginning()
+    raw: dict[tuple, list[tuple[int, float]]] = {}
+    for record in reader:
+        decoded = contract.decode(record.value, record.headers)
+        for key, _, t_ns, value in _sum_points(decoded.metrics, decoded.attributes["client_instance_id"]):
+            raw.setdefault(key, []).append((t_ns, value))
+    reader.close()
+
+    checked = 0
+    starts: dict[tuple, set[int]] = {}
+    for export in collector.exports:
+        for key, start, t_ns, value in _sum_points(export.request):
+            expected = sum(v for t, v in raw[key] if t <= t_ns)
+            assert value == pytest.approx(expected), key
+            starts.setdefault(key, set()).add(start)
+            checked += 1
+    assert checked >= 5
+    # librdkafka's producer sums stay 0 on an idle connection; growth is covered by test_bridge_temporality.
+    assert any(len(raw[key]) >= 3 for key in starts)
+    temporalities = {metric.sum.aggregation_temporality for export in collector.exports
+                     for rm in export.request.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+                     if metric.WhichOneof("data") == "sum"}
+    assert temporalities == {AGGREGATION_TEMPORALITY_CUMULATIVE}
+    assert all(len(s) == 1 for s in starts.values()), "a stream changed its start time without losing state"
+
+
+def test_hash_routing_keeps_each_client_instance_on_one_endpoint(broker, new_topic, collector, tmp_path):
+    topic = new_topic()
+    instances = [f"00000000-0000-0000-0000-{i:012d}" for i in range(12)]
+    _produce(broker.bootstrap, topic, [_push(f"client-{i}", instance) for _ in range(3)
+                                       for i, instance in enumerate(instances)])
+    with FakeCollector() as second:
+        config = _config(tmp_path, broker.bootstrap, topic, [collector.endpoint, second.endpoint],
+                         "confluent-kafka", {("routing",): "hash", ("batch", "max_points"): 8, ("metrics_port",): 0})
+        with running_bridge(config) as bridge:
+            assert _wait_for_total([collector, second], 36)
+            base = f"http://127.0.0.1:{bridge.metrics_port}"
+            assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+            assert urllib.request.urlopen(base + "/readyz", timeout=5).status == 200
+            exposition = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        assert f'kcm_bridge_points_exported_total{{endpoint="{second.endpoint}"}}' in exposition
+        assert "kcm_bridge_records_consumed_total 36.0" in exposition
+        first_ids, second_ids = set(_client_ids(collector.exports)), set(_client_ids(second.exports))
+    assert first_ids and second_ids, "hashing sent every instance to one endpoint"
+    assert first_ids.isdisjoint(second_ids)
+    assert first_ids | second_ids == {f"client-{i}" for i in range(12)}
+
+
+def _wait_for_total(collectors: list[FakeCollector], count: int, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(len(_client_ids(c.exports)) for c in collectors) >= count:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_two_replicas_share_partitions_across_a_rebalance_and_a_sigkill(broker, new_topic, collector, tmp_path):
+    topic = new_topic(partitions=4)
+    first_half = [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(100)]
+    second_half = [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(100, 200)]
+    _produce(broker.bootstrap, topic, first_half)
+    properties = tmp_path / "consumer.properties"
+    properties.write_text(CONSUMER_PROPERTIES)
+    config_path = tmp_path / "bridge.yaml"
+    config_path.write_text(
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}],"
+        f" group_id: replicas}}\n"
+        f"endpoints: [{{endpoint: '{collector.endpoint}', insecure: true}}]\n"
+        "batch: {max_points: 20, linger_ms: 20}\n"
+        "delivery: {commit_interval_s: 0.1}\n")
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    replica_a = _start_kcm_bridge(config_path, log_a)
+    replica_b = None
+    try:
+        assert collector.wait_for(lambda exports: len(_client_ids(exports)) >= 20, timeout=60), log_a.read_text()
+        replica_b = _start_kcm_bridge(config_path, log_b)
+        _wait(lambda: "assigned " + topic in log_b.read_text(), 60, "replica B joining the group")
+        _produce(broker.bootstrap, topic, second_half)
+        replica_a.send_signal(signal.SIGKILL)
+        replica_a.wait(10)
+        everything = collector.wait_for(lambda exports: len(set(_client_ids(exports))) == 200, timeout=90)
+        assert everything, log_b.read_text()
+    finally:
+        for process in (replica_a, replica_b):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+    assert replica_b.returncode == 0
+    assert "revoking" in log_a.read_text(), "replica A never gave partitions to B"
+    assert set(_client_ids(collector.exports)) == {f"client-{i}" for i in range(200)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothing(
+        backend, broker, new_topic, tmp_path):
+    topic = new_topic()
+    total = 120
+    _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
+                                       for i in range(total)])
+    down = FakeCollector()
+    down.start()
+    port = down.port
+    down.stop()
+    config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
+                     {("batch", "max_points"): 4, ("delivery", "max_inflight_bytes"): 3000})
+    with running_bridge(config) as bridge:
+        _wait(lambda: bridge.metrics.value(bridge.metrics.paused) == 1, 60, "pausing while the endpoint is down")
+        time.sleep(1.0)  # were fetching not bounded, the whole backlog would arrive meanwhile
+        consumed_while_down = bridge.metrics.value(bridge.metrics.records)
+        assert consumed_while_down < total / 2
+        assert bridge.metrics.value(bridge.metrics.inflight_bytes) < 2 * 3000
+        with FakeCollector(port=port) as back:
+            assert back.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=90)
+            _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == total, 30, "final commit")
+    assert bridge.metrics.value(bridge.metrics.paused) == 0

@@ -1,0 +1,506 @@
+"""The Helm chart, rendered by the real helm v4 binary and checked against Kubernetes' own schemas.
+
+`python tests/test_chart.py --write-readme` regenerates the values table in the chart's README.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kcm_bridge.config import load as load_bridge_config
+from kcm_cli.main import build_parser
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "kafka-client-metrics"
+# The oldest and newest Kubernetes the chart supports (Chart.yaml kubeVersion; kubernetes-validate's newest).
+KUBE_VERSIONS = ("1.29.0", "1.37.0")
+# APIs of the optional CRDs (Prometheus Operator, Spark operator, kopf): present, the chart renders those parts.
+OPTIONAL_APIS = ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
+                 "sparkoperator.k8s.io/v1beta2", "sparkoperator.k8s.io/v1beta2/ScheduledSparkApplication",
+                 "kopf.dev/v1")
+# Groups whose kinds kubernetes-validate has no schema for; a built-in kind without a schema is a failure.
+CUSTOM_GROUPS = {"kcm.dev", "monitoring.coreos.com", "sparkoperator.k8s.io", "kopf.dev"}
+# Values files: the defaults, and the chart-testing style ci/*-values.yaml (everything on, namespaced, SASL).
+VALUES_FILES = (None, "ci/all-values.yaml", "ci/namespaced-values.yaml", "ci/sasl-values.yaml")
+README_BEGIN, README_END = "<!-- values:begin -->", "<!-- values:end -->"
+
+Manifest = dict[str, Any]
+
+
+def _load_fetch_helm() -> Any:
+    spec = importlib.util.spec_from_file_location("fetch_helm", REPO / "tools" / "fetch_helm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return _load_fetch_helm().fetch_helm()
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def render(helm: Path, values_file: str | None = None, *, kube: str = KUBE_VERSIONS[-1],
+           apis: tuple[str, ...] = OPTIONAL_APIS, sets: tuple[str, ...] = ()) -> list[Manifest]:
+    args = ["template", "kcm", str(CHART), "--namespace", "kcm", "--include-crds", "--kube-version", kube]
+    for api in apis:
+        args += ["--api-versions", api]
+    if values_file:
+        args += ["--values", str(CHART / values_file)]
+    for item in sets:
+        args += ["--set", item]
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_render(helm: Path, values_file: str | None, kube: str) -> tuple[Manifest, ...]:
+    return tuple(render(helm, values_file, kube=kube))
+
+
+def rendered(helm: Path, values_file: str | None = None, kube: str = KUBE_VERSIONS[-1]) -> list[Manifest]:
+    """A render shared between tests (deep-copied, so a test may change it)."""
+    return copy.deepcopy(list(_cached_render(helm, values_file, kube)))
+
+
+def find(manifests: list[Manifest], kind: str, name_suffix: str = "") -> list[Manifest]:
+    return [m for m in manifests if m["kind"] == kind and m["metadata"]["name"].endswith(name_suffix)]
+
+
+def one(manifests: list[Manifest], kind: str, name_suffix: str = "") -> Manifest:
+    found = find(manifests, kind, name_suffix)
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, found {[m['metadata']['name'] for m in found]}"
+    return found[0]
+
+
+# --- security rules ------------------------------------------------------------------------------------------
+
+
+def _pod_specs(manifest: Manifest) -> Iterator[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """(where, pod-level settings, containers) of every pod a manifest would run."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+        spec = manifest["spec"]["template"]["spec"]
+        yield f"{kind}/{name}", spec, spec["containers"] + spec.get("initContainers", [])
+    elif kind == "ScheduledSparkApplication":
+        template = manifest["spec"]["template"]
+        for role in ("driver", "executor"):
+            pod = template[role]
+            settings = {"securityContext": pod.get("podSecurityContext", {}), "volumes": template.get("volumes", [])}
+            container = {"name": role, "image": template["image"], "securityContext": pod.get("securityContext", {}),
+                         "resources": {"requests": {"cpu": pod.get("cores"), "memory": pod.get("memory")}}}
+            yield f"{kind}/{name} {role}", settings, [container]
+
+
+def security_findings(manifests: list[Manifest]) -> list[str]:
+    """What breaks kcm's pod security rules, one line each; empty when all is well."""
+    findings = []
+    for manifest in manifests:
+        for where, pod, containers in _pod_specs(manifest):
+            pod_security = pod.get("securityContext", {})
+            if pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"):
+                findings.append(f"{where}: shares a host namespace")
+            if any("hostPath" in volume for volume in pod.get("volumes", [])):
+                findings.append(f"{where}: mounts a hostPath volume")
+            if pod_security.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+                findings.append(f"{where}: pod seccomp profile is not RuntimeDefault")
+            for container in containers:
+                at = f"{where} container {container['name']}"
+                security = container.get("securityContext", {})
+                if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")):
+                    findings.append(f"{at}: may run as root")
+                if security.get("runAsUser", pod_security.get("runAsUser")) == 0:
+                    findings.append(f"{at}: runs as UID 0")
+                if security.get("readOnlyRootFilesystem") is not True:
+                    findings.append(f"{at}: root filesystem is writable")
+                if security.get("allowPrivilegeEscalation") is not False:
+                    findings.append(f"{at}: privilege escalation allowed")
+                if security.get("privileged"):
+                    findings.append(f"{at}: privileged")
+                if security.get("capabilities", {}).get("drop") != ["ALL"] or security["capabilities"].get("add"):
+                    findings.append(f"{at}: capabilities not dropped to none")
+                resources = container.get("resources", {})
+                if not resources.get("requests", {}).get("memory") or not resources.get("requests", {}).get("cpu"):
+                    findings.append(f"{at}: no cpu/memory requests")
+                image = container["image"]
+                tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+                if "@sha256:" not in image and tag in ("", "latest"):
+                    findings.append(f"{at}: image {image} is not pinned")
+        if manifest["kind"] in ("Role", "ClusterRole"):
+            for rule in manifest["rules"]:
+                if "*" in rule["verbs"] + rule["resources"] + rule["apiGroups"]:
+                    findings.append(f"{manifest['kind']}/{manifest['metadata']['name']}: wildcard rule {rule}")
+                if "secrets" in rule["resources"] and set(rule["verbs"]) - {"get"}:
+                    findings.append(f"{manifest['kind']}/{manifest['metadata']['name']}: Secrets beyond get")
+        if manifest["kind"] == "Deployment":
+            for container in manifest["spec"]["template"]["spec"]["containers"]:
+                if not container.get("resources", {}).get("limits", {}).get("memory"):
+                    findings.append(f"Deployment/{manifest['metadata']['name']}: no memory limit")
+    return findings
+
+
+# --- lint, render, validate ----------------------------------------------------------------------------------
+
+
+def test_helm_lint_passes_for_every_values_file(helm: Path) -> None:
+    for values_file in VALUES_FILES:
+        args = ["lint", str(CHART), "--strict", "--kube-version", KUBE_VERSIONS[0]]
+        if values_file:
+            args += ["--values", str(CHART / values_file)]
+        result = run_helm(helm, *args)
+        assert result.returncode == 0, f"{values_file}: {result.stdout}{result.stderr}"
+
+
+def test_chart_refuses_kubernetes_older_than_the_oldest_tested(helm: Path) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={KUBE_VERSIONS[0]}-0"
+    result = run_helm(helm, "template", "kcm", str(CHART), "--kube-version", "1.28.9")
+    assert result.returncode != 0 and "kubeVersion" in result.stderr
+
+
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_every_rendered_manifest_validates_strictly(helm: Path, values_file: str | None, kube: str) -> None:
+    manifests = rendered(helm, values_file, kube)
+    problems = []
+    for manifest in manifests:
+        group = manifest["apiVersion"].rpartition("/")[0]
+        what = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(manifest, kube, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            if group not in CUSTOM_GROUPS:
+                problems.append(f"{what}: no schema for a built-in kind in Kubernetes {kube}")
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{what}: {exc.message} at {'.'.join(map(str, exc.path))}")
+    assert not problems, "\n".join(problems)
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= {m["kind"] for m in manifests}
+
+
+def test_built_in_objects_in_the_examples_validate_strictly() -> None:
+    """The plain-manifest path: examples/ also carries Secrets and such; the kcm.dev ones test_crds.py checks."""
+    checked = 0
+    for path in sorted((REPO / "examples").rglob("*.yaml")):
+        for manifest in filter(None, yaml.safe_load_all(path.read_text())):
+            if manifest["apiVersion"].rpartition("/")[0] in CUSTOM_GROUPS:
+                continue
+            for kube in KUBE_VERSIONS:
+                kubernetes_validate.validate(manifest, kube, strict=True)
+            checked += 1
+    assert checked, "examples/ holds no built-in object (the SASL example's Secret, at least)"
+
+
+def test_every_values_file_passes_the_security_rules(helm: Path) -> None:
+    for values_file in VALUES_FILES:
+        assert security_findings(rendered(helm, values_file)) == [], values_file
+
+
+def test_security_rules_catch_each_violation(helm: Path) -> None:
+    manifests = rendered(helm)
+    bridge = one(manifests, "Deployment", "-bridge")
+    pod = bridge["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["securityContext"].update(readOnlyRootFilesystem=False, allowPrivilegeEscalation=True,
+                                        runAsNonRoot=False, capabilities={"add": ["NET_ADMIN"]})
+    pod["securityContext"].update(runAsNonRoot=False, seccompProfile={"type": "Unconfined"})
+    pod["hostNetwork"] = True
+    pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    container["image"] = "ghcr.io/kcm-dev/kcm:latest"
+    del container["resources"]
+    role = one(manifests, "Role", "-operator-secrets")
+    role["rules"][0]["verbs"] = ["get", "list"]
+    role["rules"].append({"apiGroups": ["*"], "resources": ["pods"], "verbs": ["get"]})
+    found = "\n".join(security_findings([bridge, role]))
+    for expected in ("host namespace", "hostPath", "seccomp", "may run as root", "root filesystem is writable",
+                     "privilege escalation", "capabilities", "no cpu/memory requests", "not pinned", "memory limit",
+                     "wildcard rule", "Secrets beyond get"):
+        assert expected in found
+
+
+def test_chart_crds_are_identical_to_the_top_level_crds() -> None:
+    top = {p.name: p.read_bytes() for p in (REPO / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert top, "no CRDs in crds/"
+    assert chart == top, "charts/kafka-client-metrics/crds/ differs from crds/: copy crds/*.yaml into it"
+
+
+def test_defaults_render_operator_and_bridge_without_the_optional_parts(helm: Path) -> None:
+    manifests = render(helm, apis=())
+    kinds = {m["kind"] for m in manifests}
+    assert not kinds & {"ServiceMonitor", "ScheduledSparkApplication", "ClusterKopfPeering", "KopfPeering",
+                        "HorizontalPodAutoscaler"}
+    operator = one(manifests, "Deployment", "-operator")
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
+    pod = operator["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+                                  {"name": "healthz", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["args"][:1] == ["operator"]
+    assert {"--all-namespaces", "--metrics-port=9090", "--liveness-port=8080", "--standalone"} <= set(container["args"])
+    assert "--bootstrap-server=my-cluster-kafka-bootstrap.kafka:9092" in container["args"]
+    assert pod["automountServiceAccountToken"] is True
+    bridge = one(manifests, "Deployment", "-bridge")
+    bridge_pod = bridge["spec"]["template"]["spec"]
+    assert bridge["spec"]["replicas"] == 2 and bridge_pod["automountServiceAccountToken"] is False
+    assert bridge_pod["containers"][0]["args"] == ["bridge", "--log-level=INFO", "--config=/etc/kcm/bridge/bridge.yaml",
+                                                   "--metrics-port=9464"]
+    for account in find(manifests, "ServiceAccount"):
+        assert account["automountServiceAccountToken"] is False
+    assert one(manifests, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert one(manifests, "Service", "-bridge-metrics")["spec"]["ports"][0]["port"] == 9464
+    probes = bridge_pod["containers"][0]
+    assert (probes["livenessProbe"]["httpGet"]["path"], probes["readinessProbe"]["httpGet"]["path"]) == \
+        ("/healthz", "/readyz")
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_the_kcm_command_accepts_every_rendered_argument_list(helm: Path, values_file: str | None) -> None:
+    parser = build_parser()
+    deployments = find(rendered(helm, values_file), "Deployment")
+    assert {d["metadata"]["name"].rsplit("-", 1)[1] for d in deployments} == {"operator", "bridge"}
+    for deployment in deployments:
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        parsed = parser.parse_args(args)
+        assert parsed.command == args[0]
+    operator = parser.parse_args(one(rendered(helm, values_file), "Deployment", "-operator")["spec"]["template"]
+                                 ["spec"]["containers"][0]["args"])
+    assert operator.standalone is (values_file not in ("ci/all-values.yaml", "ci/namespaced-values.yaml"))
+
+
+def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> None:
+    everything = rendered(helm, "ci/all-values.yaml")
+    assert len(find(everything, "ServiceMonitor")) == 2
+    assert len(find(everything, "ClusterKopfPeering")) == 1
+    hpa = one(everything, "HorizontalPodAutoscaler")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 12)
+    assert "replicas" not in one(everything, "Deployment", "-bridge")["spec"]
+    app = one(everything, "ScheduledSparkApplication")
+    arguments = app["spec"]["template"]["arguments"]
+    assert app["spec"]["template"]["mainApplicationFile"] == "local:///opt/kcm/rollup.py"
+    assert "--output=s3a://telemetry/kcm-rollups" in arguments
+    # images/spark/rollup.py runs `kcm rollup ARGS`.
+    parsed = build_parser().parse_args(["rollup", *arguments])
+    assert (parsed.output, parsed.last, parsed.topic) == ("s3a://telemetry/kcm-rollups", "75m", "kafka-client-metrics")
+    assert one(everything, "Role", "-rollup-driver")
+    # The toggles are on, but without the APIs nothing of theirs is rendered.
+    without = render(helm, "ci/all-values.yaml", apis=())
+    assert not {m["kind"] for m in without} & {"ServiceMonitor", "ScheduledSparkApplication", "ClusterKopfPeering"}
+    assert not find(without, "Role", "-rollup-driver")
+
+
+def test_cluster_wide_rbac_is_least_privilege(helm: Path) -> None:
+    manifests = rendered(helm)
+    role = one(manifests, "ClusterRole", "-operator")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules[(("kcm.dev",), ("clientmetricssubscriptions",))] == {"get", "list", "watch", "patch"}
+    assert rules[(("kcm.dev",), ("kafkaconnections",))] == {"get"}
+    assert "secrets" not in json.dumps(role["rules"])
+    assert "kopf.dev" not in json.dumps(role["rules"]), "peering access only when peering is enabled"
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+    secrets = one(manifests, "Role", "-operator-secrets")
+    assert secrets["metadata"]["namespace"] == "kcm"
+    assert secrets["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    assert one(manifests, "RoleBinding", "-operator-secrets")["roleRef"]["name"] == secrets["metadata"]["name"]
+    assert one(manifests, "ClusterRoleBinding", "-operator")["subjects"][0]["name"].endswith("-operator")
+
+
+def test_namespaced_mode_grants_roles_in_each_watched_namespace_only(helm: Path) -> None:
+    manifests = rendered(helm, "ci/namespaced-values.yaml")
+    args = one(manifests, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=payments" in args and "--namespace=checkout" in args and "--all-namespaces" not in args
+    roles = {m["metadata"]["namespace"]: m for m in find(manifests, "Role", "-operator")}
+    assert set(roles) == {"payments", "checkout"}
+    assert "kopfpeerings" in json.dumps(roles["payments"]["rules"])
+    bindings = {m["metadata"]["namespace"] for m in find(manifests, "RoleBinding", "-operator")}
+    assert bindings == {"payments", "checkout"}
+    secret_roles = find(manifests, "Role", "-operator-secrets")
+    assert {m["metadata"]["namespace"] for m in secret_roles} == {"payments", "checkout"}
+    assert {m["metadata"]["namespace"] for m in find(manifests, "KopfPeering")} == {"payments", "checkout"}
+    for cluster_role in find(manifests, "ClusterRole"):
+        assert "kcm.dev" not in json.dumps(cluster_role["rules"]) and "secrets" not in json.dumps(cluster_role["rules"])
+
+
+def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> None:
+    manifests = rendered(helm, "ci/sasl-values.yaml")
+    operator = one(manifests, "Deployment", "-operator")["spec"]["template"]["spec"]
+    assert "--command-config=/etc/kcm/kafka/client/client.properties" in operator["containers"][0]["args"]
+    bridge = one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in bridge["containers"][0]["env"]}
+    assert env == {"KCM_BRIDGE_BOOTSTRAP_SERVERS": "kafka-0.example.com:9093,kafka-1.example.com:9093",
+                   "KCM_BRIDGE_COMMAND_CONFIG": "/etc/kcm/kafka/client/client.properties"}
+    for pod in (operator, bridge):
+        secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        assert secrets == {"kcm-kafka-client", "kafka-cluster-ca"}
+        assert all(m["readOnly"] for m in pod["containers"][0]["volumeMounts"] if m["name"].startswith("kafka-"))
+    secrets = one(manifests, "Role", "-operator-secrets")
+    assert secrets["metadata"]["namespace"] == "payments"
+    assert secrets["rules"][0]["resourceNames"] == ["analytics-kafka-credentials", "analytics-kafka-cluster-ca"]
+    # No secret material is rendered into the manifests: only references.
+    assert not find(manifests, "Secret")
+
+
+def test_bridge_config_is_rendered_verbatim_and_a_change_rolls_the_pods(helm: Path) -> None:
+    defaults = rendered(helm)
+    config = yaml.safe_load(one(defaults, "ConfigMap", "-bridge")["data"]["bridge.yaml"])
+    assert config == yaml.safe_load((CHART / "values.yaml").read_text())["bridge"]["config"]
+    changed = render(helm, sets=("bridge.config.batch.linger_ms=500",))
+    assert yaml.safe_load(one(changed, "ConfigMap", "-bridge")["data"]["bridge.yaml"])["batch"] == {"linger_ms": 500}
+
+    def checksum(manifests: list[Manifest]) -> str:
+        return one(manifests, "Deployment", "-bridge")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert checksum(defaults) != checksum(changed)
+
+
+def test_the_bridge_accepts_the_rendered_config_and_environment(helm: Path, tmp_path: Path) -> None:
+    manifests = rendered(helm)
+    config = tmp_path / "bridge.yaml"
+    config.write_text(one(manifests, "ConfigMap", "-bridge")["data"]["bridge.yaml"])
+    container = one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]["containers"][0]
+    loaded = load_bridge_config(config, env={e["name"]: e["value"] for e in container["env"]})
+    assert loaded.kafka.bootstrap_servers == "my-cluster-kafka-bootstrap.kafka:9092"
+    assert [(e.endpoint, e.insecure) for e in loaded.endpoints] == [("opentelemetry-collector.observability:4317", True)]
+    assert loaded.kafka.topics == [yaml.safe_load((CHART / "values.yaml").read_text())["kafka"]["metricsTopic"]]
+
+
+def test_notes_tell_what_to_do_next(helm: Path) -> None:
+    result = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
+                      "--values", str(CHART / "ci/namespaced-values.yaml"),
+                      "--set", "rollup.enabled=true", "--set", "rollup.output=s3a://telemetry/rollups")
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "in: payments, checkout" in notes
+    assert "GetTelemetrySubscriptions (71) and PushTelemetry (72)" in notes
+    assert "kcm subscriptions list --bootstrap-server my-cluster-kafka-bootstrap.kafka:9092" in notes
+    assert "examples/subscription-producer-app.yaml" in notes and "kcm tail" in notes
+    assert "no rollup was created" in notes, "the rollup toggle without the Spark operator must be reported"
+
+
+# --- values schema --------------------------------------------------------------------------------------------
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads((CHART / "values.schema.json").read_text())
+
+
+def _merged(overrides: dict[str, Any]) -> dict[str, Any]:
+    def merge(base: Any, extra: Any) -> Any:
+        if isinstance(base, dict) and isinstance(extra, dict):
+            return {**base, **{k: merge(base.get(k), v) for k, v in extra.items()}}
+        return extra
+    return merge(yaml.safe_load((CHART / "values.yaml").read_text()), overrides)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"operator": {"replicas": "one"}}, "'one' is not of type 'integer'"),
+    ({"operator": {"watch": {"namespaces": ["Payments"]}}}, "'Payments' does not match"),
+    ({"bridge": {"replica": 3}}, "'replica' was unexpected"),
+    ({"kafka": {"bootstrapServers": "kafka"}}, "'kafka' does not match"),
+    ({"operator": {"logLevel": "verbose"}}, "'verbose' is not one of"),
+    ({"image": {"digest": "sha256:abc"}}, "'sha256:abc' does not match"),
+    ({"bridge": {"metricsPort": 80}}, "80 is less than the minimum of 1024"),
+    ({"bridge": {"resources": {"requests": {"cpu": "lots"}}}}, "'lots' is not valid under any of"),
+    ({"rollup": {"output": "/tmp/out"}}, "'/tmp/out' does not match"),
+    ({"kafka": {"tlsSecrets": ["client"]}}, "should not be valid"),
+])
+def test_values_schema_refuses_bad_values(overrides: dict[str, Any], message: str) -> None:
+    errors = [e.message for e in jsonschema.Draft7Validator(_schema()).iter_errors(_merged(overrides))]
+    assert any(message in error for error in errors), errors
+
+
+def test_values_schema_accepts_the_defaults_and_every_ci_file() -> None:
+    validator = jsonschema.Draft7Validator(_schema())
+    for values_file in VALUES_FILES[1:]:
+        assert not list(validator.iter_errors(_merged(yaml.safe_load((CHART / values_file).read_text()))))
+    assert not list(validator.iter_errors(_merged({})))
+
+
+def test_helm_refuses_bad_values_with_a_message_naming_the_value(helm: Path) -> None:
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "operator.replicas=one",
+                      "--set", "bridge.replica=3")
+    assert result.returncode != 0
+    assert "/operator/replicas" in result.stderr and "want integer" in result.stderr
+    assert "additional properties 'replica' not allowed" in result.stderr
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "operator.replicas=2")
+    assert result.returncode != 0 and "operator.replicas above 1 needs operator.peering.enabled" in result.stderr
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "image.tag=latest")
+    assert result.returncode != 0 and 'is "latest": set a release tag or a digest' in result.stderr
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "rollup.enabled=true",
+                      "--api-versions", "sparkoperator.k8s.io/v1beta2")
+    assert result.returncode != 0 and "rollup.output is required when rollup.enabled is true" in result.stderr
+
+
+# --- every value documented ---------------------------------------------------------------------------------
+
+
+def _leaves(schema: dict[str, Any], values: Any, prefix: str = "") -> Iterator[tuple[str, dict[str, Any], Any]]:
+    """(dotted path, schema, default) of each documented value: objects with fixed properties are descended."""
+    for name, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{name}"
+        default = values.get(name) if isinstance(values, dict) else None
+        if sub.get("type") == "object" and "properties" in sub:
+            yield from _leaves(sub, default, path + ".")
+        else:
+            yield path, sub, default
+
+
+def values_table() -> str:
+    """The chart README's values table, from values.schema.json (descriptions) and values.yaml (defaults)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    rows = ["| Value | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    for path, sub, default in _leaves(_schema(), values):
+        if path == "global":
+            continue
+        kind = sub.get("type") or " or ".join(choice["type"] for choice in sub.get("anyOf", []))
+        shown = json.dumps(default, separators=(", ", ": ")).replace("|", "\\|")
+        if len(shown) > 60:
+            shown = "see values.yaml"
+        rows.append(f"| `{path}` | {kind} | `{shown}` | {sub['description']} |")
+    return "\n".join(rows)
+
+
+def test_every_value_has_a_schema_and_the_readme_table_is_current() -> None:
+    schema = _schema()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def undocumented(node: dict[str, Any], sub: dict[str, Any], prefix: str) -> Iterator[str]:
+        for name, value in node.items():
+            child = sub.get("properties", {}).get(name)
+            if child is None or "description" not in child:
+                yield prefix + name
+            elif isinstance(value, dict) and "properties" in child:
+                yield from undocumented(value, child, f"{prefix}{name}.")
+    assert list(undocumented(values, schema, "")) == []
+    readme = (CHART / "README.md").read_text()
+    current = readme.split(README_BEGIN)[1].split(README_END)[0].strip()
+    assert current == values_table(), "values table is stale: run python tests/test_chart.py --write-readme"
+
+
+def _write_readme() -> None:
+    path = CHART / "README.md"
+    head, rest = path.read_text().split(README_BEGIN)
+    path.write_text(f"{head}{README_BEGIN}\n{values_table()}\n{README_END}{rest.split(README_END)[1]}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write-readme"]:
+        sys.exit("usage: python tests/test_chart.py --write-readme")
+    _write_readme()

@@ -1,0 +1,160 @@
+"""The CRDs in crds/: examples accepted, bad specs refused for the right reason, schemas structural as Kubernetes requires."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from kcm_operator import schema
+
+ROOT = Path(__file__).resolve().parents[1]
+CRDS = schema.load_crds(ROOT / "crds")
+SUBSCRIPTION = {"apiVersion": schema.API_VERSION, "kind": schema.SUBSCRIPTION_KIND,
+                "metadata": {"name": "x", "namespace": "ns"},
+                "spec": {"metrics": ["org.apache.kafka.producer."], "intervalMs": 60000,
+                         "match": {"clientId": "payments-.*"}}}
+CONNECTION = {"apiVersion": schema.API_VERSION, "kind": schema.CONNECTION_KIND,
+              "metadata": {"name": "c", "namespace": "ns"},
+              "spec": {"bootstrapServers": "kafka:9093", "securityProtocol": "SASL_SSL",
+                       "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "creds"}},
+                       "tls": {"caSecretRef": {"name": "ca"}}}}
+# Fields whose type Kubernetes lets go unchecked: `metadata` is validated by the API server itself.
+_UNTYPED_OK = ("x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields")
+
+
+def _documents():
+    for path in sorted(ROOT.joinpath("examples").rglob("*.yaml")):
+        for index, document in enumerate(yaml.safe_load_all(path.read_text())):
+            if document and str(document.get("apiVersion", "")).startswith(schema.GROUP + "/"):
+                yield pytest.param(document, id=f"{path.relative_to(ROOT)}#{index}")
+
+
+def _with(base: dict, path: str, value) -> dict:
+    obj = copy.deepcopy(base)
+    *parents, last = path.split(".")
+    target = obj
+    for part in parents:
+        target = target.setdefault(part, {})
+    if value is _DROP:
+        del target[last]
+    else:
+        target[last] = value
+    return obj
+
+
+_DROP = object()
+
+
+def test_both_kinds_are_defined_with_short_names_a_category_and_a_status_subresource():
+    for path in sorted(ROOT.joinpath("crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        assert path.name == f"{crd['spec']['names']['plural']}.{crd['spec']['group']}.yaml"
+        assert crd["metadata"]["name"] == path.stem
+        assert crd["spec"]["names"]["shortNames"] and "kcm" in crd["spec"]["names"]["categories"]
+        (version,) = crd["spec"]["versions"]
+        assert version["subresources"] == {"status": {}}
+    assert set(CRDS) == {schema.SUBSCRIPTION_KIND, schema.CONNECTION_KIND}
+
+
+def test_subscription_printer_columns_show_connection_name_interval_metrics_ready_and_age():
+    crd = yaml.safe_load(ROOT.joinpath("crds/clientmetricssubscriptions.kcm.dev.yaml").read_text())
+    columns = {column["name"]: column["jsonPath"] for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+
+    assert columns["Connection"] == ".spec.connection"
+    assert columns["Subscription"] == ".status.subscriptionName"
+    assert columns["Interval"] == ".spec.intervalMs"
+    assert columns["Metrics"] == ".spec.metrics"
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+@pytest.mark.parametrize("document", list(_documents()))
+def test_every_example_is_accepted(document):
+    assert schema.validate(document, crds=CRDS) == []
+
+
+def test_defaults_fill_interval_and_deletion_policy():
+    obj = _with(_with(SUBSCRIPTION, "spec.intervalMs", _DROP), "spec.match", _DROP)
+
+    spec = schema.apply_defaults(CRDS[schema.SUBSCRIPTION_KIND].schema, obj)["spec"]
+
+    assert spec["intervalMs"] == 300000 and spec["deletionPolicy"] == "Delete"
+
+
+@pytest.mark.parametrize("base, path, value, reason", [
+    (SUBSCRIPTION, "spec.intervalMs", 99, "spec.intervalMs: 99 is less than the minimum of 100"),
+    (SUBSCRIPTION, "spec.intervalMs", 3600001, "spec.intervalMs: 3600001 is greater than the maximum of 3600000"),
+    (SUBSCRIPTION, "spec.intervalMs", "60000", "spec.intervalMs: '60000' is not of type 'integer'"),
+    (SUBSCRIPTION, "spec.metrics", _DROP, "spec: 'metrics' is a required property"),
+    (SUBSCRIPTION, "spec.metrics", ["a.", "a."], "spec.metrics[1]: Duplicate value: 'a.'"),
+    (SUBSCRIPTION, "spec.metrics", [""], "spec.metrics[0]: '' should be non-empty"),
+    (SUBSCRIPTION, "spec.metrics", ["a.,b."], "spec.metrics[0]: 'a.,b.' does not match"),
+    (SUBSCRIPTION, "spec.metrics", ["*", "a."], 'spec: metrics: "*" already means every metric; list it alone'),
+    (SUBSCRIPTION, "spec.match", {"clientName": "x"}, "spec.match.clientName: unknown field"),
+    (SUBSCRIPTION, "spec.match", {"clientId": ""}, "spec.match.clientId: '' should be non-empty"),
+    (SUBSCRIPTION, "spec.match", {"clientId": "a,b"}, "spec.match.clientId: 'a,b' does not match"),
+    (SUBSCRIPTION, "spec.subscriptionName", "", "spec.subscriptionName: '' should be non-empty"),
+    (SUBSCRIPTION, "spec.deletionPolicy", "Orphan", "spec.deletionPolicy: 'Orphan' is not one of ['Delete', 'Retain']"),
+    (SUBSCRIPTION, "spec.intervalMS", 1000, "spec.intervalMS: unknown field"),
+    (SUBSCRIPTION, "metadata.name", "", "metadata.name: Required value"),
+    (CONNECTION, "spec.bootstrapServers", "kafka", "spec.bootstrapServers: 'kafka' does not match"),
+    (CONNECTION, "spec.securityProtocol", "SASL", "spec.securityProtocol: 'SASL' is not one of"),
+    (CONNECTION, "spec.sasl", _DROP,
+     "spec: sasl is needed exactly when securityProtocol is SASL_PLAINTEXT or SASL_SSL"),
+    (CONNECTION, "spec.securityProtocol", "SSL",
+     "spec: sasl is needed exactly when securityProtocol is SASL_PLAINTEXT or SASL_SSL"),
+    (CONNECTION, "spec.sasl.mechanism", "GSSAPI", "spec.sasl.mechanism: 'GSSAPI' is not one of"),
+    (CONNECTION, "spec.sasl.secretRef", {}, "spec.sasl.secretRef: 'name' is a required property"),
+    (CONNECTION, "spec.sasl.password", "hunter2", "spec.sasl.password: unknown field"),
+])
+def test_invalid_specs_are_refused_for_the_right_reason(base, path, value, reason):
+    problems = schema.validate(_with(base, path, value), crds=CRDS)
+
+    assert any(problem.startswith(reason) for problem in problems), problems
+
+
+def test_tls_without_an_ssl_protocol_is_refused():
+    obj = _with(_with(CONNECTION, "spec.securityProtocol", "SASL_PLAINTEXT"), "spec.tls", {"verifyHostname": False})
+
+    assert schema.validate(obj, crds=CRDS) == ["spec: tls settings need securityProtocol SSL or SASL_SSL"]
+
+
+@pytest.mark.parametrize("path, message", [
+    ("spec.subscriptionName", "spec: subscriptionName cannot change"),
+    ("spec.connection", "spec: connection cannot change"),
+])
+def test_transition_rules_refuse_changing_where_a_subscription_lives(path, message):
+    old = _with(SUBSCRIPTION, path, "before")
+
+    assert schema.validate(_with(SUBSCRIPTION, path, "after"), old=old, crds=CRDS)[0].startswith(message)
+    assert schema.validate(_with(SUBSCRIPTION, path, "before"), old=old, crds=CRDS) == []
+    assert schema.validate(_with(SUBSCRIPTION, path, "after"), crds=CRDS) == []  # creation: no old object
+
+
+def _walk(node: dict, path: str):
+    yield path, node
+    for name, sub in (node.get("properties") or {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+def test_schemas_are_structural_every_node_typed_and_defaults_valid(kind):
+    root = CRDS[kind].schema
+    for path, node in _walk(root, ""):
+        if path == ".metadata":
+            assert set(node) == {"type"}, "metadata may only be typed; the API server validates it"
+        assert "type" in node or any(node.get(key) for key in _UNTYPED_OK), f"{kind}{path} has no type"
+        assert not {"additionalProperties", "properties"} <= set(node), f"{kind}{path}: both properties kinds"
+        if node.get("type") == "array":
+            assert "items" in node, f"{kind}{path}: an array needs items"
+        if "default" in node:
+            jsonschema.Draft7Validator(node).validate(node["default"])
+        for rule in node.get("x-kubernetes-validations") or ():
+            schema.compile_rule(rule["rule"])  # compiles with cel-python: no Kubernetes-only extension functions
+            assert rule.get("message"), f"{kind}{path}: a rule needs a message people understand"

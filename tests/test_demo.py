@@ -1,0 +1,129 @@
+"""`kcm demo` end to end: real clients → gateway → receiver → topic → bridge → OTLP collector, and the live view."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+LIBRDKAFKA_CLIENTS = {"payments-producer", "payments-consumer", "orders-producer", "orders-consumer"}
+JAVA_CLIENTS = {"inventory-java-producer", "inventory-java-consumer"}
+
+
+def _demo_env(tmp_path: Path, marker: str) -> dict[str, str]:
+    return {**os.environ, "KCM_DEMO_DIR": str(tmp_path), "KCM_TEST_MARKER": marker, "COLUMNS": "220",
+            "LINES": "60"}
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Processes still alive that inherited the test's marker: anything the demo started and left behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"KCM_TEST_MARKER={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait(pid: int, timeout_s: float) -> int:
+    """The child's wait status once it exits; SIGKILLed (and so failing the test) if it outlives the bound."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+        if reaped:
+            return status
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.mark.timeout(240)
+def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
+    marker = uuid.uuid4().hex
+    try:
+        result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "25", "--output",
+                                 "jsonl", "--java", "yes", "--rollup"],
+                                capture_output=True, text=True, timeout=200, env=_demo_env(tmp_path, marker))
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = result.stdout.splitlines()
+        clients = [json.loads(line) for line in lines if line.startswith("{")]
+        by_id = {client["client_id"]: client for client in clients}
+        assert LIBRDKAFKA_CLIENTS | JAVA_CLIENTS <= set(by_id), result.stderr[-3000:]
+        for client_id in LIBRDKAFKA_CLIENTS:
+            assert by_id[client_id]["client_software_name"] == "confluent-kafka-python"
+        for client_id in JAVA_CLIENTS:
+            assert by_id[client_id]["client_software_name"] == "apache-kafka-java"
+        for client_id, client in by_id.items():
+            role = "producer" if client_id.endswith("-producer") else "consumer"
+            # Only the subscription's prefix arrives: the demo's subscriptions were applied and matched.
+            assert client["metrics"], client_id
+            assert all(name.startswith(f"org.apache.kafka.{role}.") for name in client["metrics"]), client_id
+            # The broker-side attributes exist only if the receiver wrote the push and the bridge carried it.
+            assert {"broker_id", "cluster_id", "principal", "listener_name"} <= set(client["broker"]), client_id
+            assert client["client_source"].startswith("127.0.0.1:")
+        assert "org.apache.kafka.producer.record.queue.time.avg" in by_id["payments-producer"]["metrics"]
+        assert "org.apache.kafka.consumer.fetch.manager.fetch.latency.avg" in by_id["orders-consumer"]["metrics"]
+        assert "receiver: the kcm receiver plugin (Java)" in result.stderr
+        # --rollup: Spark read the same topic after the clients stopped and rolled up their metrics.
+        rollup = [line for line in lines if line.startswith("rollup: ")]
+        assert any(line.startswith("rollup: input records ") and "input records 0," not in line for line in rollup), lines
+        top = [line for line in lines if line.startswith("resolution=1m ")]
+        assert top and all("metric=org.apache.kafka." in line for line in top), lines
+        assert {line.split("client_id=")[1].split()[0] for line in top} <= set(by_id), lines
+    finally:
+        left = _processes_with(marker)
+        _kill(left)
+    assert left == [], "the demo left processes running"
+
+
+@pytest.mark.timeout(180)
+def test_live_view_renders_each_client_in_a_terminal(tmp_path):
+    marker = uuid.uuid4().hex
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ.update(_demo_env(tmp_path, marker))
+        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "25", "--java", "no"])
+    screen = b""
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    break  # the demo exited and closed the terminal
+                if not chunk:
+                    break
+                screen += chunk
+        status = _wait(pid, 30)
+    finally:
+        left = _processes_with(marker)
+        _kill(left)
+    text = screen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    for client_id in LIBRDKAFKA_CLIENTS:
+        assert client_id in text, text[-3000:]
+    assert "confluent-kafka-python" in text
+    assert left == []

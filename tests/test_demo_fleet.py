@@ -1,0 +1,93 @@
+"""The demo's fleet model: what each client instance pushed, as the live view and the jsonl summary show it."""
+
+from __future__ import annotations
+
+import math
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from rich.console import Console
+
+from kcm_demo.fleet import Fleet
+from kcm_demo.view import fleet_table
+
+
+def _request(instance: str, client_id: str, *metrics: metrics_pb2.Metric, software: str = "librdkafka",
+             address: str | None = "127.0.0.1", port: str | None = "50000") -> ExportMetricsServiceRequest:
+    request = ExportMetricsServiceRequest()
+    resource_metrics = request.resource_metrics.add()
+    identity = {"client_instance_id": instance, "client_id": client_id, "client_software_name": software,
+                "client_software_version": "2.6.1", "client_source_address": address, "client_source_port": port}
+    for key, value in identity.items():
+        if value is not None:
+            resource_metrics.resource.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
+    resource_metrics.scope_metrics.add().metrics.extend(metrics)
+    return request
+
+
+def _gauge(name: str, *values: float) -> metrics_pb2.Metric:
+    metric = metrics_pb2.Metric(name=name)
+    for node, value in enumerate(values):
+        point = metric.gauge.data_points.add(as_double=value)
+        point.attributes.append(KeyValue(key="node.id", value=AnyValue(int_value=node)))
+    return metric
+
+
+def _delta(name: str, value: int) -> metrics_pb2.Metric:
+    metric = metrics_pb2.Metric(name=name)
+    metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+    metric.sum.is_monotonic = True
+    metric.sum.data_points.add(as_int=value)
+    return metric
+
+
+def test_gauges_keep_the_latest_value_of_the_slowest_node_and_deltas_add_up():
+    fleet = Fleet()
+    latency = "org.apache.kafka.producer.request.latency.avg"
+    total = "org.apache.kafka.producer.record.send.total"
+    fleet.ingest(_request("i-1", "payments", _gauge(latency, 3.0, 9.5), _delta(total, 10)), received_s=100.0)
+    fleet.ingest(_request("i-1", "payments", _gauge(latency, 2.0, 4.0), _delta(total, 5)), received_s=101.0)
+
+    [client] = fleet.clients()
+
+    assert client.values == {latency: 4.0, total: 15.0}
+    assert client.headline("produce latency ms") == 4.0
+    assert client.headline("fetch latency ms") is None
+    assert (client.pushes, client.last_push_s, client.source) == (2, 101.0, "127.0.0.1:50000")
+
+
+def test_nan_averages_are_kept_as_nan_and_summarised_as_null():
+    fleet = Fleet()
+    fleet.ingest(_request("j-1", "orders", _gauge("org.apache.kafka.consumer.fetch.manager.fetch.latency.avg",
+                                                  math.nan), software="apache-kafka-java"), received_s=1.0)
+
+    [client] = fleet.clients()
+
+    assert math.isnan(client.headline("fetch latency ms"))
+    assert client.summary()["metrics"] == {"org.apache.kafka.consumer.fetch.manager.fetch.latency.avg": None}
+    assert client.summary()["client_software_name"] == "apache-kafka-java"
+
+
+def test_exports_without_a_client_instance_are_ignored_and_clients_sort_by_client_id():
+    fleet = Fleet()
+    fleet.ingest(_request("i-2", "zeta", _delta("x", 1)), received_s=1.0)
+    fleet.ingest(_request("i-1", "alpha", _delta("x", 1), address=None), received_s=1.0)
+    anonymous = _request("", "ghost", _delta("x", 1))
+    fleet.ingest(anonymous, received_s=1.0)
+
+    assert [c.client_id for c in fleet.clients()] == ["alpha", "zeta"]
+    assert fleet.clients()[0].source == "-"
+
+
+def test_the_table_shows_each_client_with_its_headline_values():
+    fleet = Fleet()
+    fleet.ingest(_request("i-1", "payments-producer",
+                          _gauge("org.apache.kafka.producer.record.queue.time.avg", 0.25)), received_s=10.0)
+    console = Console(width=200, record=True, color_system=None)
+
+    console.print(fleet_table(fleet, now_s=12.5, title="kcm demo"))
+    text = console.export_text()
+
+    row = next(line for line in text.splitlines() if "payments-producer" in line)
+    assert "librdkafka 2.6.1" in row and "0.25" in row and "2.5" in row

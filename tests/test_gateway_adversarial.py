@@ -1,0 +1,247 @@
+"""One client must never freeze the gateway: each attack runs while a bystander keeps timing its requests.
+
+Everything is loopback and bounded in time; latency bounds are generous because the test machine is shared.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from kafka.protocol.admin.configs import (
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+    ListConfigResourcesRequest,
+    ListConfigResourcesResponse,
+)
+
+from kcm_common.contract import compress
+from kcm_sandbox import wire
+from kcm_sandbox.messages import (
+    GetTelemetrySubscriptionsRequest,
+    GetTelemetrySubscriptionsResponse,
+    PushTelemetryRequest,
+    PushTelemetryResponse,
+)
+
+TIMEOUT_S = 10.0
+CLIENT_METRICS, SET, ZSTD = 16, 0, 4
+# What a bystander may wait for one locally answered request while an attack runs (an unloaded gateway answers
+# in about a millisecond; the attacks measured before the fixes stalled everyone for 1 s to 8 s).
+BYSTANDER_LATENCY_S = 0.5
+
+
+class Connection:
+    """A plain socket speaking framed Kafka requests."""
+
+    def __init__(self, bootstrap: str, client_id: str = "kcm-adversarial") -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=TIMEOUT_S)
+        self.client_id = client_id
+        self._next_id = 0
+
+    def call(self, request: Any, response_class: Any) -> Any:
+        self._next_id += 1
+        request.with_header(correlation_id=self._next_id, client_id=self.client_id)
+        self.sock.sendall(request.encode(header=True, framed=True))
+        frame = self.read_frame()
+        assert frame is not None, "the gateway closed the connection instead of answering"
+        return response_class.decode(frame, version=request.API_VERSION, header=True)
+
+    def read_frame(self) -> bytes | None:
+        prefix = self._read(4)
+        if len(prefix) < 4:
+            return None
+        return self._read(struct.unpack(">i", prefix)[0])
+
+    def closed_within(self, seconds: float) -> bool:
+        """Whether the gateway closes this connection within `seconds` (reading and dropping anything it sends)."""
+        self.sock.settimeout(seconds)
+        try:
+            while self.sock.recv(65536):
+                pass
+            return True
+        except (TimeoutError, socket.timeout):
+            return False
+        except ConnectionResetError:
+            return True
+
+    def _read(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Bystander(threading.Thread):
+    """Sends a locally answered request (ListConfigResources) over and over, recording each round trip."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(daemon=True)
+        self.connection = Connection(bootstrap, "bystander")
+        self.latencies: list[float] = []
+        self.failure: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                start = time.perf_counter()
+                response = self.connection.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse)
+                self.latencies.append(time.perf_counter() - start)
+                assert response.error_code == 0
+                time.sleep(0.01)
+        except BaseException as exc:  # reported by `stop`, on the test's thread
+            self.failure = exc
+
+    def stop(self) -> list[float]:
+        self._stop_event.set()
+        self.join(TIMEOUT_S)
+        self.connection.close()
+        if self.failure is not None:
+            raise AssertionError(f"the bystander was not served: {self.failure!r}")
+        return self.latencies
+
+
+@contextmanager
+def bystander(bootstrap: str) -> Iterator[Bystander]:
+    """A running bystander; on exit, asserts it was served throughout, each request within the latency bound."""
+    probe = Bystander(bootstrap)
+    probe.start()
+    try:
+        yield probe
+    finally:
+        latencies = probe.stop()
+    assert len(latencies) >= 3, "the bystander got almost no answers during the attack"
+    assert max(latencies) < BYSTANDER_LATENCY_S, f"a bystander waited {max(latencies):.2f} s"
+
+
+def run_for(seconds: float, attack: Callable[[], None]) -> int:
+    """Repeat `attack` for about `seconds`; returns how many times it ran."""
+    deadline = time.monotonic() + seconds
+    rounds = 0
+    while time.monotonic() < deadline:
+        attack()
+        rounds += 1
+    return rounds
+
+
+def subscribe(bootstrap: str, name: str, **configs: str) -> None:
+    request = IncrementalAlterConfigsRequest[1](resources=[
+        (CLIENT_METRICS, name, [(key, SET, value) for key, value in configs.items()])], validate_only=False)
+    connection = Connection(bootstrap)
+    try:
+        (result,) = connection.call(request, IncrementalAlterConfigsResponse).responses
+    finally:
+        connection.close()
+    assert result.error_code == 0, result.error_message
+
+
+def test_pushes_of_many_empty_compressed_frames_do_not_stall_other_clients(sandbox_factory):
+    sandbox = sandbox_factory(telemetry_max_bytes=1 << 20)
+    empty = compress(b"", "zstd")
+    push_bytes = empty * ((1 << 20) // len(empty))  # ~100k empty frames in 1 MiB
+
+    def attack() -> None:
+        # A fresh client each time, so no push is refused as too soon; empty frames decompress to no metrics.
+        attacker = Connection(sandbox.bootstrap, "attacker")
+        try:
+            got = attacker.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
+            pushed = attacker.call(PushTelemetryRequest[0](
+                client_instance_id=got.client_instance_id, subscription_id=got.subscription_id, terminating=True,
+                compression_type=ZSTD, metrics=push_bytes), PushTelemetryResponse)
+        finally:
+            attacker.close()
+        assert pushed.error_code == 0
+
+    with bystander(sandbox.bootstrap):
+        assert run_for(2.0, attack) >= 1
+
+
+def test_a_catastrophic_match_pattern_does_not_stall_other_clients(sandbox_factory):
+    sandbox = sandbox_factory()
+    subscribe(sandbox.bootstrap, "catastrophic", metrics="org.apache.kafka.", match="client_id=(a+)+b")
+
+    def attack() -> None:
+        # A long client id that almost matches: seconds of backtracking for an unbounded matcher.
+        connection = Connection(sandbox.bootstrap, "a" * 30000 + "c")
+        try:
+            start = time.perf_counter()
+            got = connection.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
+            assert time.perf_counter() - start < BYSTANDER_LATENCY_S
+            assert (got.error_code, got.requested_metrics) == (0, [])
+        finally:
+            connection.close()
+
+    with bystander(sandbox.bootstrap):
+        assert run_for(2.0, attack) >= 3
+
+
+def test_huge_frames_wait_for_the_frame_budget_without_stalling_other_clients(sandbox_factory):
+    sandbox = sandbox_factory()
+    sandbox.gateway.frame_budget = wire.FrameBudget(limit=48 << 20)
+    frame_size = 40 << 20
+    first, second = Connection(sandbox.bootstrap, "huge-1"), Connection(sandbox.bootstrap, "huge-2")
+    try:
+        with bystander(sandbox.bootstrap):
+            # The first frame is admitted and its body read; the second must wait, so its bytes stay unread.
+            first.sock.sendall(struct.pack(">i", frame_size) + bytes(frame_size - 1))
+            second.sock.sendall(struct.pack(">i", frame_size))
+            second.sock.settimeout(1.0)
+            accepted = 0
+            chunk = bytes(1 << 20)
+            try:
+                while accepted < frame_size - 1:
+                    accepted += second.sock.send(chunk)
+            except (TimeoutError, socket.timeout):
+                pass
+            deadline = time.monotonic() + TIMEOUT_S
+            while sandbox.gateway.frame_budget.used < frame_size and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+            assert sandbox.gateway.frame_budget.used == frame_size
+            # Only what the kernel and one stream buffer hold: far less than the 40 MiB it tried to send.
+            assert accepted < 24 << 20
+    finally:
+        first.close()
+        second.close()
+    # Closing the first connection gives its reservation back, and the budget ends empty.
+    deadline = time.monotonic() + TIMEOUT_S
+    while sandbox.gateway.frame_budget.used and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox.gateway.frame_budget.used == 0
+
+
+@pytest.mark.parametrize("attack", ["idle", "slow-loris"])
+def test_idle_and_slow_connections_are_closed_after_connections_max_idle_ms(sandbox_factory, attack):
+    sandbox = sandbox_factory(connections_max_idle_ms=500)
+    lazy = Connection(sandbox.bootstrap, "lazy")
+    busy = Connection(sandbox.bootstrap, "busy")
+    try:
+        if attack == "slow-loris":
+            lazy.sock.sendall(struct.pack(">i", 100))
+            for _ in range(3):  # a byte now and then, never the whole frame
+                lazy.sock.sendall(b"\0")
+                time.sleep(0.1)
+        # A client that keeps sending requests stays connected meanwhile.
+        for _ in range(8):
+            assert busy.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse).error_code == 0
+            time.sleep(0.1)
+
+        assert lazy.closed_within(5.0)
+        assert busy.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse).error_code == 0
+    finally:
+        lazy.close()
+        busy.close()

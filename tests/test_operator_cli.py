@@ -1,0 +1,80 @@
+"""`kcm operator` as a process: finds the API through KUBECONFIG, reconciles, serves metrics and liveness, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from kcm_sandbox.broker import free_port
+from kube_emulator import KubeServer
+from test_operator_reconcile import GROUP, IN_KAFKA, NS, PLURAL, SPEC, wait_for
+
+CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.read().decode()
+    except OSError:
+        return 0, ""
+
+
+@pytest.fixture
+def kube(tmp_path):
+    server = KubeServer(tmp_path, CRDS)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, sandbox):
+    metrics_port, liveness_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--standalone",
+         "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
+         "--liveness-port", str(liveness_port), "--log-format", "json"],
+        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+        custom.create_namespaced_custom_object(GROUP, "v1alpha1", NS, PLURAL, {
+            "apiVersion": f"{GROUP}/v1alpha1", "kind": "ClientMetricsSubscription",
+            "metadata": {"name": "payments"}, "spec": SPEC})
+
+        wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka", 30)
+
+        assert wait_for(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, "liveness")
+        metrics = wait_for(lambda: _get(f"http://127.0.0.1:{metrics_port}/metrics")[1], "metrics")
+        assert 'kcm_operator_reconciliations_total{reason="Applied",result="applied"} 1.0' in metrics
+        assert "kcm_operator_managed_subscriptions 1.0" in metrics
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+    assert process.returncode == 0, output
+    logs = [json.loads(line) for line in output.splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(logs[0])
+    assert any(entry.get("name") == "payments" and entry.get("namespace") == NS for entry in logs)
+
+
+def test_no_kubernetes_api_is_a_one_line_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "kcm_cli.main", "operator", "-n", "team", "--bootstrap-server", "127.0.0.1:9092"],
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 2
+    assert result.stderr.startswith("kcm operator: cannot find the Kubernetes API")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,44 @@
+"""KafkaConnection specs → client settings: SASL from a Secret, TLS material into private files."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from kcm_operator.connections import settings_from_spec
+from kcm_operator.errors import InvalidSpecError
+
+SECRETS = {("creds", "user"): b"kcm", ("creds", "pass"): b"p4ss", ("ca", "ca.crt"): b"-----BEGIN CERTIFICATE-----\n"}
+
+
+def _read(secret: str, key: str) -> bytes:
+    if (secret, key) not in SECRETS:
+        raise InvalidSpecError(f"Secret ns/{secret} has no key {key!r}")
+    return SECRETS[secret, key]
+
+
+def test_sasl_ssl_with_named_keys_a_ca_and_no_hostname_check(tmp_path):
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SASL_SSL",
+            "sasl": {"mechanism": "SCRAM-SHA-512",
+                     "secretRef": {"name": "creds", "usernameKey": "user", "passwordKey": "pass"}},
+            "tls": {"caSecretRef": {"name": "ca", "key": "ca.crt"}, "verifyHostname": False}}
+
+    settings = settings_from_spec(spec, _read, tmp_path)
+    options = settings.client_options()
+
+    assert options["security_protocol"] == "SASL_SSL" and options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert (options["sasl_plain_username"], options["sasl_plain_password"]) == ("kcm", "p4ss")
+    assert options["ssl_check_hostname"] is False
+    with open(options["ssl_cafile"], "rb") as ca:
+        assert ca.read() == SECRETS["ca", "ca.crt"]
+    assert stat.S_IMODE((tmp_path / options["ssl_cafile"]).stat().st_mode) == 0o600
+    assert "p4ss" not in repr(settings)
+
+
+def test_a_missing_secret_key_names_the_secret_and_key_not_a_value(tmp_path):
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SASL_PLAINTEXT",
+            "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "creds"}}}
+
+    with pytest.raises(InvalidSpecError, match="Secret ns/creds has no key 'username'"):
+        settings_from_spec(spec, _read, tmp_path)

@@ -1,0 +1,361 @@
+"""`kcm operator` behaviour: kopf handlers against the kube emulator (kmock) and the sandbox's CLIENT_METRICS APIs."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kopf.testing import KopfRunner
+from prometheus_client import REGISTRY
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from kcm_common.kafka import KafkaSettings
+from kcm_operator.admin import SubscriptionAdmin
+from kcm_operator.connections import ConnectionResolver
+from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
+from kcm_operator.reconcile import SET, Change, Op
+from kcm_sandbox.broker import free_port
+from kube_emulator import KubeServer
+
+CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
+GROUP, VERSION, PLURAL, NS = "kcm.dev", "v1alpha1", "clientmetricssubscriptions", "team"
+DEADLINE_S = 20.0
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
+    """Poll until `condition()` is truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+class Cluster:
+    """The test's view: the Kubernetes API (emulated) and the Kafka subscriptions (sandbox)."""
+
+    def __init__(self, kube: KubeServer, sandbox: Any, operator_config: OperatorConfig) -> None:
+        self.config = operator_config
+        self.kube = kube
+        self.sandbox = sandbox
+        self.api_client = config.new_client_from_config(str(kube.kubeconfig))
+        self.custom = client.CustomObjectsApi(self.api_client)
+
+    def apply(self, name: str, spec: dict, annotations: dict | None = None) -> dict:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
+                "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}}, "spec": spec}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+
+    def patch(self, name: str, changes: dict) -> dict:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, changes)
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+
+    def get(self, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def condition(self, name: str, kind: str = "Ready") -> dict | None:
+        obj = self.get(name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or () if c["type"] == kind), None)
+
+    def wait_condition(self, name: str, status: str, reason: str, kind: str = "Ready") -> dict:
+        return wait_for(lambda: (c := self.condition(name, kind)) and c["status"] == status
+                        and c["reason"] == reason and c, f"{name} {kind}={status}/{reason}")
+
+    def kafka(self, subscription: str) -> dict[str, str]:
+        return self.sandbox.store.configs(subscription)
+
+    def events(self, reason: str) -> list[dict]:
+        return [event for event in self.kube.objects("events", NS).values() if event.get("reason") == reason]
+
+
+@pytest.fixture
+def kube(tmp_path, monkeypatch):
+    server = KubeServer(tmp_path, CRDS)
+    server.start()
+    monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def run_operator(kube, sandbox, tmp_path):
+    """Start the operator (in this process, through kopf's test runner) for the sandbox; stopped after the test."""
+    runners = []
+
+    def start(drift_interval_s: float = 60.0, settings: KafkaSettings | None = None) -> Cluster:
+        api_client = config.new_client_from_config(str(kube.kubeconfig))
+        operator_config = OperatorConfig(settings or KafkaSettings(sandbox.bootstrap), drift_interval_s,
+                                         resolve=ConnectionResolver(api_client, tmp_path).resolve, kafka_timeout_s=2)
+        settings = operator_settings()
+        settings.scanning.disabled = True  # kmock cannot parse /api/v1/namespaces; the namespace is named anyway
+        runner = KopfRunner(["run", "--standalone", "--namespace", NS], timeout=30,
+                            registry=build_registry(operator_config), settings=settings)
+        runner.__enter__()
+        runners.append(runner)
+        return Cluster(kube, sandbox, operator_config)
+
+    yield start
+    for runner in runners:
+        runner.__exit__(None, None, None)
+    for runner in runners:
+        assert runner.exception is None, runner.output
+
+
+SPEC = {"metrics": ["org.apache.kafka.producer."], "intervalMs": 60000, "match": {"clientId": "payments-.*"}}
+IN_KAFKA = {"metrics": "org.apache.kafka.producer.", "interval.ms": "60000", "match": "client_id=payments-.*"}
+
+
+def test_create_puts_the_subscription_in_kafka_exactly_and_reports_ready(run_operator):
+    cluster = run_operator()
+
+    cluster.apply("payments", SPEC)
+
+    ready = cluster.wait_condition("payments", "True", "Applied")
+    assert cluster.kafka("team.payments") == IN_KAFKA
+    status = cluster.get("payments")["status"]
+    assert status["subscriptionName"] == "team.payments"
+    assert status["observedGeneration"] == 1 and ready["observedGeneration"] == 1
+    assert status["lastAppliedTime"]
+    assert [event["type"] for event in cluster.events("Applied")] == ["Normal"]
+    assert "kcm.dev/subscription" in cluster.get("payments")["metadata"]["finalizers"]
+
+
+def test_update_applies_only_the_difference_and_a_removed_match_is_deleted(run_operator):
+    cluster = run_operator()
+    cluster.apply("payments", SPEC)
+    wait_for(lambda: cluster.kafka("team.payments") == IN_KAFKA, "the subscription in Kafka")
+
+    cluster.patch("payments", {"spec": {"intervalMs": 5000, "match": None}})
+
+    wait_for(lambda: cluster.kafka("team.payments") == {"metrics": "org.apache.kafka.producer.", "interval.ms": "5000"},
+             "the update in Kafka")
+    wait_for(lambda: cluster.get("payments")["status"].get("observedGeneration") == 2, "observedGeneration 2")
+    assert cluster.wait_condition("payments", "True", "Applied")["observedGeneration"] == 2
+    applied = sorted(event["message"] for event in cluster.events("Applied"))
+    assert applied[-1] == "subscription team.payments: update (interval.ms=5000, -match)"
+
+
+@pytest.mark.parametrize("policy, remains", [("Delete", False), ("Retain", True)])
+def test_delete_follows_the_deletion_policy(run_operator, policy, remains):
+    cluster = run_operator()
+    cluster.apply("payments", {**SPEC, "deletionPolicy": policy})
+    cluster.wait_condition("payments", "True", "Applied")
+
+    cluster.delete("payments")
+
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    assert (cluster.kafka("team.payments") == IN_KAFKA) is remains
+    assert bool(cluster.sandbox.store.names()) is remains
+
+
+def test_drift_is_reverted_with_a_warning_naming_the_change(run_operator):
+    cluster = run_operator(drift_interval_s=0.5)
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    admin = SubscriptionAdmin(KafkaSettings(cluster.sandbox.bootstrap))
+    try:
+        admin.alter([Change("team.payments", "update", (Op("interval.ms", SET, "1000"),))])
+    finally:
+        admin.close()
+
+    drifted = wait_for(lambda: cluster.events("Drift"), "a Drift event")
+
+    wait_for(lambda: cluster.kafka("team.payments") == IN_KAFKA, "the drift reverted")
+    assert drifted[0]["type"] == "Warning"
+    assert "interval.ms is '1000', want '60000'" in drifted[0]["message"]
+
+
+def test_a_regex_kafka_refuses_is_invalid_spec_and_kafka_is_untouched(run_operator):
+    cluster = run_operator()
+
+    cluster.apply("bad", {**SPEC, "match": {"clientId": "payments-("}})
+
+    ready = cluster.wait_condition("bad", "False", "InvalidSpec")
+    assert "payments-(" in ready["message"]
+    assert cluster.sandbox.store.names() == []
+    assert [event["type"] for event in cluster.events("InvalidSpec")] == ["Warning"]
+
+
+def test_pause_stops_reconciling_and_says_so(run_operator):
+    cluster = run_operator()
+    cluster.apply("payments", SPEC, annotations={"kcm.dev/paused": "true"})
+
+    cluster.wait_condition("payments", "True", "Paused", kind="Paused")
+    assert cluster.sandbox.store.names() == []
+
+    cluster.patch("payments", {"metadata": {"annotations": {"kcm.dev/paused": None}}})
+
+    cluster.wait_condition("payments", "True", "Applied")
+    assert cluster.kafka("team.payments") == IN_KAFKA
+    assert cluster.condition("payments", "Paused")["status"] == "False"
+
+
+def test_the_older_resource_owns_a_subscription_and_the_newer_takes_over_when_it_goes(run_operator):
+    cluster = run_operator(drift_interval_s=0.5)
+    cluster.apply("first", {**SPEC, "subscriptionName": "shared"})
+    cluster.wait_condition("first", "True", "Applied")
+    time.sleep(1.0)  # creationTimestamp has one-second resolution: the second resource must be visibly newer
+
+    cluster.apply("second", {**SPEC, "subscriptionName": "shared", "intervalMs": 1000})
+
+    conflict = cluster.wait_condition("second", "False", "Conflict")
+    assert "team/first" in conflict["message"]
+    assert cluster.kafka("shared")["interval.ms"] == "60000"
+
+    cluster.patch("first", {"spec": {"deletionPolicy": "Retain"}})
+    cluster.delete("first")
+
+    cluster.wait_condition("second", "True", "Applied")
+    assert cluster.kafka("shared")["interval.ms"] == "1000"
+    assert cluster.events("Drift") == []  # a takeover is not someone else's edit
+
+
+def test_kafka_down_is_kafka_unavailable_then_recovers_by_itself(run_operator, sandbox_factory):
+    port = free_port()
+    cluster = run_operator(settings=KafkaSettings(f"127.0.0.1:{port}"))
+    cluster.apply("payments", SPEC)
+
+    down = cluster.wait_condition("payments", "False", "KafkaUnavailable")
+    later = sandbox_factory(listen=("127.0.0.1", port))
+
+    cluster.wait_condition("payments", "True", "Applied")
+    assert f"127.0.0.1:{port}" in down["message"]
+    assert later.store.configs("team.payments") == IN_KAFKA
+
+
+def test_a_broker_without_kip714_is_unsupported_and_names_the_receiver(run_operator, broker):
+    cluster = run_operator(settings=KafkaSettings(broker.bootstrap))
+
+    cluster.apply("payments", SPEC)
+
+    assert "needs kcm's receiver" in cluster.wait_condition("payments", "False", "Unsupported")["message"]
+
+
+def _connection(cluster: Cluster, name: str, spec: dict) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "KafkaConnection",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", body)
+
+
+def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_operator, sandbox_factory):
+    cluster = run_operator()
+    other = sandbox_factory()
+    _connection(cluster, "analytics", {"bootstrapServers": other.bootstrap})
+
+    cluster.apply("payments", {**SPEC, "connection": "analytics"})
+
+    cluster.wait_condition("payments", "True", "Applied")
+    assert other.store.configs("team.payments") == IN_KAFKA
+    assert cluster.sandbox.store.names() == []
+
+
+def test_sasl_credentials_come_from_the_secret_and_never_reach_status_or_events(run_operator, sandbox_factory,
+                                                                                caplog):
+    cluster = run_operator()
+    other = sandbox_factory()
+    password = "s3cr3t-Pa55word"
+    # `data`, not `stringData`: the emulator does not convert one into the other.
+    client.CoreV1Api(cluster.api_client).create_namespaced_secret(NS, {
+        "metadata": {"name": "analytics-credentials"},
+        "data": {key: base64.b64encode(value.encode()).decode()
+                 for key, value in (("username", "kcm-operator"), ("password", password))}})
+    _connection(cluster, "analytics", {"bootstrapServers": other.bootstrap, "securityProtocol": "SASL_PLAINTEXT",
+                                       "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "analytics-credentials"}}})
+
+    cluster.apply("payments", {**SPEC, "connection": "analytics"})
+
+    # The sandbox speaks no SASL, so the handshake fails; what matters is whom the client was set up to reach.
+    failed = cluster.wait_condition("payments", "False", "KafkaUnavailable")
+    (admin,) = cluster.config.admins.values()
+    options = admin.settings.client_options()
+    assert options["bootstrap_servers"] == [other.bootstrap]
+    assert (options["security_protocol"], options["sasl_mechanism"]) == ("SASL_PLAINTEXT", "PLAIN")
+    assert (options["sasl_plain_username"], options["sasl_plain_password"]) == ("kcm-operator", password)
+    assert password not in repr(admin.settings) and password not in failed["message"]
+    assert password not in repr(cluster.get("payments"))
+    # kcm's and kopf's own logs; kafka-python logs its whole config at DEBUG, which `kcm operator` never enables.
+    assert not [record for record in caplog.records
+                if record.name.startswith(("kcm", "kopf")) and password in record.getMessage()]
+    assert all(password not in event.get("message", "") for event in cluster.kube.objects("events", NS).values())
+
+
+def test_a_missing_kafka_connection_is_invalid_spec(run_operator):
+    cluster = run_operator()
+
+    cluster.apply("payments", {**SPEC, "connection": "nowhere"})
+
+    assert "KafkaConnection team/nowhere does not exist" in cluster.wait_condition(
+        "payments", "False", "InvalidSpec")["message"]
+
+
+def test_two_replicas_peer_the_higher_priority_works_and_the_other_takes_over_when_it_stops(kube, sandbox, tmp_path):
+    cluster_view = Cluster(kube, sandbox, OperatorConfig(KafkaSettings(sandbox.bootstrap)))
+    cluster_view.custom.create_namespaced_custom_object("kopf.dev", "v1", NS, "kopfpeerings", {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "default"}})
+    replicas = {}
+    for priority in (20, 10):
+        replica_config = OperatorConfig(KafkaSettings(sandbox.bootstrap))
+        settings = operator_settings()
+        settings.scanning.disabled = True
+        runner = KopfRunner(["run", "--namespace", NS, "--priority", str(priority)], timeout=30,
+                            registry=build_registry(replica_config), settings=settings)
+        runner.__enter__()
+        replicas[priority] = (runner, replica_config)
+        # Start the next replica only once this one is announced, as in a rolling Deployment.
+        wait_for(lambda: len((kube.objects("kopfpeerings", NS)["default"].get("status") or {})) == len(replicas),
+                 f"{len(replicas)} peers announced")
+    try:
+        uid = cluster_view.apply("payments", SPEC)["metadata"]["uid"]
+        cluster_view.wait_condition("payments", "True", "Applied")
+        assert (uid in replicas[20][1].ready, uid in replicas[10][1].ready) == (True, False)
+
+        replicas[20][0].__exit__(None, None, None)
+        cluster_view.patch("payments", {"spec": {"intervalMs": 5000}})
+
+        wait_for(lambda: cluster_view.kafka("team.payments").get("interval.ms") == "5000", "the standby to apply")
+        assert uid in replicas[10][1].ready
+    finally:
+        for runner, _ in replicas.values():
+            if runner._thread.is_alive():
+                runner.__exit__(None, None, None)
+
+
+def test_resources_created_while_the_operator_was_down_are_reconciled_when_it_starts(kube, sandbox, run_operator):
+    Cluster(kube, sandbox, OperatorConfig(KafkaSettings(sandbox.bootstrap))).apply("payments", SPEC)
+
+    cluster = run_operator()
+
+    cluster.wait_condition("payments", "True", "Applied")
+    assert cluster.kafka("team.payments") == IN_KAFKA
+
+
+def test_quiet_drift_checks_write_nothing(run_operator):
+    cluster = run_operator(drift_interval_s=0.3)
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    def quiet_checks() -> float:
+        return REGISTRY.get_sample_value("kcm_operator_reconciliations_total",
+                                         {"result": "unchanged", "reason": "Applied"}) or 0.0
+
+    first = quiet_checks()
+    wait_for(lambda: quiet_checks() > first, "a first quiet drift check")  # creation's writes are all done by then
+    settled = cluster.get("payments")
+
+    wait_for(lambda: quiet_checks() >= first + 4, "three more quiet drift checks")
+
+    assert cluster.get("payments")["metadata"]["resourceVersion"] == settled["metadata"]["resourceVersion"]
+    assert len(cluster.events("Applied")) == 1

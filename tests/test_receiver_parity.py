@@ -1,0 +1,86 @@
+"""The sandbox's two receivers, fed the same pushes, write the same contract v1 records.
+
+Only what one of them can know differs: the subscription id (the Python receiver sits in the gateway; Kafka's plugin
+API never hands it over) and the push interval (not given to a plugin before the Kafka 4.2 API).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+from kcm_common.kafka import KafkaSettings, ensure_topic
+from kcm_sandbox.java_receiver import JavaReceiver
+from kcm_sandbox.receiver import TopicReceiver
+from kcm_sandbox.telemetry import ClientIdentity, PushResult
+
+ONLY_PYTHON_KNOWS = {"subscription_id"}
+
+
+def _pushes() -> list[tuple[uuid.UUID, ClientIdentity, PushResult]]:
+    metrics = MetricsData()
+    gauge = metrics.resource_metrics.add().scope_metrics.add().metrics.add()
+    gauge.name = "org.apache.kafka.producer.record.queue.time.avg"
+    gauge.gauge.data_points.add().as_double = float("nan")
+    payload = metrics.SerializeToString()
+    full = ClientIdentity("orders-1", "apache-kafka-java", "4.3.0", "127.0.0.1", 40001)
+    # A client that never sent ApiVersions v3 and a connection whose port is unknown.
+    bare = ClientIdentity(None, None, None, "127.0.0.1", None)
+    accepted = PushResult(error_code=0, throttle_time_ms=0, payload=payload, subscription_id=77,
+                          push_interval_ms=5000, terminating=False)
+    return [
+        (uuid.UUID(int=1), full, accepted),
+        (uuid.UUID(int=2), bare, accepted),
+        (uuid.UUID(int=1), full, dataclasses.replace(accepted, terminating=True)),
+    ]
+
+
+def _read(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, bytes, dict[str, str]]]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=100)
+    try:
+        partition = TopicPartition(topic, 0)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        records: list[tuple[bytes, bytes, dict[str, str]]] = []
+        deadline = time.monotonic() + 30
+        while len(records) < count and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                records += [(r.key, r.value, {k: v.decode() for k, v in r.headers}) for r in batch]
+        return records
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("api", ["3.8", "4.2"])
+def test_both_receivers_write_the_same_records_apart_from_what_only_one_knows(sandbox, api):
+    settings = KafkaSettings(sandbox.bootstrap)
+    ensure_topic(settings, "from-python", 1)
+    ensure_topic(settings, "from-java", 1)
+    python = TopicReceiver(settings, "from-python", 111, "kcm-sandbox")
+    java = JavaReceiver(sandbox.bootstrap, "from-java", 111, "kcm-sandbox", api=api)
+    pushes = _pushes()
+    try:
+        for push in pushes:
+            python(*push)
+            java(*push)
+    finally:
+        python.close()
+        java.close()  # flushes what the plugin still holds
+
+    written_by_python = _read(sandbox.bootstrap, "from-python", len(pushes))
+    written_by_java = _read(sandbox.bootstrap, "from-java", len(pushes))
+    assert len(written_by_python) == len(written_by_java) == len(pushes)
+    for (py_key, py_value, py_headers), (java_key, java_value, java_headers) in zip(written_by_python,
+                                                                                     written_by_java):
+        assert py_key == java_key and py_value == java_value
+        only_python = ONLY_PYTHON_KNOWS | ({"push_interval_ms"} if api == "3.8" else set())
+        assert {k: v for k, v in py_headers.items() if k not in only_python} == java_headers
+        assert py_headers["subscription_id"] == "77"
+    bare_python, bare_java = written_by_python[1][2], written_by_java[1][2]
+    for unknown in ("client_id", "client_software_name", "client_software_version", "client_source_port"):
+        assert unknown not in bare_python and unknown not in bare_java

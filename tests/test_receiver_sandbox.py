@@ -1,0 +1,220 @@
+"""The real receiver plugin inside the sandbox (`--receiver java`), and real Java clients beside librdkafka.
+
+Every push the gateway accepts goes to kcm's Java plugin through the Kafka interface a broker uses; the plugin's own
+KafkaProducer writes the contract v1 record back through the sandbox.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+from java_clients import JavaClient
+from kcm_cli.main import build_parser
+from kcm_cli.sandbox import options_from
+from kcm_common import contract
+from kcm_common.errors import UserError
+from kcm_common.contract import DecodedRecord
+from kcm_common.kafka import KafkaSettings, ensure_topic
+from kcm_sandbox.java_receiver import JavaReceiver
+from test_sandbox_clients import _subscribe, running_producer
+
+INTERVAL_MS = 500
+CODEC_IDS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+@dataclass
+class Written:
+    """One record of the metrics topic: raw as written, and decoded with the shared codec."""
+
+    key: str
+    value: bytes
+    headers: dict[str, str]
+    decoded: DecodedRecord
+
+
+class TopicRecords:
+    """Everything written to a topic from its start, read with a deadline."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=100)
+        partitions = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic))]
+        self._consumer.assign(partitions)
+        self._consumer.seek_to_beginning(*partitions)
+        self.records: list[Written] = []
+
+    def wait_for(self, predicate: Callable[[list[Written]], bool], timeout: float = 45.0) -> list[Written]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for batch in self._consumer.poll(timeout_ms=200).values():
+                for record in batch:
+                    headers = {name: value.decode() for name, value in record.headers}
+                    self.records.append(Written(record.key.decode(), record.value, headers,
+                                                contract.decode(record.value, record.headers)))
+            if predicate(self.records):
+                return self.records
+        raise AssertionError(f"not within {timeout}s; got {[(r.headers.get('client_id'), r.headers.get('terminating')) for r in self.records]}")
+
+    def of(self, client_id: str) -> list[Written]:
+        return [record for record in self.records if record.headers.get("client_id") == client_id]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+@pytest.fixture
+def topic_records() -> Iterator[Callable[..., TopicRecords]]:
+    opened: list[TopicRecords] = []
+
+    def open_(sandbox, topic: str | None = None) -> TopicRecords:
+        reader = TopicRecords(sandbox.bootstrap, topic or sandbox.options.topic)
+        opened.append(reader)
+        return reader
+
+    yield open_
+    for reader in opened:
+        reader.close()
+
+
+def _broker_identity(bootstrap: str) -> tuple[str, str]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    return str(cluster["brokers"][0]["broker_id"]), cluster["cluster_id"]
+
+
+def _gauges(record: Written) -> list[float]:
+    return [point.as_double for rm in record.decoded.metrics.resource_metrics for sm in rm.scope_metrics
+            for metric in sm.metrics for point in metric.gauge.data_points]
+
+
+@pytest.mark.parametrize("api", ["3.8", "4.2"])
+def test_the_java_plugin_writes_every_push_of_librdkafka_and_java_clients_in_contract_v1(
+        sandbox_factory, topic_records, caplog, api):
+    caplog.set_level("INFO", logger="kcm.sandbox")
+    sandbox = sandbox_factory(receiver="java", receiver_api=api)
+    _subscribe(sandbox, "everything", metrics="*", **{"interval.ms": str(INTERVAL_MS)})
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "traffic", partitions=1)
+    topic = topic_records(sandbox)
+    with running_producer(sandbox, "rdkafka-orders"), \
+            JavaClient(sandbox.bootstrap, client_id="java-orders", role="producer", topic="traffic"):
+        topic.wait_for(lambda _: topic.of("rdkafka-orders") and topic.of("java-orders"))
+    # librdkafka's last push on close says it is the last one.
+    topic.wait_for(lambda _: any(r.headers["terminating"] == "true" for r in topic.of("rdkafka-orders")))
+    accepted = {client: sum(f"client_id={client} " in m and "push accepted" in m for m in caplog.messages)
+                for client in ("rdkafka-orders", "java-orders")}
+    topic.wait_for(lambda _: all(len(topic.of(client)) >= count for client, count in accepted.items()))
+    assert {client: len(topic.of(client)) for client in accepted} == accepted
+
+    broker_id, cluster_id = _broker_identity(sandbox.bootstrap)
+    software = {"rdkafka-orders": "confluent-kafka-python", "java-orders": "apache-kafka-java"}
+    for record in topic.records:
+        headers = record.headers
+        assert record.key == headers["client_instance_id"] == str(uuid.UUID(record.key))
+        assert headers["client_software_name"] == software[headers["client_id"]]
+        assert headers["client_software_version"]
+        assert headers["client_source_address"] == "127.0.0.1"
+        assert int(headers["client_source_port"]) > 0
+        assert (headers["principal"], headers["listener_name"], headers["security_protocol"]) == (
+            "User:ANONYMOUS", "PLAINTEXT", "PLAINTEXT")
+        assert (headers["broker_id"], headers["cluster_id"]) == (broker_id, cluster_id)
+        assert (headers["content-type"], headers["content-encoding"]) == ("application/x-protobuf", "none")
+        # The plugin API never gives the subscription id; only the 4.2 API gives the push interval.
+        assert "subscription_id" not in headers
+        assert headers.get("push_interval_ms") == (str(INTERVAL_MS) if api == "4.2" else None)
+        assert record.decoded.attributes["client_id"] == headers["client_id"]
+    java_names = {metric.name for r in topic.of("java-orders") for rm in r.decoded.metrics.resource_metrics
+                  for sm in rm.scope_metrics for metric in sm.metrics}
+    assert "org.apache.kafka.producer.record.send.total" in java_names
+    assert len(java_names) > 50
+
+
+def test_java_clients_are_matched_by_their_software_name_and_librdkafka_is_not(sandbox, topic_records):
+    _subscribe(sandbox, "java-only", metrics="org.apache.kafka.", match="client_software_name=apache-kafka-java",
+               **{"interval.ms": str(INTERVAL_MS)})
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "inventory", partitions=1)
+    topic = topic_records(sandbox)
+    with running_producer(sandbox, "rdkafka-inventory"), \
+            JavaClient(sandbox.bootstrap, client_id="java-inventory-consumer", role="consumer", topic="inventory"):
+        records = topic.wait_for(lambda _: len(topic.of("java-inventory-consumer")) >= 2)
+    assert {r.headers["client_software_name"] for r in records} == {"apache-kafka-java"}
+    assert topic.of("rdkafka-inventory") == []
+    consumer_names = {metric.name for r in records for rm in r.decoded.metrics.resource_metrics
+                      for sm in rm.scope_metrics for metric in sm.metrics}
+    assert any(name.startswith("org.apache.kafka.consumer.") for name in consumer_names)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "gzip", "snappy"])
+def test_java_client_pushes_with_each_codec_are_decoded_exactly(sandbox_factory, topic_records, caplog, codec):
+    sandbox = sandbox_factory(compression=[CODEC_IDS[codec]])
+    _subscribe(sandbox, "everything", metrics="*", **{"interval.ms": str(INTERVAL_MS)})
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "traffic", partitions=1)
+    topic = topic_records(sandbox)
+    caplog.set_level("INFO", logger="kcm.sandbox")
+    with JavaClient(sandbox.bootstrap, client_id=f"java-{codec}", role="producer", topic="traffic"):
+        records = topic.wait_for(lambda _: topic.of(f"java-{codec}"))
+    accepted = [m for m in caplog.messages if f"client_id=java-{codec}" in m and "push accepted" in m]
+    assert accepted and all(f"compression {codec}" in message for message in accepted), accepted
+    record = records[0]
+    # Decoding loses nothing: the decoded metrics serialise back to the very bytes the client sent.
+    assert record.decoded.metrics.SerializeToString() == record.value
+    assert any(math.isnan(value) for value in _gauges(record)), "Java sends NaN for averages over nothing"
+    assert len(record.value) > 2000
+
+
+def test_bad_plugin_config_fails_start_up_with_the_property_named(sandbox):
+    with pytest.raises(UserError, match=r"kcm\.receiver\.queue\.max\.bytes"):
+        JavaReceiver(sandbox.bootstrap, "kafka-client-metrics", 1, "c", extra_config={
+            "kcm.receiver.queue.max.bytes": "plenty"})
+
+
+def test_the_cli_picks_the_receiver_and_its_api():
+    args = build_parser().parse_args(["sandbox", "--listen", "127.0.0.1:0", "--receiver", "java",
+                                      "--receiver-api", "3.8"])
+    options = options_from(args)
+    assert (options.receiver, options.receiver_api) == ("java", "3.8")
+    assert options_from(build_parser().parse_args(["sandbox", "--listen", "127.0.0.1:0"])).receiver == "python"
+
+
+def test_kcm_sandbox_runs_with_the_java_receiver_and_stops_cleanly_on_sigint():
+    process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "sandbox", "--listen", "127.0.0.1:0",
+                                "--receiver", "java"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = process.stdout.readline()
+        assert "kcm sandbox: bootstrap 127.0.0.1:" in banner, process.stderr.read() if not banner else banner
+        bootstrap = banner.split("bootstrap ")[1].split()[0]
+        _subscribe(SimpleNamespace(bootstrap=bootstrap), "all", metrics="*", **{"interval.ms": "500"})
+        reader = TopicRecords(bootstrap, "kafka-client-metrics")
+        try:
+            with JavaClient(bootstrap, client_id="cli-java", role="producer", topic="traffic"):
+                reader.wait_for(lambda _: reader.of("cli-java"))
+        finally:
+            reader.close()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_without_java_the_java_receiver_is_refused_in_one_line():
+    env = {**os.environ, "PATH": "/nonexistent"}
+    done = subprocess.run([sys.executable, "-m", "kcm_cli.main", "sandbox", "--listen", "127.0.0.1:0",
+                           "--receiver", "java"], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 2
+    assert "java" in done.stderr and "--receiver python" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

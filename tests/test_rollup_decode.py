@@ -1,0 +1,61 @@
+"""The columnar flatten that `mapInArrow` runs: one row per data point, identity from headers, resource or key, and
+one row with its reason per record that does not follow the contract."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from kcm_common import contract
+from kcm_common.names import ATTRIBUTE_HEADERS
+from kcm_rollups.decode import POINTS_SCHEMA, flatten
+from payloads import client_metrics
+
+
+def records_batch(records: list[tuple[str, bytes, dict[str, str]]]) -> pa.RecordBatch:
+    """What `with_contract_headers` hands to mapInArrow: (key, value, headers) per record."""
+    names = [contract.CONTENT_TYPE_HEADER, contract.CONTENT_ENCODING_HEADER, *ATTRIBUTE_HEADERS]
+    columns = {"key": [k for k, _, _ in records], "value": [v for _, v, _ in records],
+               "topic": ["t"] * len(records), "partition": pa.array([0] * len(records), pa.int32()),
+               "offset": list(range(len(records))), "record_micros": [1_000_000 * i for i in range(len(records))]}
+    for name in names:
+        columns[name.replace("-", "_")] = pa.array([h.get(name) for _, _, h in records], pa.string())
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def test_points_are_flattened_with_identity_from_headers_resource_or_key():
+    headed = client_metrics("orders")
+    plain = client_metrics("billing")
+    plain.resource_metrics[0].resource.attributes.append(
+        KeyValue(key="client_id", value=AnyValue(string_value="billing-app")))
+    batch = records_batch([
+        ("id-1", headed.SerializeToString(), {"client_id": "orders-app", "client_instance_id": "id-1",
+                                              "client_software_name": "librdkafka", "principal": "User:orders"}),
+        ("id-2", plain.SerializeToString(), {}),  # a plain OTLP record from another writer: no headers at all
+    ])
+    out = flatten(batch)
+    assert out.schema.names == POINTS_SCHEMA.names
+    rows = out.to_pylist()
+    assert [(r["client_id"], r["client_instance_id"], r["metric"].rsplit(".", 1)[-1]) for r in rows] == [
+        ("orders-app", "id-1", "avg"), ("orders-app", "id-1", "total"),
+        ("billing-app", "id-2", "avg"), ("billing-app", "id-2", "total")]
+    assert [r["record_first"] for r in rows] == [True, False, True, False]
+    assert rows[0]["principal"] == "User:orders" and rows[0]["client_software_name"] == "librdkafka"
+    assert (rows[0]["type"], rows[0]["value"], rows[0]["attributes"]) == ("gauge", 12.5, '{"node_id":"1"}')
+    assert (rows[1]["type"], rows[1]["temporality"], rows[1]["monotonic"], rows[1]["value"]) == (
+        "sum", "delta", True, 42.0)
+    assert all(r["error"] is None for r in rows)
+
+
+def test_records_that_break_the_contract_become_one_row_with_their_reason():
+    good = client_metrics().SerializeToString()
+    out = flatten(records_batch([
+        ("a", b"\x00garbage", {"content-encoding": "gzip"}),
+        ("b", good, {"content-type": "text/plain"}),
+        ("c", b"", {}),
+        ("d", good, {"content-encoding": "brotli"}),
+    ])).to_pylist()
+    assert [(r["client_instance_id"], r["error"], r["metric"], r["record_first"]) for r in out] == [
+        ("a", "decompress-failed", None, True), ("b", "unknown-content-type", None, True),
+        ("c", "empty", None, True), ("d", "unknown-encoding", None, True)]
+    assert all(r["error_message"] for r in out)

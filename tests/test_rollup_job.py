@@ -1,0 +1,205 @@
+"""The rollup job end to end over real librdkafka and Java telemetry pushed through the sandbox: both Kafka inputs
+agree, decode errors are counted, re-runs replace exactly their windows, and the CLI checks its arguments."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import confluent_kafka
+import pytest
+from pyspark.sql import functions as F
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
+
+from kcm_cli.main import main
+from kcm_common.kafka import KafkaSettings
+from kcm_rollups.aggregate import rollup
+from kcm_rollups.decode import decode_points
+from kcm_rollups.job import RollupOptions, read_records, run
+from kcm_rollups.source import kafka_schema
+from kcm_rollups.windows import parse_resolutions
+from kcm_sandbox.java_clients import JavaClient
+from kcm_sandbox.runner import Sandbox, SandboxOptions
+from spark_support import spark  # noqa: F401  (the session-scoped fixture)
+
+PRODUCER = "rollup-producer"
+JAVA_PRODUCER = "rollup-java"
+CORRUPT = [(b"\x00not-gzip", [("content-encoding", b"gzip")]), (b"", [])]
+
+
+def _records(bootstrap: str, topic: str) -> list:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=100)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        records, idle_since = [], time.monotonic()
+        while time.monotonic() - idle_since < 2:
+            polled = consumer.poll(timeout_ms=200).get(tp, [])
+            records += polled
+            if polled:
+                idle_since = time.monotonic()
+        return records
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="module")
+def telemetry(tmp_path_factory) -> Iterator[Sandbox]:
+    """A sandbox whose metrics topic holds a few seconds of pushes from a real librdkafka and a real Java producer,
+    then 2 corrupt records."""
+    sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", 0)))
+    sandbox.start()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=sandbox.bootstrap)
+        admin.alter_configs([ConfigResource(ConfigResourceType.CLIENT_METRICS, "all",
+                                            configs={"metrics": "*", "interval.ms": "500"})], raise_on_unknown=False)
+        admin.close()
+        producer = confluent_kafka.Producer({"bootstrap.servers": sandbox.bootstrap, "client.id": PRODUCER,
+                                             "linger.ms": 5})
+        pushes = KafkaConsumer(bootstrap_servers=sandbox.bootstrap, group_id=None, fetch_max_wait_ms=100)
+        pushes.assign([TopicPartition(sandbox.options.topic, 0)])
+        pushes.seek_to_beginning()
+        software: list[str] = []
+        with JavaClient(sandbox.bootstrap, client_id=JAVA_PRODUCER, role="producer", topic="inventory"):
+            deadline = time.monotonic() + 60
+            while min(software.count("apache-kafka-java"), len(software) - software.count("apache-kafka-java")) < 4:
+                assert time.monotonic() < deadline, f"too few pushes within 60 s: {software}"
+                producer.produce("traffic", value=b"payload")
+                producer.poll(0.05)
+                for batch in pushes.poll(timeout_ms=50).values():
+                    software += [dict(r.headers).get("client_software_name", b"").decode() for r in batch]
+        pushes.close()
+        producer.flush(5)
+        del producer  # pushes a last, terminating record; then the topic is quiet
+        writer = KafkaProducer(bootstrap_servers=sandbox.bootstrap)
+        for value, headers in CORRUPT:
+            writer.send(sandbox.options.topic, value=value, headers=headers).get(timeout=10)
+        writer.close()
+        yield sandbox
+    finally:
+        sandbox.stop()
+
+
+def options_for(sandbox: Sandbox, output, **overrides) -> RollupOptions:
+    return RollupOptions(kafka=KafkaSettings(sandbox.bootstrap), topic=sandbox.options.topic, output=str(output),
+                         resolutions=parse_resolutions("1m,1h"), **overrides)
+
+
+def _rounded(value):
+    # Spark sums doubles in whatever order partitions arrive: compare to 12 significant digits.
+    return float(f"{value:.12g}") if isinstance(value, float) else value
+
+
+def _sorted_rows(frame) -> list[dict]:
+    rows = [{k: _rounded(v) for k, v in r.asDict().items()}
+            for r in frame.drop("kll_sketch", "instances_sketch").collect()]
+    return sorted(rows, key=lambda r: tuple(str(v) for v in r.values()))
+
+
+def test_real_librdkafka_telemetry_rolls_up_and_corrupt_records_are_counted(spark, telemetry, tmp_path):
+    records = _records(telemetry.bootstrap, telemetry.options.topic)
+    result = run(spark, options_for(telemetry, tmp_path / "out"))
+    assert result.input_records == len(records) >= 8
+    assert result.decode_errors == {"decompress-failed": 1, "empty": 1}
+    written = spark.read.parquet(str(tmp_path / "out"))
+    assert written.count() == result.rows_written > 0
+    assert {p.name for p in (tmp_path / "out").iterdir() if p.is_dir()} == {"resolution=1m", "resolution=1h"}
+    assert all(d.name.startswith("date=") for d in (tmp_path / "out" / "resolution=1h").iterdir() if d.is_dir())
+    rows = [r.asDict() for r in written.filter("client_id = 'rollup-producer'").collect()]
+    hour = {r["metric"]: r for r in rows if r["resolution"] == "1h"}
+    assert any(name.startswith("org.apache.kafka.producer.") for name in hour)
+    assert {r["client_software_name"] for r in hour.values()} == {"confluent-kafka-python"}
+    assert {r["instances"] for r in hour.values()} == {1}
+    gauges = [r for r in hour.values() if r["type"] == "gauge"]
+    assert gauges and all(r["count"] >= 1 and r["min"] <= r["p50"] <= r["max"] for r in gauges)
+    sums = [r for r in hour.values() if r["type"] == "sum"]
+    assert sums and all(r["increase"] >= 0 and r["rate"] == r["increase"] / 3600 for r in sums)
+    java = [r.asDict() for r in written.filter(f"client_id = '{JAVA_PRODUCER}' AND resolution = '1h'").collect()]
+    assert {r["client_software_name"] for r in java} == {"apache-kafka-java"} and len(java) > 50
+    # Java sends NaN for averages over nothing: counted apart, never in min/max/avg.
+    with_nan = [r for r in java if r["nan_count"] > 0]
+    assert with_nan and all(r["avg"] is None or r["avg"] == r["avg"] for r in with_nan)
+    assert all(r["max"] is None or r["max"] == r["max"] for r in with_nan)
+    # Every decoded point is in exactly one 1m row: gauges count samples and NaNs apart, sums count points.
+    minutes = [r.asDict() for r in written.filter("resolution = '1m'").collect()]
+    assert result.points == sum(r["count"] + r["nan_count"] for r in minutes)
+
+
+def test_python_source_and_a_spark_kafka_source_shaped_frame_give_the_same_rollups(spark, telemetry):
+    options = options_for(telemetry, "unused")
+    from_source = read_records(spark, options)
+    rows = [(r.key, r.value, r.topic, r.partition, r.offset,
+             datetime.fromtimestamp(r.timestamp / 1000, timezone.utc), r.timestamp_type, list(r.headers))
+            for r in _records(telemetry.bootstrap, telemetry.options.topic)]
+    shaped = spark.createDataFrame(rows, kafka_schema(True))
+    resolutions = parse_resolutions("1m,1h")
+    expected = _sorted_rows(rollup(decode_points(shaped), resolutions))
+    assert expected and _sorted_rows(rollup(decode_points(from_source), resolutions)) == expected
+
+
+def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_path):
+    output = tmp_path / "out"
+    now = datetime.now(timezone.utc)
+    ranged = options_for(telemetry, output, start=now - timedelta(minutes=10), end=now + timedelta(minutes=1))
+    first = run(spark, ranged, now=now)
+    before = _sorted_rows(spark.read.parquet(str(output)))
+    second = run(spark, ranged, now=now)
+    assert _sorted_rows(spark.read.parquet(str(output))) == before
+    assert first.rows_written == second.rows_written == len(before)
+    assert all(r["partial"] for r in before if r["resolution"] == "1h")  # the current hour is still open
+    # An older window written by another run survives a re-run of a later range.
+    old = (spark.read.parquet(str(output)).filter("resolution = '1m'").limit(1)
+           .withColumn("window_start", F.lit(datetime(2020, 1, 1, tzinfo=timezone.utc)))
+           .withColumn("date", F.lit("2020-01-01")))
+    old.write.mode("append").partitionBy("resolution", "date").parquet(str(output))
+    run(spark, ranged, now=now)
+    after = spark.read.parquet(str(output))
+    assert after.filter("window_start < TIMESTAMP '2021-01-01 00:00:00Z'").count() == 1
+    assert after.count() == len(before) + 1
+
+
+def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telemetry, tmp_path, capsys):
+    common = ["rollup", "--bootstrap-server", telemetry.bootstrap, "--topic", telemetry.options.topic,
+              "--output", str(tmp_path / "out")]
+    assert main([*common, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["decode_errors"] == {"decompress-failed": 1, "empty": 1} and summary["rows_written"] > 0
+    assert main([*common, "--starting-offsets", '{"x": 1}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert "startingOffsets must be" in err and len(err.splitlines()) == 1
+
+
+def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, telemetry, tmp_path):
+    output = tmp_path / "out"
+    now = datetime.now(timezone.utc)
+    ranged = options_for(telemetry, output, start=now - timedelta(days=2), end=now + timedelta(minutes=1))
+    run(spark, ranged, now=now)
+    # A row of a day inside the range that the topic holds nothing for any more (say, an earlier run's).
+    day = (now - timedelta(days=1)).replace(hour=12, minute=0, second=0, microsecond=0)
+    stale = (spark.read.parquet(str(output)).filter("resolution = '1h'").limit(1)
+             .withColumn("window_start", F.lit(day)).withColumn("date", F.lit(day.strftime("%Y-%m-%d"))))
+    stale.write.mode("append").partitionBy("resolution", "date").parquet(str(output))
+    stale_dir = output / "resolution=1h" / f"date={day:%Y-%m-%d}"
+    assert stale_dir.is_dir()
+    result = run(spark, ranged, now=now)
+    assert not stale_dir.exists()
+    assert spark.read.parquet(str(output)).count() == result.rows_written
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--last", "1h", "--from", "2026-01-01T00:00:00Z"], "--last cannot be combined"),
+    (["--to", "2026-01-01T00:00:00Z"], "--to needs --from"),
+    (["--from", "yesterday"], "neither ISO 8601"),
+    (["--last", "10 minutes"], "not a duration"),
+    (["--resolution", "1m,90s"], "not a whole multiple"),
+    (["--group-by", "hostname"], "cannot group by 'hostname'"),
+    (["--from", "2026-01-02", "--to", "2026-01-01"], "is not before"),
+])
+def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
+    code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,130 @@
+"""Golden rollups, hand-computed: gauges with NaN, delta and cumulative sums with resets, histograms; and 1h merged
+from 1m equals 1h computed from the points directly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kcm_rollups.aggregate import rollup
+from kcm_rollups.decode import POINTS_SCHEMA
+from kcm_rollups.histograms import histogram_quantile
+from kcm_rollups.windows import Resolution
+from spark_support import spark  # noqa: F401  (the session-scoped fixture)
+
+T0 = 1_699_999_200  # a whole hour since the epoch
+MINUTE, HOUR = Resolution(60, "1m"), Resolution(3600, "1h")
+_offsets = iter(range(10**6))
+
+
+def point(metric: str, seconds: float, instance: str = "i1", **fields) -> dict:
+    """A decoded point of client `app` received T0 + `seconds`."""
+    row = {name: None for name in POINTS_SCHEMA.names}
+    row.update(topic="t", partition=0, offset=next(_offsets), record_micros=int((T0 + seconds) * 1_000_000),
+               client_instance_id=instance, client_id="app", client_software_name="librdkafka",
+               client_software_version="2.3.0", record_first=True, metric=metric, type="gauge",
+               time_ns=int((T0 + seconds) * 1e9), start_ns=0, attributes="{}")
+    row.update(fields)
+    return row
+
+
+def rows_of(spark, points, resolutions=(MINUTE, HOUR), **options) -> dict:
+    frame = spark.createDataFrame(points, POINTS_SCHEMA)
+    return {(r["resolution"], r["window_start"].timestamp() - T0, r["metric"], tuple(r["bounds"] or ())): r.asDict()
+            for r in rollup(frame, resolutions, **options).collect()}
+
+
+def test_gauge_statistics_count_nan_separately_and_never_let_it_poison_min_max_avg(spark):
+    rows = rows_of(spark, [point("g", 1, "i1", value=1.0), point("g", 2, "i2", value=3.0),
+                           point("g", 3, "i1", value=math.nan), point("g", 4, "i2", value=2.0),
+                           point("g", 61, "i1", value=10.0)])
+    first = rows[("1m", 0, "g", ())]
+    assert (first["count"], first["nan_count"], first["min"], first["max"], first["sum"], first["avg"]) == (
+        3, 1, 1.0, 3.0, 6.0, 2.0)
+    assert (first["last"], first["instances"], first["p50"], first["p99"]) == (2.0, 2, 2.0, 3.0)
+    assert first["increase"] is None and first["rate"] is None and first["window_end"].timestamp() == T0 + 60
+    second = rows[("1m", 60, "g", ())]
+    assert (second["count"], second["nan_count"], second["min"], second["last"], second["instances"]) == (
+        1, 0, 10.0, 10.0, 1)
+    hour = rows[("1h", 0, "g", ())]
+    assert (hour["count"], hour["nan_count"], hour["min"], hour["max"], hour["sum"], hour["avg"], hour["last"]) == (
+        4, 1, 1.0, 10.0, 16.0, 4.0, 10.0)
+    assert (hour["instances"], hour["p50"], hour["p99"]) == (2, 2.0, 10.0)
+    assert len(rows) == 3
+
+
+def test_delta_sums_add_up_to_increase_and_rate_per_second(spark):
+    delta = {"type": "sum", "temporality": "delta", "monotonic": True}
+    rows = rows_of(spark, [point("s", 1, "i1", value=5.0, **delta), point("s", 30, "i1", value=7.0, **delta),
+                           point("s", 10, "i2", value=4.0, **delta), point("s", 70, "i1", value=3.0, **delta)])
+    assert (rows[("1m", 0, "s", ())]["increase"], rows[("1m", 0, "s", ())]["rate"]) == (16.0, 16.0 / 60)
+    assert rows[("1m", 0, "s", ())]["count"] == 3 and rows[("1m", 0, "s", ())]["min"] is None
+    assert rows[("1m", 60, "s", ())]["increase"] == 3.0
+    assert (rows[("1h", 0, "s", ())]["increase"], rows[("1h", 0, "s", ())]["rate"]) == (19.0, 19.0 / 3600)
+
+
+CUMULATIVE = {"type": "sum", "temporality": "cumulative", "monotonic": True}
+COUNTER_POINTS = [
+    point("c", 5, "i1", value=100.0, start_ns=1, **CUMULATIVE),
+    point("c", 20, "i1", value=130.0, start_ns=1, **CUMULATIVE),   # +30
+    point("c", 40, "i1", value=10.0, start_ns=1, **CUMULATIVE),    # dropped: a reset, +10
+    point("c", 65, "i1", value=25.0, start_ns=1, **CUMULATIVE),    # +15, next minute
+    point("c", 10, "i2", value=50.0, start_ns=7, **CUMULATIVE),
+    point("c", 30, "i2", value=70.0, start_ns=7, **CUMULATIVE),    # +20
+    point("c", 50, "i2", value=80.0, start_ns=9, **CUMULATIVE),    # new start time: a reset, +80
+]
+
+
+def test_cumulative_sums_become_increases_with_resets_and_never_go_negative(spark):
+    rows = rows_of(spark, COUNTER_POINTS)
+    assert rows[("1m", 0, "c", ())]["increase"] == 140.0
+    assert rows[("1m", 60, "c", ())]["increase"] == 15.0
+    assert rows[("1h", 0, "c", ())]["increase"] == 155.0
+    assert rows[("1m", 0, "c", ())]["last"] == 80.0 and rows[("1m", 0, "c", ())]["count"] == 6
+
+
+def test_points_before_since_only_serve_as_predecessors(spark):
+    rows = rows_of(spark, COUNTER_POINTS, since_micros=(T0 + 15) * 1_000_000)
+    assert rows[("1m", 0, "c", ())]["increase"] == 140.0
+    assert rows[("1m", 0, "c", ())]["count"] == 4
+
+
+def test_histograms_merge_buckets_when_bounds_agree_and_estimate_quantiles_like_prometheus(spark):
+    histogram = {"type": "histogram", "temporality": "delta"}
+    cumulative = {"type": "histogram", "temporality": "cumulative"}
+    rows = rows_of(spark, [
+        point("h", 1, "i1", count=4, sum=12.0, bounds=[1.0, 5.0, 10.0], bucket_counts=[1, 2, 1, 0], **histogram),
+        point("h", 2, "i2", count=2, sum=6.0, bounds=[1.0, 5.0, 10.0], bucket_counts=[0, 2, 0, 0], **histogram),
+        point("h", 3, "i1", count=1, sum=3.0, bounds=[2.0, 4.0], bucket_counts=[0, 1, 0], **histogram),
+        point("k", 1, "i1", count=2, sum=2.0, bounds=[1.0, 2.0], bucket_counts=[1, 1, 0], **cumulative),
+        point("k", 9, "i1", count=5, sum=9.0, bounds=[1.0, 2.0], bucket_counts=[1, 3, 1], **cumulative),
+    ], resolutions=(MINUTE,))
+    merged = rows[("1m", 0, "h", (1.0, 5.0, 10.0))]
+    assert (merged["bucket_counts"], merged["count"], merged["sum"], merged["avg"]) == ([1, 4, 1, 0], 6, 18.0, 3.0)
+    assert merged["p50"] == pytest.approx(3.0) and merged["p95"] == pytest.approx(8.5)
+    assert merged["p99"] == pytest.approx(9.7) and merged["instances"] == 2
+    other = rows[("1m", 0, "h", (2.0, 4.0))]
+    assert (other["bucket_counts"], other["count"], other["p50"]) == ([0, 1, 0], 1, 3.0)
+    counted = rows[("1m", 0, "k", (1.0, 2.0))]
+    assert (counted["bucket_counts"], counted["count"], counted["sum"]) == ([0, 2, 1], 3, 7.0)
+
+
+def test_histogram_quantile_follows_prometheus_at_the_edges():
+    assert histogram_quantile(0.5, [1.0, 2.0], [0, 0, 4]) == 2.0  # all in +Inf: its lower bound
+    assert histogram_quantile(0.5, [4.0], [2, 0]) == 2.0          # lowest bucket interpolates from zero
+    assert histogram_quantile(0.5, [1.0], [0, 0]) is None
+
+
+def test_an_hour_merged_from_minutes_equals_the_hour_computed_from_points(spark):
+    gauge_points = [point("g", s, f"i{s % 3}", value=float(s % 17) if s % 11 else math.nan)
+                    for s in range(0, 3600, 37)]
+    counter = [point("c", s, f"i{s % 2}", value=float(s * 3 if s < 1800 else s - 1800), **CUMULATIVE)
+               for s in range(0, 3600, 53)]
+    points = gauge_points + counter
+    merged = {k: v for k, v in rows_of(spark, points).items() if k[0] == "1h"}
+    direct = rows_of(spark, points, resolutions=(HOUR,))
+    assert set(merged) == set(direct) == {("1h", 0, "g", ()), ("1h", 0, "c", ())}
+    for key, row in direct.items():
+        compared = [name for name in row if name not in ("kll_sketch", "instances_sketch")]
+        assert {n: merged[key][n] for n in compared} == {n: row[n] for n in compared}, key

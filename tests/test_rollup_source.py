@@ -1,0 +1,89 @@
+"""The Python Kafka data source: Spark's Kafka source schema and options, exact offset ranges, whole tails, and
+clear errors rather than short reads."""
+
+from __future__ import annotations
+
+import pytest
+from kafka import KafkaProducer
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from kcm_rollups.source import SOURCE_NAME, kafka_schema
+from spark_support import spark  # noqa: F401  (the session-scoped fixture)
+
+
+def produce(kafka, topic: str, records: list[tuple[int, bytes]], one_per_batch: bool = True) -> None:
+    """(partition, value) records, each with a header; one record per batch unless told otherwise."""
+    producer = KafkaProducer(linger_ms=0 if one_per_batch else 500, **kafka.client_options())
+    try:
+        futures = []
+        for i, (partition, value) in enumerate(records):
+            future = producer.send(topic, value=value, key=f"k{i}".encode(), partition=partition,
+                                   headers=[("n", str(i).encode())])
+            if one_per_batch:
+                future.get(timeout=10)
+            futures.append(future)
+        producer.flush(10)
+        for future in futures:
+            future.get(timeout=10)
+    finally:
+        producer.close()
+
+
+def read(spark, kafka, topic: str, **options):
+    reader = (spark.read.format(SOURCE_NAME).option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+              .option("subscribe", topic))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_schema_matches_spark_kafka_source_and_arrow_schema_is_exact(spark):
+    assert [f.name for f in kafka_schema(True)] == ["key", "value", "topic", "partition", "offset", "timestamp",
+                                                    "timestampType", "headers"]
+    assert str(to_arrow_schema(kafka_schema(True), timezone="UTC").field("timestamp").type) == "timestamp[us, tz=UTC]"
+
+
+def test_reads_exactly_the_requested_offset_ranges_with_headers(spark, kafka, new_topic):
+    topic = new_topic(partitions=2)
+    produce(kafka, topic, [(i % 2, f"v{i}".encode()) for i in range(10)])
+    frame = read(spark, kafka, topic, includeHeaders="true",
+                 startingOffsets=f'{{"{topic}":{{"0":1,"1":-2}}}}', endingOffsets=f'{{"{topic}":{{"0":4,"1":-1}}}}')
+    rows = frame.orderBy("partition", "offset").collect()
+    assert [(r.partition, r.offset, r.value) for r in rows] == (
+        [(0, 1, b"v2"), (0, 2, b"v4"), (0, 3, b"v6")] + [(1, o, f"v{2 * o + 1}".encode()) for o in range(5)])
+    assert rows[0].key == b"k2" and rows[0].topic == topic and rows[0].timestampType == 0
+    assert [(h.key, h.value) for h in rows[0].headers] == [("n", b"2")]
+    assert "headers" not in read(spark, kafka, topic).columns
+
+
+def test_min_partitions_splits_ranges_without_losing_or_repeating_records(spark, kafka, new_topic):
+    topic = new_topic()
+    produce(kafka, topic, [(0, f"v{i}".encode()) for i in range(12)])
+    frame = read(spark, kafka, topic, minPartitions="4")
+    assert frame.rdd.getNumPartitions() == 4
+    assert sorted(r.offset for r in frame.collect()) == list(range(12))
+
+
+def test_the_tail_of_a_multi_record_batch_is_read_even_when_the_broker_under_reports_its_end(spark, kafka, new_topic):
+    topic = new_topic()
+    produce(kafka, topic, [(0, f"v{i}".encode()) for i in range(30)], one_per_batch=False)
+    assert sorted(r.offset for r in read(spark, kafka, topic).collect()) == list(range(30))
+
+
+def test_a_range_beyond_the_end_raises_rather_than_returning_short(spark, kafka, new_topic):
+    topic = new_topic()
+    produce(kafka, topic, [(0, b"a"), (0, b"b")])
+    frame = read(spark, kafka, topic, endingOffsets=f'{{"{topic}":{{"0":5}}}}', **{"kafkaConsumer.pollTimeoutMs": "1500"})
+    with pytest.raises(Exception, match="returned records up to offset 2 only"):
+        frame.collect()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"startingOffsets": "soon"}, "startingOffsets must be"),
+    ({"endingOffsets": "earliest"}, "endingOffsets cannot be 'earliest'"),
+    ({"subscribe": "no-such-topic"}, "does not exist"),
+])
+def test_bad_options_name_what_to_fix(spark, kafka, new_topic, options, message):
+    topic = new_topic()
+    with pytest.raises(Exception, match=message):
+        read(spark, kafka, topic, **options).collect()

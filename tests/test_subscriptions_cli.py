@@ -1,0 +1,182 @@
+"""`kcm subscriptions` against the sandbox: what it changes in Kafka, what it prints, and how it refuses bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kcm_cli.main import main
+from kcm_common.kafka import KafkaSettings
+from kcm_operator.admin import SubscriptionAdmin
+from kcm_operator.apply import apply_files
+from kcm_operator.reconcile import SET, Change, Op
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEMO_PRODUCERS = {"metrics": "org.apache.kafka.producer.", "interval.ms": "5000", "match": "client_id=.*-producer"}
+
+
+def _subscription(name: str, spec: str, namespace: str = "team") -> str:
+    return textwrap.dedent(f"""\
+        apiVersion: kcm.dev/v1alpha1
+        kind: ClientMetricsSubscription
+        metadata:
+          name: {name}
+          namespace: {namespace}
+        spec:
+        """) + textwrap.indent(textwrap.dedent(spec), "  ")
+
+
+def _kcm(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["subscriptions", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_demo_command_creates_its_subscriptions_exactly_and_a_second_run_changes_nothing(sandbox):
+    command = [sys.executable, "-m", "kcm_cli.main", "subscriptions", "apply", "-f", str(EXAMPLES / "demo"),
+               "--bootstrap-server", sandbox.bootstrap]
+
+    first = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    assert first.returncode == 0, first.stderr
+    assert "subscription demo-producers: create (" in first.stdout
+    assert sandbox.store.configs("demo-producers") == DEMO_PRODUCERS
+    assert sandbox.store.configs("demo-consumers")["match"] == "client_id=.*-consumer"
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines() == ["subscription demo-consumers: unchanged",
+                                          "subscription demo-producers: unchanged"]
+
+
+def test_apply_files_is_callable_directly_and_applies_only_the_difference(sandbox, tmp_path):
+    settings = KafkaSettings(sandbox.bootstrap)
+    path = tmp_path / "sub.yaml"
+    path.write_text(_subscription("app", """\
+        metrics: [a., b.]
+        intervalMs: 60000
+        match: {clientId: "app-.*"}
+        """))
+    apply_files(settings, [path])
+    path.write_text(_subscription("app", """\
+        metrics: [b., a.]
+        intervalMs: 1000
+        """))
+
+    changes = apply_files(settings, [path])
+
+    assert [change.describe() for change in changes] == ["subscription team.app: update (interval.ms=1000, -match)"]
+    assert sandbox.store.configs("team.app") == {"metrics": "a.,b.", "interval.ms": "1000"}
+
+
+def test_multi_document_file_and_dry_run_leaves_kafka_untouched(sandbox, tmp_path, capsys):
+    path = tmp_path / "many.yaml"
+    path.write_text(_subscription("one", "metrics: [x.]\n") + "---\n" + _subscription("two", "metrics: ['*']\n")
+                    + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: ignored}\n")
+
+    code, out, _ = _kcm(capsys, "apply", "-f", str(path), "--dry-run", "--bootstrap-server", sandbox.bootstrap)
+
+    assert code == 0
+    assert out.splitlines() == ["subscription team.one: create (metrics=x., interval.ms=300000) (dry run)",
+                                "subscription team.two: create (metrics=*, interval.ms=300000) (dry run)"]
+    assert sandbox.store.names() == []
+
+
+def test_a_regex_kafka_refuses_applies_nothing_and_quotes_kafka(sandbox, tmp_path, capsys):
+    path = tmp_path / "subs.yaml"
+    path.write_text(_subscription("good", "metrics: [x.]\n") + "---\n"
+                    + _subscription("bad", "metrics: [x.]\nmatch: {clientId: 'payments-('}\n"))
+
+    code, out, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", sandbox.bootstrap)
+
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert "Kafka refuses, nothing applied: subscription team.bad:" in err
+    assert "payments-(" in err
+    assert sandbox.store.names() == []
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("metrics: [x.]\nintervalMs: 10\n", "spec.intervalMs"),
+    ("metrics: [x.]\nmatch: {clientName: x}\n", "spec.match.clientName: unknown field"),
+    ("metrics: [x., x.]\n", "spec.metrics"),
+    ("intervalMs: 1000\n", "'metrics' is a required property"),
+])
+def test_a_spec_the_crd_refuses_is_named_before_kafka_is_asked(sandbox, tmp_path, capsys, spec, problem):
+    path = tmp_path / "bad.yaml"
+    path.write_text(_subscription("bad", spec))
+
+    code, out, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", sandbox.bootstrap)
+
+    assert code == 2
+    assert problem in err
+    assert f"ClientMetricsSubscription team/bad ({path})" in err
+    assert sandbox.store.names() == []
+
+
+def test_list_and_describe_show_subscriptions_no_resource_manages(sandbox, capsys):
+    admin = SubscriptionAdmin(KafkaSettings(sandbox.bootstrap))
+    try:
+        admin.alter([Change("by-hand", "create", (Op("metrics", SET, "org.apache.kafka."),
+                                                   Op("interval.ms", SET, "1000")))])
+    finally:
+        admin.close()
+
+    code, listing, _ = _kcm(capsys, "list", "--bootstrap-server", sandbox.bootstrap)
+    _, described, _ = _kcm(capsys, "describe", "by-hand", "--bootstrap-server", sandbox.bootstrap)
+
+    assert code == 0
+    assert listing.splitlines()[1].split() == ["by-hand", "1000", "org.apache.kafka.", "(every", "client)"]
+    assert "Interval ms:  1000" in described
+
+
+def test_delete_removes_every_key_and_a_missing_subscription_is_an_error_unless_ignored(sandbox, capsys):
+    apply_files(KafkaSettings(sandbox.bootstrap), [EXAMPLES / "demo"])
+
+    code, out, _ = _kcm(capsys, "delete", "demo-producers", "--bootstrap-server", sandbox.bootstrap)
+    again, _, err = _kcm(capsys, "delete", "demo-producers", "--bootstrap-server", sandbox.bootstrap)
+    ignored, _, _ = _kcm(capsys, "delete", "demo-producers", "--ignore-not-found",
+                         "--bootstrap-server", sandbox.bootstrap)
+
+    assert (code, out.strip()) == (0, "subscription demo-producers: delete (-interval.ms, -match, -metrics)")
+    assert sandbox.store.names() == ["demo-consumers"]
+    assert again == 2 and "subscription 'demo-producers' does not exist" in err
+    assert ignored == 0
+
+
+def test_a_broker_without_kip714_is_unsupported(broker, capsys):
+    code, _, err = _kcm(capsys, "list", "--bootstrap-server", broker.bootstrap)
+
+    assert code == 2
+    assert "needs kcm's receiver" in err
+
+
+def test_missing_files_and_unreachable_kafka_are_one_line_errors(tmp_path, capsys):
+    missing, _, err_missing = _kcm(capsys, "apply", "-f", str(tmp_path / "nope.yaml"),
+                                   "--bootstrap-server", "127.0.0.1:1")
+    (tmp_path / "sub.yaml").write_text(_subscription("x", "metrics: [x.]\n"))
+    down, _, err_down = _kcm(capsys, "apply", "-f", str(tmp_path), "--bootstrap-server", "127.0.0.1:1")
+
+    assert missing == 2 and "nope.yaml: no such file or directory" in err_missing
+    assert down == 2 and len(err_down.strip().splitlines()) == 1 and "127.0.0.1:1" in err_down
+
+
+def test_directories_are_read_recursively_only_with_R_and_list_has_json(sandbox, tmp_path, capsys):
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "sub.yml").write_text(_subscription("deep", "metrics: [x.]\n"))
+    (tmp_path / "top.yaml").write_text(_subscription("top", "metrics: [y.]\n"))
+
+    _, flat, _ = _kcm(capsys, "apply", "-f", str(tmp_path), "--bootstrap-server", sandbox.bootstrap)
+    _, recursive, _ = _kcm(capsys, "apply", "-R", "-f", str(tmp_path), "--bootstrap-server", sandbox.bootstrap)
+    _, listing, _ = _kcm(capsys, "list", "-o", "json", "--bootstrap-server", sandbox.bootstrap)
+
+    assert [line.split(":")[0] for line in flat.splitlines()] == ["subscription team.top"]
+    assert recursive.splitlines() == ["subscription team.deep: create (metrics=x., interval.ms=300000)",
+                                      "subscription team.top: unchanged"]
+    assert json.loads(listing) == {"team.deep": {"metrics": "x.", "interval.ms": "300000"},
+                                   "team.top": {"metrics": "y.", "interval.ms": "300000"}}
