@@ -82,6 +82,8 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
             # The broker-side attributes exist only if the receiver wrote the push and the bridge carried it.
             assert {"broker_id", "cluster_id", "principal", "listener_name"} <= set(client["broker"]), client_id
             assert client["client_source"].startswith("127.0.0.1:")
+            # Pushes, not ResourceMetrics (Java puts each metric in one of its own): 25 s at the 5 s interval.
+            assert 1 <= client["pushes"] <= 25 // 5 + 2, (client_id, client["pushes"])
         assert "org.apache.kafka.producer.record.queue.time.avg" in by_id["payments-producer"]["metrics"]
         assert "org.apache.kafka.consumer.fetch.manager.fetch.latency.avg" in by_id["orders-consumer"]["metrics"]
         assert "receiver: the kcm receiver plugin (Java)" in result.stderr

@@ -14,15 +14,21 @@ from kcm_demo.view import fleet_table
 
 
 def _request(instance: str, client_id: str, *metrics: metrics_pb2.Metric, software: str = "librdkafka",
-             address: str | None = "127.0.0.1", port: str | None = "50000") -> ExportMetricsServiceRequest:
+             address: str | None = "127.0.0.1", port: str | None = "50000", time_unix_nano: int = 1,
+             resource_per_metric: bool = False) -> ExportMetricsServiceRequest:
+    """One push as the bridge exports it; Java clients put each metric in a ResourceMetrics of its own."""
     request = ExportMetricsServiceRequest()
-    resource_metrics = request.resource_metrics.add()
     identity = {"client_instance_id": instance, "client_id": client_id, "client_software_name": software,
                 "client_software_version": "2.6.1", "client_source_address": address, "client_source_port": port}
-    for key, value in identity.items():
-        if value is not None:
-            resource_metrics.resource.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
-    resource_metrics.scope_metrics.add().metrics.extend(metrics)
+    for group in ([[metric] for metric in metrics] if resource_per_metric else [list(metrics)]):
+        resource_metrics = request.resource_metrics.add()
+        for key, value in identity.items():
+            if value is not None:
+                resource_metrics.resource.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
+        for metric in group:
+            for point in getattr(metric, metric.WhichOneof("data")).data_points:
+                point.time_unix_nano = time_unix_nano
+        resource_metrics.scope_metrics.add().metrics.extend(group)
     return request
 
 
@@ -47,7 +53,8 @@ def test_gauges_keep_the_latest_value_of_the_slowest_node_and_deltas_add_up():
     latency = "org.apache.kafka.producer.request.latency.avg"
     total = "org.apache.kafka.producer.record.send.total"
     fleet.ingest(_request("i-1", "payments", _gauge(latency, 3.0, 9.5), _delta(total, 10)), received_s=100.0)
-    fleet.ingest(_request("i-1", "payments", _gauge(latency, 2.0, 4.0), _delta(total, 5)), received_s=101.0)
+    fleet.ingest(_request("i-1", "payments", _gauge(latency, 2.0, 4.0), _delta(total, 5), time_unix_nano=10**9),
+                 received_s=101.0)
 
     [client] = fleet.clients()
 
@@ -91,3 +98,17 @@ def test_the_table_shows_each_client_with_its_headline_values():
 
     row = next(line for line in text.splitlines() if "payments-producer" in line)
     assert "librdkafka 2.6.1" in row and "0.25" in row and "2.5" in row
+
+
+def test_a_push_spread_over_many_resource_metrics_counts_once():
+    fleet = Fleet()
+    for push in range(1, 4):
+        pushed_ns = push * 5_000_000_000
+        for metric in range(5):  # each metric collected a few ms after the previous, as Java clients do
+            fleet.ingest(_request("i-java", "inventory", _gauge(f"org.apache.kafka.producer.m{metric}", 1.0),
+                                  time_unix_nano=pushed_ns + metric * 4_000_000, resource_per_metric=True),
+                         received_s=float(push))
+
+    [client] = fleet.clients()
+
+    assert client.pushes == 3 and len(client.values) == 5

@@ -4,6 +4,7 @@ every other API passed through to the embedded broker."""
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import struct
 import threading
@@ -921,3 +922,20 @@ def test_an_unreachable_upstream_broker_closes_the_client_connection_but_not_the
 
     assert any("cannot reach the upstream broker" in message for message in caplog.messages)
     assert not any(record.exc_info for record in caplog.records if record.name == "kcm.sandbox")
+
+
+def test_a_client_resetting_its_connection_is_not_reported_as_an_upstream_failure(sandbox, caplog):
+    caplog.set_level(logging.DEBUG, logger="kcm.sandbox")
+    for _ in range(3):  # what kcm's own reachability probe does: ask, read part of the answer, close
+        with KafkaConnection(sandbox.bootstrap) as connection:
+            connection.send(api_versions_request(3))
+            connection.sock.recv(4)
+            connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    deadline = time.monotonic() + 10
+    while sum("connection ended" in message for message in caplog.messages) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum("connection ended" in message for message in caplog.messages) == 3
+    assert not [record for record in caplog.records if record.name == "kcm.sandbox" and record.levelno >= logging.WARNING]
+    with KafkaConnection(sandbox.bootstrap) as fresh:
+        assert new_client(fresh)[0] != ZERO

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ HEADLINE_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
+_SAME_PUSH_NS = 50_000_000
+
+
 @dataclass
 class ClientInstance:
     """One client instance as seen through its pushes."""
@@ -42,6 +46,16 @@ class ClientInstance:
     last_push_s: float = 0.0
     values: dict[str, float] = field(default_factory=dict)
     broker: dict[str, str] = field(default_factory=dict)
+    # Collection times of the latest pushes. Java clients spread one push over a ResourceMetrics per metric, with
+    # point times a few ms apart; pushes are at least 100 ms apart (Kafka's smallest interval.ms). So a push is a
+    # point time far from every recent one, not a new ResourceMetrics.
+    recent_push_times: deque[int] = field(default_factory=lambda: deque(maxlen=16))
+
+    def count_push(self, time_unix_nano: int) -> None:
+        """Count a push the first time a point collected at least 50 ms from the recent pushes is seen."""
+        if all(abs(time_unix_nano - seen) >= _SAME_PUSH_NS for seen in self.recent_push_times):
+            self.recent_push_times.append(time_unix_nano)
+            self.pushes += 1
 
     def headline(self, heading: str) -> float | None:
         """The value shown under a live-view heading, or None when this client sends none of its metrics."""
@@ -94,16 +108,19 @@ class Fleet:
             client.source = f"{address}:{port}" if port else str(address)
         # Only the broker side (the receiver) knows these: proof the push came through the receiver and the topic.
         client.broker = {key: str(resource[key]) for key in BROKER_ATTRIBUTES if key in resource}
-        client.pushes += 1
         client.last_push_s = received_s
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                _apply(client.values, points.metric_dict(metric))
+                metric_dict = points.metric_dict(metric)
+                for time_unix_nano in {point["time_unix_nano"] for point in metric_dict["points"]}:
+                    client.count_push(time_unix_nano)
+                _apply(client.values, metric_dict)
 
     def clients(self) -> list[ClientInstance]:
         """Copies of every client instance, ordered by client id, then instance id."""
         with self._lock:
-            copies = [dataclasses.replace(c, values=dict(c.values)) for c in self._clients.values()]
+            copies = [dataclasses.replace(c, values=dict(c.values), recent_push_times=deque(c.recent_push_times, maxlen=16))
+                      for c in self._clients.values()]
         return sorted(copies, key=lambda c: (c.client_id, c.instance_id))
 
 

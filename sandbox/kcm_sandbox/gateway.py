@@ -113,6 +113,10 @@ class _Upstream:
         self.writer.close()
 
 
+class _UpstreamUnreachable(Exception):
+    """Connecting to the upstream broker failed (its cause says why)."""
+
+
 class Gateway:
     """An asyncio Kafka-protocol server in front of `upstream` (host, port)."""
 
@@ -169,9 +173,11 @@ class Gateway:
             await connection.run()
         except asyncio.CancelledError:
             pass
-        except OSError as exc:
+        except _UpstreamUnreachable as exc:
             log.warning("%s: cannot reach the upstream broker %s:%d (%s); closing the connection",
-                        client, *self.upstream, exc)
+                        client, *self.upstream, exc.__cause__)
+        except OSError as exc:  # the client went away (e.g. a probe closing with an answer unread: a reset)
+            log.debug("%s: connection ended: %s", client, exc)
         except Exception:  # one misbehaving client must never take the gateway down
             log.exception("%s: connection failed", client)
         finally:
@@ -233,7 +239,10 @@ class _Connection:
 
     async def _upstream(self) -> _Upstream:
         if self.upstream is None:
-            reader, writer = await asyncio.open_connection(*self.gateway.upstream)
+            try:
+                reader, writer = await asyncio.open_connection(*self.gateway.upstream)
+            except OSError as exc:
+                raise _UpstreamUnreachable() from exc
             self.upstream = _Upstream(reader, writer)
             self._pump = asyncio.create_task(self.upstream.pump())
         return self.upstream
