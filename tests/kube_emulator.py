@@ -247,8 +247,11 @@ class KubeServer:
             resources[f"v1/{plural}"] = kmock.ResourceInfo(
                 kind=kind, namespaced=plural != "namespaces",
                 verbs=("get", "list", "watch", "create", "update", "patch", "delete"))
-        resources["kopf.dev/v1/kopfpeerings"] = kmock.ResourceInfo(
-            kind="KopfPeering", namespaced=True, verbs=("get", "list", "watch", "create", "patch", "delete"))
+        # kopf's peering objects: no status subresource, as in kopf's own CRDs (keep-alives merge-patch status).
+        for plural, kind, namespaced in (("kopfpeerings", "KopfPeering", True),
+                                         ("clusterkopfpeerings", "ClusterKopfPeering", False)):
+            resources[f"kopf.dev/v1/{plural}"] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, verbs=("get", "list", "watch", "create", "patch", "delete"))
 
     def _write_kubeconfig(self, url: str) -> None:
         self.kubeconfig.write_text(yaml.safe_dump({

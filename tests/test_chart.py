@@ -285,6 +285,17 @@ def test_the_kcm_command_accepts_every_rendered_argument_list(helm: Path, values
     assert operator.standalone is (values_file not in ("ci/all-values.yaml", "ci/namespaced-values.yaml"))
 
 
+def test_the_peering_lifetime_reaches_the_operator_only_with_peering(helm: Path) -> None:
+    def operator_args(*sets: str) -> list[str]:
+        return one(render(helm, sets=sets), "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0][
+            "args"]
+
+    peering = operator_args("operator.peering.enabled=true", "operator.peering.lifetimeSeconds=15")
+    assert build_parser().parse_args(peering).peering_lifetime == 15
+    assert build_parser().parse_args(operator_args("operator.peering.enabled=true")).peering_lifetime == 60
+    assert not [arg for arg in operator_args("operator.peering.lifetimeSeconds=15") if "peering-lifetime" in arg]
+
+
 def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> None:
     everything = rendered(helm, "ci/all-values.yaml")
     assert len(find(everything, "ServiceMonitor")) == 2
@@ -420,6 +431,7 @@ def _merged(overrides: dict[str, Any]) -> dict[str, Any]:
     ({"bridge": {"resources": {"requests": {"cpu": "lots"}}}}, "'lots' is not valid under any of"),
     ({"rollup": {"output": "/tmp/out"}}, "'/tmp/out' does not match"),
     ({"kafka": {"tlsSecrets": ["client"]}}, "should not be valid"),
+    ({"operator": {"peering": {"lifetimeSeconds": 0}}}, "0 is less than the minimum of 1"),
 ])
 def test_values_schema_refuses_bad_values(overrides: dict[str, Any], message: str) -> None:
     errors = [e.message for e in jsonschema.Draft7Validator(_schema()).iter_errors(_merged(overrides))]

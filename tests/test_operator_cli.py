@@ -78,3 +78,18 @@ def test_no_kubernetes_api_is_a_one_line_error(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("kcm operator: cannot find the Kubernetes API")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "kcm operator: --peering-lifetime must be at least 1 second, not 0"),
+    ("1.5", "argument --peering-lifetime: invalid int value: '1.5'"),
+])
+def test_a_bad_peering_lifetime_is_a_one_line_error(tmp_path, value, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "kcm_cli.main", "operator", "-n", "team", "--bootstrap-server", "127.0.0.1:9092",
+         "--peering-lifetime", value],
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "missing")}, capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no peering with other replicas (default: peer through kopf's KopfPeering if present)")
     parser.add_argument("--priority", type=int, metavar="N",
                         help="peering priority; the highest-priority replica works, the rest wait (default: random)")
+    # Whole seconds: kopf announces and compares peering lifetimes as integers.
+    parser.add_argument("--peering-lifetime", type=int, default=60, metavar="SECONDS",
+                        help="how long a silent replica's peering entry counts as alive: a standby takes over that "
+                             "long after the working replica died (default 60, kopf's)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
     if args.drift_interval < 1:
         raise UserError(f"--drift-interval must be at least 1 second, not {args.drift_interval:g}")
+    if args.peering_lifetime < 1:
+        raise UserError(f"--peering-lifetime must be at least 1 second, not {args.peering_lifetime}")
     for option in ("metrics_port", "liveness_port"):
         if not 0 <= getattr(args, option) <= 65535:
             raise UserError(f"--{option.replace('_', '-')} must be a port from 0 to 65535")
@@ -71,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
                                      resolve=ConnectionResolver(client.ApiClient()).resolve)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port)
+    kopf_settings = operator_settings()
+    # Also what this replica announces: the others give up on it that long after its last keep-alive.
+    kopf_settings.peering.lifetime = args.peering_lifetime
     kopf.run(
         registry=build_registry(operator_config),
-        settings=operator_settings(),
+        settings=kopf_settings,
         namespaces=args.namespace or (),
         clusterwide=args.all_namespaces,
         standalone=True if args.standalone else None,

@@ -1,0 +1,102 @@
+"""Two `kcm operator` processes peering through kopf: when the working one is killed, the standby takes over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from kcm_sandbox.broker import free_port
+from kube_emulator import KubeServer
+from test_operator_reconcile import GROUP, IN_KAFKA, NS, PLURAL, SPEC, VERSION, wait_for
+
+CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
+LIFETIME_S = 3
+# Past the dead replica's lifetime: the standby's resume, a fresh listing and one batched reconcile.
+TAKEOVER_MARGIN_S = 12
+APPLIED = 'kcm_operator_reconciliations_total{reason="Applied",result="applied"}'
+
+
+class Replica:
+    """One `kcm operator --all-namespaces` process, named by kopf's POD_ID, logging to a file."""
+
+    def __init__(self, kube: KubeServer, bootstrap: str, priority: int, log: Path) -> None:
+        self.name = f"replica-{priority}"
+        self.log = log
+        self.metrics_port = free_port()
+        with log.open("w") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces",
+                 "--bootstrap-server", bootstrap, "--priority", str(priority),
+                 "--peering-lifetime", str(LIFETIME_S), "--metrics-port", str(self.metrics_port),
+                 "--liveness-port", "0"],
+                env={**os.environ, "KUBECONFIG": str(kube.kubeconfig), "POD_ID": self.name},
+                stdout=output, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def applied(self) -> float:
+        """How many reconciliations this replica applied to Kafka, from its own metrics endpoint."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as response:
+            lines = response.read().decode().splitlines()
+        return next((float(line.split()[-1]) for line in lines if line.startswith(APPLIED + " ")), 0.0)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+def _peers(kube: KubeServer) -> set[str]:
+    return set(kube.objects("clusterkopfpeerings")["default"].get("status") or {})
+
+
+@pytest.fixture
+def kube(tmp_path):
+    server = KubeServer(tmp_path, CRDS)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_standby_takes_over_within_the_peering_lifetime_when_the_working_replica_is_killed(
+        kube, sandbox, tmp_path):
+    custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+    custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", {
+        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}})
+    replicas: dict[int, Replica] = {}
+    try:
+        replicas[20] = Replica(kube, sandbox.bootstrap, 20, tmp_path / "replica-20.log")
+        wait_for(lambda: "replica-20" in _peers(kube), "replica-20 announced", 30)
+        replicas[10] = Replica(kube, sandbox.bootstrap, 10, tmp_path / "replica-10.log")
+        wait_for(lambda: "Pausing operations in favour of" in replicas[10].output(), "replica-10 to stand by", 30)
+
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
+            "metadata": {"name": "payments"}, "spec": SPEC})
+        wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka")
+        # Counted once Kafka has answered, so a moment after the subscription shows there.
+        wait_for(lambda: replicas[20].applied() == 1.0, "replica-20 to count the apply")
+        assert replicas[10].applied() == 0.0
+
+        replicas[20].process.send_signal(signal.SIGKILL)
+        replicas[20].process.wait(timeout=10)
+        assert "replica-20" in _peers(kube), "a killed replica cannot remove itself from the peering object"
+        custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "payments", {"spec": {"intervalMs": 5000}})
+
+        wait_for(lambda: sandbox.store.configs("team.payments").get("interval.ms") == "5000",
+                 "the standby to apply the change", LIFETIME_S + TAKEOVER_MARGIN_S)
+        wait_for(lambda: replicas[10].applied() == 1.0, "replica-10 to count the apply")
+        assert "Resuming operations after the pause" in replicas[10].output()
+        wait_for(lambda: _peers(kube) == {"replica-10"}, "the dead replica's entry cleaned up")
+    finally:
+        for replica in replicas.values():
+            replica.stop()
