@@ -6,21 +6,23 @@ from __future__ import annotations
 import pyarrow as pa
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from kcm_common import contract
-from kcm_common.names import ATTRIBUTE_HEADERS
-from kcm_rollups.decode import POINTS_SCHEMA, flatten
+from kcm_rollups.decode import DECODE_INPUT_SCHEMA, POINTS_SCHEMA, flatten, header_columns
 from payloads import client_metrics
 
 
-def records_batch(records: list[tuple[str, bytes, dict[str, str]]]) -> pa.RecordBatch:
-    """What `with_contract_headers` hands to mapInArrow: (key, value, headers) per record."""
-    names = [contract.CONTENT_TYPE_HEADER, contract.CONTENT_ENCODING_HEADER, *ATTRIBUTE_HEADERS]
-    columns = {"key": [k for k, _, _ in records], "value": [v for _, v, _ in records],
-               "topic": ["t"] * len(records), "partition": pa.array([0] * len(records), pa.int32()),
-               "offset": list(range(len(records))), "record_micros": [1_000_000 * i for i in range(len(records))]}
-    for name in names:
-        columns[name.replace("-", "_")] = pa.array([h.get(name) for _, _, h in records], pa.string())
-    return pa.RecordBatch.from_pydict(columns)
+def records_batch(records: list[tuple[str, bytes, dict | list]]) -> pa.RecordBatch:
+    """What `decode_input` hands to mapInArrow: (key, value, headers as a dict or a list of pairs) per record."""
+    def pairs(headers):
+        if headers is None:  # Spark's Kafka source without includeHeaders
+            return None
+        items = headers.items() if isinstance(headers, dict) else headers
+        return [(name, value.encode() if isinstance(value, str) else value) for name, value in items]
+
+    return pa.RecordBatch.from_pydict(
+        {"key": [k for k, _, _ in records], "value": [v for _, v, _ in records], "topic": ["t"] * len(records),
+         "partition": [0] * len(records), "offset": list(range(len(records))),
+         "record_micros": [1_000_000 * i for i in range(len(records))],
+         "headers": [pairs(h) for _, _, h in records]}, schema=DECODE_INPUT_SCHEMA)
 
 
 def test_points_are_flattened_with_identity_from_headers_resource_or_key():
@@ -59,3 +61,16 @@ def test_records_that_break_the_contract_become_one_row_with_their_reason():
         ("a", "decompress-failed", None, True), ("b", "unknown-content-type", None, True),
         ("c", "empty", None, True), ("d", "unknown-encoding", None, True)]
     assert all(r["error_message"] for r in out)
+
+
+def test_the_last_non_null_value_of_a_repeated_header_wins():
+    batch = records_batch([
+        ("a", b"x", [("client_id", "old"), ("client_id", "new"), ("client_id", None), ("principal", "User:a")]),
+        ("b", b"x", []),
+        ("c", b"x", [("client_id", None)]),
+        ("d", b"x", [("client_id", "only"), ("client_id", b"\xff")]),
+        ("e", b"x", None),
+    ])
+    found = header_columns(batch.column("headers"), ("client_id", "principal"))
+    assert found["client_id"].to_pylist() == ["new", None, None, "\ufffd", None]
+    assert found["principal"].to_pylist() == ["User:a", None, None, None, None]

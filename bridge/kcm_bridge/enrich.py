@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -54,6 +53,9 @@ def _salt(rule: AttributeRule) -> bytes:
     return b""
 
 
+Added = tuple[bytes, frozenset[str]]   # encoded resource attributes, and their keys
+
+
 class Enricher:
     """Turns a record's header attributes into the resource attributes an export carries."""
 
@@ -61,8 +63,6 @@ class Enricher:
         self._use_headers = config.header_attributes
         self._static = dict(config.static_attributes)
         self._rules = Rules(config.rules)
-        # Header sets repeat for every push of a client, so their encoded form is cached (bounded).
-        self._encode = lru_cache(maxsize=4096)(self._encode_attributes)
 
     def attributes(self, headers: Mapping[str, str]) -> dict[str, str]:
         """The attributes added to every resource of a record: headers, then static ones, then the rules."""
@@ -74,16 +74,21 @@ class Enricher:
                 result[new_key] = new_value if new_value is not None else value
         return result
 
-    def enrich(self, metrics_data: bytes, headers: Mapping[str, str]) -> bytes:
-        """`metrics_data` (serialised MetricsData) with every resource carrying the added attributes."""
-        encoded, keys = self._encode(tuple(headers.items()))
+    def encode(self, headers: Mapping[str, str]) -> Added:
+        """The added attributes of a record with these header attributes, encoded once for `apply`."""
+        added = self.attributes(headers)
+        return b"".join(field(_ATTRIBUTES, string_key_value(k, v)) for k, v in added.items()), frozenset(added)
+
+    def apply(self, metrics_data: bytes, added: Added) -> bytes:
+        """`metrics_data` (serialised MetricsData) with every resource carrying the `encode`d attributes."""
+        encoded, keys = added
         if not encoded and not self._rules.attributes:
             return metrics_data
         return splice(metrics_data, encoded, keys, self._rules)
 
-    def _encode_attributes(self, header_items: tuple[tuple[str, str], ...]) -> tuple[bytes, frozenset[str]]:
-        added = self.attributes(dict(header_items))
-        return b"".join(field(_ATTRIBUTES, string_key_value(k, v)) for k, v in added.items()), frozenset(added)
+    def enrich(self, metrics_data: bytes, headers: Mapping[str, str]) -> bytes:
+        """`apply` with attributes encoded from `headers`."""
+        return self.apply(metrics_data, self.encode(headers))
 
 
 def splice(metrics_data: bytes, added: bytes, added_keys: frozenset[str], rules: Rules) -> bytes:
@@ -99,14 +104,15 @@ def splice(metrics_data: bytes, added: bytes, added_keys: frozenset[str], rules:
 
 
 def _resource_metrics(data: bytes, added: bytes, added_keys: frozenset[str], rules: Rules) -> bytes:
-    resource_parts, rest = [], []
-    for number, wire_type, start, value_start, end in fields(data):
-        if number == _RESOURCE and wire_type == LEN:
-            resource_parts.append(data[value_start:end])
-        else:
-            rest.append(data[start:end])
+    parts = fields(data)
+    resource_parts = [data[value_start:end] for number, wire_type, _, value_start, end in parts
+                      if number == _RESOURCE and wire_type == LEN]
     # Repeated occurrences of a message field merge, so their concatenation is the resource.
     resource = b"".join(resource_parts)
+    if not rules.attributes and added_keys.isdisjoint(_attribute_keys(resource)):
+        # The common case (an empty resource, or none of the added keys in it): a leading resource field holding
+        # only the added attributes merges with the client's, so the rest is copied as it is.
+        return field(_RESOURCE, added) + data
     kept, other = [], []
     for number, wire_type, start, value_start, end in fields(resource):
         if number == _ATTRIBUTES and wire_type == LEN:
@@ -115,7 +121,24 @@ def _resource_metrics(data: bytes, added: bytes, added_keys: frozenset[str], rul
                 kept.append(field(_ATTRIBUTES, attribute))
         else:
             other.append(resource[start:end])
+    rest = [data[start:end] for number, wire_type, start, _, end in parts if number != _RESOURCE or wire_type != LEN]
     return field(_RESOURCE, b"".join(kept) + added + b"".join(other)) + b"".join(rest)
+
+
+def _attribute_keys(resource: bytes) -> list[str]:
+    keys = []
+    for number, wire_type, _, value_start, end in fields(resource):
+        if number == _ATTRIBUTES and wire_type == LEN:
+            keys.append(_key(resource[value_start:end]))
+    return keys
+
+
+def _key(key_value: bytes) -> str:
+    key = ""
+    for number, wire_type, _, value_start, end in fields(key_value):
+        if number == _KEY and wire_type == LEN:
+            key = key_value[value_start:end].decode("utf-8", errors="replace")
+    return key
 
 
 def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules) -> bytes | None:

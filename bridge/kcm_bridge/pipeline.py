@@ -14,6 +14,7 @@ import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
@@ -25,7 +26,7 @@ from kcm_common.names import ATTRIBUTE_HEADERS
 from kcm_bridge.config import BridgeConfig
 from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
                                  open_dead_letter_producer, split_properties)
-from kcm_bridge.enrich import Enricher
+from kcm_bridge.enrich import Added, Enricher
 from kcm_bridge.export import Endpoint, Outcome
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
@@ -35,34 +36,67 @@ from kcm_bridge.wire import count_points
 log = logging.getLogger("kcm.bridge")
 
 _POLL_RECORDS = 500
+# What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
+# size of a cached set, so hostile headers cannot grow it.
+_HEADER_CACHE_ENTRIES = 4096
+_HEADER_CACHE_MAX_BYTES = 1024
 
 
-def prepare(record: Record, enricher: Enricher, converter: DeltaToCumulative | None = None) -> tuple[bytes, int]:
-    """A record as enriched MetricsData bytes and its point count; raises contract.DecodeError."""
-    headers = {}
-    for name, raw in record.headers:
-        if raw is not None:
-            headers[name] = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", errors="replace")
-    media = headers.get(contract.CONTENT_TYPE_HEADER, "").split(";", 1)[0].strip().lower()
-    if not record.value:
-        raise contract.DecodeError("empty", "record has no value; expected an OTLP MetricsData payload")
-    payload = b""
-    if media in ("", contract.CONTENT_TYPE_PROTOBUF):
-        payload = contract.decompress(record.value, headers.get(contract.CONTENT_ENCODING_HEADER) or "none")
-        if not payload:
-            raise contract.DecodeError("empty", "record value decompresses to nothing")
-    if media != contract.CONTENT_TYPE_PROTOBUF and (not payload or payload.lstrip(b" \t\r").startswith(b"{")):
-        # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
-        payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
-    attributes = {name: headers[name] for name in ATTRIBUTE_HEADERS if name in headers}
-    if converter is not None:
-        payload = _to_cumulative(payload, converter, record, attributes.get("client_instance_id"))
-    try:
-        enriched = enricher.enrich(payload, attributes)
-        return enriched, count_points(enriched)
-    # The wire walk and the point count raise ValueError on a broken message; AnyValue parsing its own error.
-    except Exception as err:
-        raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
+class _HeaderFacts(NamedTuple):
+    media: str                 # content type without parameters, lower case; "" when absent
+    encoding: str
+    instance: str | None       # client_instance_id
+    added: Added               # the resource attributes enrichment adds, encoded
+
+
+class Preparer:
+    """Turns a record into enriched MetricsData bytes and its point count; raises contract.DecodeError."""
+
+    def __init__(self, enricher: Enricher, converter: DeltaToCumulative | None = None) -> None:
+        self._enricher = enricher
+        self._converter = converter
+        self._facts: dict[tuple[tuple[str, bytes | None], ...], _HeaderFacts] = {}
+
+    def __call__(self, record: Record) -> tuple[bytes, int]:
+        key = tuple(record.headers)
+        facts = self._facts.get(key)
+        if facts is None:
+            facts = self._read_headers(key)
+        media = facts.media
+        if not record.value:
+            raise contract.DecodeError("empty", "record has no value; expected an OTLP MetricsData payload")
+        payload = b""
+        if media in ("", contract.CONTENT_TYPE_PROTOBUF):
+            payload = contract.decompress(record.value, facts.encoding)
+            if not payload:
+                raise contract.DecodeError("empty", "record value decompresses to nothing")
+        if media != contract.CONTENT_TYPE_PROTOBUF and (not payload or payload.lstrip(b" \t\r").startswith(b"{")):
+            # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
+            payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
+        if self._converter is not None:
+            payload = _to_cumulative(payload, self._converter, record, facts.instance)
+        try:
+            enriched = self._enricher.apply(payload, facts.added)
+            return enriched, count_points(enriched)
+        # The wire walk and the point count raise ValueError on a broken message; AnyValue parsing its own error.
+        except Exception as err:
+            raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
+
+    def _read_headers(self, raw: tuple[tuple[str, bytes | None], ...]) -> _HeaderFacts:
+        headers, size = {}, 0
+        for name, value in raw:
+            if value is not None:
+                size += len(value)
+                headers[name] = value if isinstance(value, str) else bytes(value).decode("utf-8", errors="replace")
+        attributes = {name: headers[name] for name in ATTRIBUTE_HEADERS if name in headers}
+        facts = _HeaderFacts(headers.get(contract.CONTENT_TYPE_HEADER, "").split(";", 1)[0].strip().lower(),
+                             headers.get(contract.CONTENT_ENCODING_HEADER) or "none",
+                             attributes.get("client_instance_id"), self._enricher.encode(attributes))
+        if size <= _HEADER_CACHE_MAX_BYTES:
+            if len(self._facts) >= _HEADER_CACHE_ENTRIES:
+                del self._facts[next(iter(self._facts))]   # the oldest entry
+            self._facts[raw] = facts
+        return facts
 
 
 def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record, instance: str | None) -> bytes:
@@ -95,9 +129,9 @@ class Bridge:
         security, self._tuning = split_properties(config.kafka_properties())
         self._settings = KafkaSettings(config.kafka.bootstrap_servers, security)
         self._settings.client_options()  # validate TLS/SASL properties now, naming a bad one
-        self._enricher = Enricher(config.enrich)
         self._converter = (DeltaToCumulative(config.temporality.max_streams, config.temporality.idle_expiry_s)
                            if config.temporality.delta_to_cumulative else None)
+        self._prepare = Preparer(Enricher(config.enrich), self._converter)
         self._stopping = threading.Event()
         self._drain_deadline = float("inf")
         self._endpoints = [Endpoint(e, config.retry, self._give_up) for e in config.endpoints]
@@ -182,7 +216,7 @@ class Bridge:
     def _add(self, record: Record) -> None:
         partition = (record.topic, record.partition)
         try:
-            payload, points = prepare(record, self._enricher, self._converter)
+            payload, points = self._prepare(record)
         except contract.DecodeError as err:
             self._reject(record, partition, err)
             return

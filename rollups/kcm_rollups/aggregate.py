@@ -23,6 +23,10 @@ GROUPABLE: tuple[str, ...] = DEFAULT_DIMENSIONS + (
     "security_protocol", "broker_id", "cluster_id", "subscription_id")
 STATE_COLUMNS: tuple[str, ...] = ("count", "nan_count", "min", "max", "sum", "last", "last_at", "kll_sketch",
                                   "instances_sketch", "increase", "bounds", "bucket_counts")
+# The decoded point columns `rollup` reads besides the dimensions.
+POINT_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "metric", "type",
+                                 "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value", "count",
+                                 "sum", "bucket_counts", "bounds", "error")
 _HISTOGRAM_TYPES = ("histogram", "exponential_histogram", "summary")
 _MICROS = 1_000_000
 
@@ -45,35 +49,37 @@ def _counter() -> Column:
 def with_increases(points: DataFrame) -> DataFrame:
     """Add `increase` to sum points and `d_count/d_sum/d_buckets` to histogram points: deltas as they are, cumulative
     points as the difference to their stream's previous point, or the new value after a reset (drop, new start)."""
+    cumulative = F.col("temporality") == "cumulative"
+    counter = _counter() & ~F.isnan("value")
+    histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
+    # Only cumulative points need their stream's previous point: the rest skip the shuffle and sort of the window.
+    direct = points.filter(~(cumulative & (counter | histogram))).select(
+        "*", F.when(counter, F.col("value")).alias("increase"), F.when(histogram, F.col("count")).alias("d_count"),
+        F.when(histogram, F.col("sum")).alias("d_sum"), F.when(histogram, F.col("bucket_counts")).alias("d_buckets"))
+
     # The first point of a stream has no predecessor here and adds nothing: the job reads a lookback for it.
     stream = Window.partitionBy("client_instance_id", "metric", "attributes").orderBy(
         "record_micros", "partition", "offset", "time_ns")
-    finite = ~F.isnan("value")
-    cumulative = F.col("temporality") == "cumulative"
-    counters = points.filter(_counter() & finite)
     prev_value, prev_start = F.lag("value").over(stream), F.lag("start_ns").over(stream)
     reset = (F.col("value") < prev_value) | (F.col("start_ns") != prev_start)
-    counters = counters.withColumn("increase", F.when(
-        ~cumulative, F.col("value")).when(prev_value.isNull(), None).when(
-        reset, F.col("value")).otherwise(F.col("value") - prev_value))
-
-    histograms = points.filter(F.col("type").isin(*_HISTOGRAM_TYPES))
     prev_count, prev_sum = F.lag("count").over(stream), F.lag("sum").over(stream)
     prev_buckets, prev_bounds = F.lag("bucket_counts").over(stream), F.lag("bounds").over(stream)
     h_reset = ((F.col("count") < prev_count) | (F.col("start_ns") != prev_start)
                | ~F.equal_null(F.col("bounds"), prev_bounds)
                | F.exists(F.zip_with("bucket_counts", prev_buckets, lambda a, b: a < b), lambda less: less))
-    first = prev_count.isNull()
-    histograms = (histograms
-                  .withColumn("d_count", F.when(~cumulative, F.col("count")).when(first, None).when(
-                      h_reset, F.col("count")).otherwise(F.col("count") - prev_count))
-                  .withColumn("d_sum", F.when(~cumulative, F.col("sum")).when(first, None).when(
-                      h_reset, F.col("sum")).otherwise(F.col("sum") - prev_sum))
-                  .withColumn("d_buckets", F.when(~cumulative, F.col("bucket_counts")).when(first, None).when(
-                      h_reset, F.col("bucket_counts")).otherwise(F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b))))
+    h_first = prev_count.isNull()
 
-    rest = points.filter(~((_counter() & finite) | F.col("type").isin(*_HISTOGRAM_TYPES)))
-    return rest.unionByName(counters, allowMissingColumns=True).unionByName(histograms, allowMissingColumns=True)
+    def h_delta(column: str, difference: Column) -> Column:
+        return F.when(histogram, F.when(h_first, None).when(h_reset, F.col(column)).otherwise(difference))
+
+    cumulated = points.filter(cumulative & (counter | histogram)).select(
+        "*",
+        F.when(counter, F.when(prev_value.isNull(), None).when(reset, F.col("value"))
+               .otherwise(F.col("value") - prev_value)).alias("increase"),
+        h_delta("count", F.col("count") - prev_count).alias("d_count"),
+        h_delta("sum", F.col("sum") - prev_sum).alias("d_sum"),
+        h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
+    return direct.unionByName(cumulated)
 
 
 def _sum_arrays(column: str) -> Column:
@@ -171,7 +177,8 @@ def rollup(points: DataFrame, resolutions: Sequence[Resolution], dimensions: Seq
     points = with_increases(points.filter(F.col("error").isNull() & F.col("metric").isNotNull()))
     if since_micros is not None:
         points = points.filter(F.col("record_micros") >= F.lit(since_micros))
-    state = partial_state(points, resolutions[0].seconds, dimensions)
+    # Materialised once: the finest rows and every coarser merge read it, instead of each recomputing it from points.
+    state = partial_state(points, resolutions[0].seconds, dimensions).localCheckpoint(eager=True)
     outputs = []
     for index, resolution in enumerate(resolutions):
         if index:
