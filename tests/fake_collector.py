@@ -6,19 +6,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass
-from types import TracebackType
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.any_pb2 import Any as AnyProto
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+
+from kcm_demo.collector import OtlpCollector
 
 
 @dataclass(frozen=True)
@@ -49,43 +48,17 @@ def data_point_count(request: ExportMetricsServiceRequest) -> int:
     return total
 
 
-class FakeCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
-    """A real OTLP/gRPC MetricsService on a loopback port."""
+class FakeCollector(OtlpCollector):
+    """The demo's OTLP/gRPC collector, recording every export (with its call metadata) and able to fail on demand."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  on_export: Callable[[Export], None] | None = None) -> None:
-        self.host = host
-        self._requested_port = port
-        self.port = 0
-        self._on_export = on_export
-        self._server: grpc.Server | None = None
+        super().__init__(lambda request: None, host, port, max_workers=4)
+        self._on_record = on_export
         self._lock = threading.Condition()
         self._exports: list[Export] = []
         self._faults: deque[_Fault] = deque()
         self.rejected_calls = 0
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def start(self) -> None:
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(f"{self.host}:{self._requested_port}")
-        self._server.start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=1).wait(timeout=5)
-            self._server = None
-
-    def __enter__(self) -> FakeCollector:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     # Fault injection: each queued fault answers one Export call, in order.
     def fail_next(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, times: int = 1,
@@ -135,8 +108,8 @@ class FakeCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         with self._lock:
             self._exports.append(export)
             self._lock.notify_all()
-        if self._on_export is not None:
-            self._on_export(export)
+        if self._on_record is not None:
+            self._on_record(export)
         response = ExportMetricsServiceResponse()
         if fault is not None:
             response.partial_success.rejected_data_points = fault.rejected_data_points

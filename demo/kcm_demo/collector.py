@@ -18,10 +18,12 @@ class OtlpCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
     """Accepts every Export and hands the request to `on_export`; what the bridge sends in the demo lands here."""
 
     def __init__(self, on_export: Callable[[ExportMetricsServiceRequest], None], host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, max_workers: int = 2) -> None:
         self.host = host
-        self.port = port
+        self.port = 0
+        self._requested_port = port  # 0: a free port on each start
         self._on_export = on_export
+        self._max_workers = max_workers
         self._server: grpc.Server | None = None
 
     @property
@@ -29,9 +31,9 @@ class OtlpCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         return f"{self.host}:{self.port}"
 
     def start(self) -> None:
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        self.port = self._server.add_insecure_port(f"{self.host}:{self._requested_port}")
         self._server.start()
 
     def stop(self) -> None:
