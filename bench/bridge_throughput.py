@@ -2,14 +2,16 @@
 
 Fills a topic with real librdkafka telemetry pushes (captured through the sandbox, then replayed with distinct
 client instance ids), then consumes it: once with a bare confluent-kafka consume() loop, then with the bridge
-(each consumer backend, and with delta → cumulative) exporting to an acknowledging OTLP/gRPC receiver in another
-process. Each run is its own process, so CPU and peak RSS are the run's own.
-Usage: .venv/bin/python bench/bridge_throughput.py [RECORDS]   (default 100000)
+(each consumer backend, with delta → cumulative, and without gzip) exporting to an acknowledging OTLP/gRPC receiver
+in another process. Each run is its own process, so CPU and peak RSS are the run's own. A last run reads a second
+topic a tenth as large (ten times with --tenfold): the bridge's peak memory should not grow with the backlog.
+Usage: .venv/bin/python bench/bridge_throughput.py [RECORDS] [--tenfold]   (default 100000)
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import re
 import resource
 import sys
 import threading
@@ -19,6 +21,7 @@ from concurrent import futures
 import confluent_kafka
 
 TOPIC = "bench-metrics"
+OTHER_TOPIC = "bench-metrics-other"
 INSTANCES = 1000
 _EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 
@@ -57,11 +60,11 @@ def capture_pushes(seconds: float = 4.0) -> list[tuple[bytes, list[tuple[str, by
     return pushes
 
 
-def fill(bootstrap: str, pushes: list[tuple[bytes, list[tuple[str, bytes]]]], records: int) -> int:
+def fill(bootstrap: str, topic: str, pushes: list[tuple[bytes, list[tuple[str, bytes]]]], records: int) -> int:
     """Write `records` records cycling the captured pushes; returns the value bytes written."""
     from kcm_common.kafka import KafkaSettings, ensure_topic
 
-    ensure_topic(KafkaSettings(bootstrap), TOPIC, partitions=1)
+    ensure_topic(KafkaSettings(bootstrap), topic, partitions=1)
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
                                          "batch.num.messages": 1000, "queue.buffering.max.messages": 200000})
     written = 0
@@ -71,7 +74,7 @@ def fill(bootstrap: str, pushes: list[tuple[bytes, list[tuple[str, bytes]]]], re
         headers = [(k, instance.encode() if k == "client_instance_id" else v) for k, v in headers]
         while True:
             try:
-                producer.produce(TOPIC, key=instance.encode(), value=value, headers=headers)
+                producer.produce(topic, key=instance.encode(), value=value, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -98,8 +101,15 @@ def receiver(port_out: multiprocessing.Queue, stop: multiprocessing.Event) -> No
 
 
 def _usage() -> tuple[float, int]:
+    """(CPU seconds, peak RSS KiB) of this process."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+    # ru_maxrss survives exec on Linux, so a spawned run would report at least its parent's peak; VmHWM is its own.
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            peak = next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), usage.ru_maxrss)
+    except OSError:
+        peak = usage.ru_maxrss
+    return usage.ru_utime + usage.ru_stime, peak
 
 
 def ceiling(bootstrap: str, records: int, out: multiprocessing.Queue) -> None:
@@ -120,39 +130,40 @@ def ceiling(bootstrap: str, records: int, out: multiprocessing.Queue) -> None:
              "cpu_s": cpu - cpu0, "rss_kb": rss})
 
 
-def bridge_run(bootstrap: str, endpoint: str, records: int, backend: str, cumulative: bool,
-               out: multiprocessing.Queue) -> None:
+def bridge_run(bootstrap: str, endpoint: str, topic: str, records: int, run: dict, out: multiprocessing.Queue) -> None:
     import logging
 
     from kcm_bridge import config as bridge_config
     from kcm_bridge.pipeline import Bridge
 
     logging.basicConfig(level=logging.WARNING)
-    group = f"bench-{backend}-{'cumulative' if cumulative else 'delta'}"
-    config = bridge_config.load(env={}, endpoints=[endpoint], insecure=True, overrides={
-        ("kafka", "bootstrap_servers"): bootstrap, ("kafka", "topics"): [TOPIC], ("kafka", "group_id"): group,
-        ("kafka", "client"): backend, ("temporality", "delta_to_cumulative"): cumulative,
+    config = bridge_config.load(env={}, overrides={
+        ("kafka", "bootstrap_servers"): bootstrap, ("kafka", "topics"): [topic],
+        ("kafka", "group_id"): "bench-" + "-".join(re.findall(r"[a-z0-9]+", f"{topic} {run['name']}")),
+        ("kafka", "client"): run["backend"],
+        ("temporality", "delta_to_cumulative"): run.get("cumulative", False),
+        ("endpoints",): [{"endpoint": endpoint, "insecure": True, "compression": run.get("compression", "gzip")}],
         # Tansu holds each JoinGroup for half the session timeout.
         ("kafka", "properties"): {"session.timeout.ms": "6000"}})
     bridge = Bridge(config)
     thread = threading.Thread(target=bridge.run, daemon=True)
     thread.start()
     metrics = bridge.metrics
-    started, cpu0 = None, 0.0
+    started, base, cpu0 = None, 0.0, 0.0
     while True:
         consumed = metrics.value(metrics.records)
         if consumed and started is None:
-            started, (cpu0, _) = time.perf_counter(), _usage()
+            started, base, (cpu0, _) = time.perf_counter(), consumed, _usage()
         if consumed >= records and metrics.value(metrics.inflight_bytes) == 0 and bridge._tracker.pending() == 0:
             break
-        time.sleep(0.01)
+        time.sleep(0.05)  # each look collects the whole registry: rarely, so the bridge keeps the CPU
     elapsed = time.perf_counter() - started
     cpu, rss = _usage()
-    points = metrics.value(metrics.points)
+    points = metrics.value(metrics.points) * (consumed - base) / consumed   # the timed records' share
     bridge.stop()
     thread.join(60)
-    out.put({"name": f"bridge {backend}{' + delta→cumulative' if cumulative else ''}", "seconds": elapsed,
-             "records": consumed, "points": points, "cpu_s": cpu - cpu0, "rss_kb": rss})
+    out.put({"name": f"bridge {run['name']}", "seconds": elapsed, "records": consumed - base, "points": points,
+             "cpu_s": cpu - cpu0, "rss_kb": rss})
 
 
 def _in_process(target, *args) -> dict:
@@ -165,14 +176,26 @@ def _in_process(target, *args) -> dict:
     return result
 
 
+RUNS = (
+    {"name": "confluent-kafka", "backend": "confluent-kafka"},
+    {"name": "kafka-python", "backend": "kafka-python"},
+    {"name": "confluent-kafka + delta→cumulative", "backend": "confluent-kafka", "cumulative": True},
+    {"name": "confluent-kafka, no gzip", "backend": "confluent-kafka", "compression": "none"},
+)
+
+
 def main() -> None:
     from kcm_sandbox.broker import EmbeddedBroker
 
-    records = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
+    records = int(arguments[0]) if arguments else 100_000
+    # The memory check reads a second topic a tenth as large, or with --tenfold ten times as large (slow to fill).
+    other = records * 10 if "--tenfold" in sys.argv else records // 10
     pushes = capture_pushes()
     context = multiprocessing.get_context("spawn")
     with EmbeddedBroker() as broker:
-        written = fill(broker.bootstrap, pushes, records)
+        written = fill(broker.bootstrap, TOPIC, pushes, records)
+        fill(broker.bootstrap, OTHER_TOPIC, pushes, other)
         print(f"topic: {records} records from {len(pushes)} real librdkafka pushes, "
               f"{written / records:.0f} bytes/record on average")
         ports, stop = context.Queue(), context.Event()
@@ -181,9 +204,10 @@ def main() -> None:
         endpoint = f"127.0.0.1:{ports.get(timeout=30)}"
         try:
             results = [_in_process(ceiling, broker.bootstrap, records)]
-            for backend, cumulative in (("confluent-kafka", False), ("kafka-python", False),
-                                        ("confluent-kafka", True)):
-                results.append(_in_process(bridge_run, broker.bootstrap, endpoint, records, backend, cumulative))
+            for run in RUNS:
+                results.append(_in_process(bridge_run, broker.bootstrap, endpoint, TOPIC, records, run))
+            # The same bridge over another backlog: its peak memory should not depend on the backlog.
+            second = _in_process(bridge_run, broker.bootstrap, endpoint, OTHER_TOPIC, other, RUNS[0])
         finally:
             stop.set()
             collector.join(10)
@@ -194,6 +218,10 @@ def main() -> None:
         print(f"{result['name']:42} {rate:>10,.0f} {result['points'] / result['seconds']:>10,.0f} "
               f"{result['cpu_s'] / result['records'] * 1e6:>11.1f} {result['rss_kb'] / 1024:>13.0f} "
               f"{rate / top:>11.2f}")
+    backlogs = sorted([(records, results[1]), (other, second)], key=lambda pair: pair[0])
+    print("peak RSS of bridge confluent-kafka: " + ", ".join(
+        f"{result['rss_kb'] / 1024:.0f} MiB with a {count} record backlog ({result['records'] / result['seconds']:,.0f}"
+        f" records/s)" for count, result in backlogs))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,41 @@ def test_header_values_replace_what_the_client_put_in_its_resource_and_other_att
     assert _resource(enriched) == {"client_id": "payments-1", "host.name": "pod-7"}
 
 
+def test_client_resource_attributes_without_a_clash_are_kept_beside_the_added_ones():
+    original = client_metrics()
+    original.resource_metrics[0].resource.attributes.append(
+        KeyValue(key="group_id", value=AnyValue(string_value="payments")))
+    enriched = Enricher(EnrichConfig(static_attributes={"kafka.cluster.name": "prod"})).enrich(
+        original.SerializeToString(), HEADERS)
+    assert _resource(enriched) == {**HEADERS, "kafka.cluster.name": "prod", "group_id": "payments"}
+    assert len(MetricsData.FromString(enriched).resource_metrics[0].resource.attributes) == len(HEADERS) + 2
+
+
+def test_point_count_covers_every_resource_scope_and_kind_of_metric():
+    data = MetricsData()
+    data.MergeFrom(client_metrics("a"))                 # 1 gauge point + 1 sum point
+    data.resource_metrics.extend(client_metrics("b").resource_metrics)
+    scope = data.resource_metrics[1].scope_metrics.add()
+    scope.metrics.add(name="h").histogram.data_points.add(count=3)
+    scope.metrics.add(name="e").exponential_histogram.data_points.add(count=1)
+    summary = scope.metrics.add(name="s").summary
+    summary.data_points.add(count=2)
+    summary.data_points.add(count=4)
+    scope.metrics.add(name="empty")                     # no data at all
+    assert count_points(data.SerializeToString()) == 2 + 2 + 1 + 1 + 2
+
+
+def test_point_count_rejects_what_the_otlp_schema_rejects_deep_inside_a_metric():
+    # A metric name that is not UTF-8: well-formed protobuf framing, but not a valid OTLP message.
+    valid = client_metrics().SerializeToString()
+    broken = valid.replace(b"org.apache.kafka.producer.record.send.total",
+                           b"\xff" + b"rg.apache.kafka.producer.record.send.total")
+    with pytest.raises(Exception):
+        MetricsData.FromString(broken)
+    with pytest.raises(ValueError):
+        count_points(broken)
+
+
 def test_drop_rename_and_salted_hash_rules_apply_to_header_and_client_attributes():
     original = client_metrics()
     original.resource_metrics[0].resource.attributes.append(

@@ -108,7 +108,8 @@ class TemporalityConfig:
 
 @dataclass(frozen=True)
 class DeliveryConfig:
-    max_inflight_bytes: int = 64 * 1024 * 1024
+    # Enough for every export thread to have batches queued behind the one it sends; more only holds memory.
+    max_inflight_bytes: int = 16 * 1024 * 1024
     commit_interval_s: float = 1.0
     shutdown_timeout_s: float = 20.0
     revoke_timeout_s: float = 5.0

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, kafka_python_options
+from kcm_common.kafka import KafkaSettings
+from kcm_common.librdkafka import librdkafka_config
 
 log = logging.getLogger("kcm.bridge.consumer")
 
@@ -29,20 +30,15 @@ CONSUMER_PROPERTIES: dict[str, tuple[str, str, type]] = {
     "fetch.max.bytes": ("fetch_max_bytes", "fetch.max.bytes", int),
     "max.partition.fetch.bytes": ("max_partition_fetch_bytes", "max.partition.fetch.bytes", int),
     "partition.assignment.strategy": ("", "partition.assignment.strategy", str),
+    "queued.max.messages.kbytes": ("", "queued.max.messages.kbytes", int),
+    "fetch.queue.backoff.ms": ("", "fetch.queue.backoff.ms", int),
 }
-# kafka-python keyword -> librdkafka property, for the TLS/SASL settings kcm_common validates.
-_LIBRDKAFKA_NAMES = {
-    "security_protocol": "security.protocol",
-    "sasl_mechanism": "sasl.mechanism",
-    "sasl_plain_username": "sasl.username",
-    "sasl_plain_password": "sasl.password",
-    "ssl_cafile": "ssl.ca.location",
-    "ssl_certfile": "ssl.certificate.location",
-    "ssl_keyfile": "ssl.key.location",
-    "ssl_password": "ssl.key.password",
-    "client_id": "client.id",
-    "request_timeout_ms": "socket.timeout.ms",
-}
+# librdkafka prefetches up to 64 MiB by default, so its memory would grow with the backlog up to that. 16 MiB keeps
+# the bridge fed (8 MiB let it wait for fetches on the benchmark) with memory the same for any backlog. A full
+# prefetch queue postpones the next fetch by fetch.queue.backoff.ms, 1 s by default, which capped the bridge at one
+# queue per second: it looks again soon instead.
+_PREFETCH_KBYTES = 16384
+_PREFETCH_BACKOFF_MS = 20
 BACKENDS = ("confluent-kafka", "kafka-python")
 
 
@@ -114,17 +110,6 @@ def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
                       ("kcm.dlq.offset", str(record.offset).encode())]
 
 
-def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
-    """TLS/SASL settings in librdkafka spelling (after kcm_common's validation)."""
-    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
-    for key, value in kafka_python_options(settings.properties).items():
-        if key == "ssl_check_hostname":
-            config["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
-        elif key in _LIBRDKAFKA_NAMES:
-            config[_LIBRDKAFKA_NAMES[key]] = value
-    return config
-
-
 class ConfluentConsumer:
     """confluent-kafka (librdkafka): the fast default."""
 
@@ -137,6 +122,7 @@ class ConfluentConsumer:
         config = librdkafka_config(settings)
         config.update({"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
                        "auto.offset.reset": "earliest", "enable.partition.eof": False,
+                       "queued.max.messages.kbytes": _PREFETCH_KBYTES, "fetch.queue.backoff.ms": _PREFETCH_BACKOFF_MS,
                        "logger": logging.getLogger("kcm.bridge.librdkafka")})
         config.update({CONSUMER_PROPERTIES[key][1]: value for key, value in tuning.items()})
         try:
@@ -153,16 +139,14 @@ class ConfluentConsumer:
         self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
-        records = []
-        for message in self._consumer.consume(max_records, timeout_s):
-            error = message.error()
-            if error is not None:
+        messages = self._consumer.consume(max_records, timeout_s)
+        records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or [])
+                   for m in messages if m.error() is None]
+        if len(records) < len(messages):
+            for error in (m.error() for m in messages if m.error() is not None):
                 if error.fatal():
                     raise RuntimeError(f"Kafka consumer failed: {error.str()}")
                 log.warning("Kafka consumer: %s", error.str())
-                continue
-            records.append(Record(message.topic(), message.partition(), message.offset(), message.key(),
-                                  message.value(), message.headers() or []))
         return records
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:

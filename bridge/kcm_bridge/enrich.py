@@ -9,17 +9,20 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from kcm_bridge.config import AttributeRule, EnrichConfig
-from kcm_bridge.wire import LEN, RESOURCE_METRICS, field, fields
+from kcm_bridge.wire import LEN, RESOURCE_METRICS, field, fields, varint
 
 # ResourceMetrics.resource, Resource.attributes, KeyValue.key, KeyValue.value
 _RESOURCE = _ATTRIBUTES = _KEY = 1
 _VALUE = 2
 _STRING_VALUE = 1
+_RESOURCE_METRICS_TAG = varint((RESOURCE_METRICS << 3) | LEN)
 
 
 class Rules:
@@ -53,7 +56,12 @@ def _salt(rule: AttributeRule) -> bytes:
     return b""
 
 
-Added = tuple[bytes, frozenset[str]]   # encoded resource attributes, and their keys
+class Added(NamedTuple):
+    """The resource attributes enrichment adds to a record, encoded once per header set."""
+
+    attributes: bytes          # encoded Resource.attributes fields
+    keys: frozenset[str]
+    resource: bytes            # a ResourceMetrics.resource field holding only them
 
 
 class Enricher:
@@ -77,60 +85,68 @@ class Enricher:
     def encode(self, headers: Mapping[str, str]) -> Added:
         """The added attributes of a record with these header attributes, encoded once for `apply`."""
         added = self.attributes(headers)
-        return b"".join(field(_ATTRIBUTES, string_key_value(k, v)) for k, v in added.items()), frozenset(added)
+        encoded = b"".join(field(_ATTRIBUTES, string_key_value(k, v)) for k, v in added.items())
+        return Added(encoded, frozenset(added), field(_RESOURCE, encoded))
 
     def apply(self, metrics_data: bytes, added: Added) -> bytes:
         """`metrics_data` (serialised MetricsData) with every resource carrying the `encode`d attributes."""
-        encoded, keys = added
-        if not encoded and not self._rules.attributes:
+        if not added.attributes and not self._rules.attributes:
             return metrics_data
-        return splice(metrics_data, encoded, keys, self._rules)
+        return splice(metrics_data, added, self._rules)
 
     def enrich(self, metrics_data: bytes, headers: Mapping[str, str]) -> bytes:
         """`apply` with attributes encoded from `headers`."""
         return self.apply(metrics_data, self.encode(headers))
 
 
-def splice(metrics_data: bytes, added: bytes, added_keys: frozenset[str], rules: Rules) -> bytes:
+def splice(metrics_data: bytes, added: Added, rules: Rules) -> bytes:
     """Rewrite each ResourceMetrics' resource: its own attributes after the rules, minus keys `added` replaces."""
     out = []
     for number, wire_type, start, value_start, end in fields(metrics_data):
         if number == RESOURCE_METRICS and wire_type == LEN:
-            out.append(field(RESOURCE_METRICS,
-                              _resource_metrics(metrics_data[value_start:end], added, added_keys, rules)))
+            body = _resource_metrics(metrics_data[value_start:end], added, rules)
+            out += (_RESOURCE_METRICS_TAG, varint(len(body)), body)
         else:
             out.append(metrics_data[start:end])
     return b"".join(out)
 
 
-def _resource_metrics(data: bytes, added: bytes, added_keys: frozenset[str], rules: Rules) -> bytes:
+def _resource_metrics(data: bytes, added: Added, rules: Rules) -> bytes:
     parts = fields(data)
     resource_parts = [data[value_start:end] for number, wire_type, _, value_start, end in parts
                       if number == _RESOURCE and wire_type == LEN]
     # Repeated occurrences of a message field merge, so their concatenation is the resource.
     resource = b"".join(resource_parts)
-    if not rules.attributes and added_keys.isdisjoint(_attribute_keys(resource)):
+    if not rules.attributes and (not resource or added.keys.isdisjoint(_resource_keys(resource))):
         # The common case (an empty resource, or none of the added keys in it): a leading resource field holding
         # only the added attributes merges with the client's, so the rest is copied as it is.
-        return field(_RESOURCE, added) + data
+        return added.resource + data
     kept, other = [], []
     for number, wire_type, start, value_start, end in fields(resource):
         if number == _ATTRIBUTES and wire_type == LEN:
-            attribute = _kept_attribute(resource[value_start:end], added_keys, rules)
+            attribute = _kept_attribute(resource[value_start:end], added.keys, rules)
             if attribute is not None:
                 kept.append(field(_ATTRIBUTES, attribute))
         else:
             other.append(resource[start:end])
     rest = [data[start:end] for number, wire_type, start, _, end in parts if number != _RESOURCE or wire_type != LEN]
-    return field(_RESOURCE, b"".join(kept) + added + b"".join(other)) + b"".join(rest)
+    return field(_RESOURCE, b"".join(kept) + added.attributes + b"".join(other)) + b"".join(rest)
 
 
-def _attribute_keys(resource: bytes) -> list[str]:
-    keys = []
-    for number, wire_type, _, value_start, end in fields(resource):
-        if number == _ATTRIBUTES and wire_type == LEN:
-            keys.append(_key(resource[value_start:end]))
-    return keys
+def _resource_keys(resource: bytes) -> frozenset[str]:
+    # A client sends the same resource with every push: small ones are looked up, not walked again.
+    if len(resource) <= _CACHED_RESOURCE_BYTES:
+        return _cached_attribute_keys(resource)
+    return _attribute_keys(resource)
+
+
+def _attribute_keys(resource: bytes) -> frozenset[str]:
+    return frozenset(_key(resource[value_start:end]) for number, wire_type, _, value_start, end in fields(resource)
+                     if number == _ATTRIBUTES and wire_type == LEN)
+
+
+_CACHED_RESOURCE_BYTES = 512
+_cached_attribute_keys = lru_cache(maxsize=1024)(_attribute_keys)
 
 
 def _key(key_value: bytes) -> str:

@@ -45,6 +45,7 @@ _HEADER_CACHE_MAX_BYTES = 1024
 class _HeaderFacts(NamedTuple):
     media: str                 # content type without parameters, lower case; "" when absent
     encoding: str
+    plain: bool                # uncompressed protobuf: the value is the payload
     instance: str | None       # client_instance_id
     added: Added               # the resource attributes enrichment adds, encoded
 
@@ -62,17 +63,13 @@ class Preparer:
         facts = self._facts.get(key)
         if facts is None:
             facts = self._read_headers(key)
-        media = facts.media
-        if not record.value:
+        value = record.value
+        if not value:
             raise contract.DecodeError("empty", "record has no value; expected an OTLP MetricsData payload")
-        payload = b""
-        if media in ("", contract.CONTENT_TYPE_PROTOBUF):
-            payload = contract.decompress(record.value, facts.encoding)
-            if not payload:
-                raise contract.DecodeError("empty", "record value decompresses to nothing")
-        if media != contract.CONTENT_TYPE_PROTOBUF and (not payload or payload.lstrip(b" \t\r").startswith(b"{")):
-            # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
-            payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
+        if facts.plain and len(value) <= contract.DEFAULT_MAX_DECOMPRESSED_BYTES:
+            payload = value
+        else:
+            payload = _payload(record, facts)
         if self._converter is not None:
             payload = _to_cumulative(payload, self._converter, record, facts.instance)
         try:
@@ -85,18 +82,33 @@ class Preparer:
     def _read_headers(self, raw: tuple[tuple[str, bytes | None], ...]) -> _HeaderFacts:
         headers, size = {}, 0
         for name, value in raw:
+            size += len(name) + len(value or b"")
             if value is not None:
-                size += len(value)
                 headers[name] = value if isinstance(value, str) else bytes(value).decode("utf-8", errors="replace")
         attributes = {name: headers[name] for name in ATTRIBUTE_HEADERS if name in headers}
-        facts = _HeaderFacts(headers.get(contract.CONTENT_TYPE_HEADER, "").split(";", 1)[0].strip().lower(),
-                             headers.get(contract.CONTENT_ENCODING_HEADER) or "none",
+        media = headers.get(contract.CONTENT_TYPE_HEADER, "").split(";", 1)[0].strip().lower()
+        encoding = headers.get(contract.CONTENT_ENCODING_HEADER) or "none"
+        facts = _HeaderFacts(media, encoding,
+                             media == contract.CONTENT_TYPE_PROTOBUF and encoding.strip().lower() == "none",
                              attributes.get("client_instance_id"), self._enricher.encode(attributes))
         if size <= _HEADER_CACHE_MAX_BYTES:
             if len(self._facts) >= _HEADER_CACHE_ENTRIES:
                 del self._facts[next(iter(self._facts))]   # the oldest entry
             self._facts[raw] = facts
         return facts
+
+
+def _payload(record: Record, facts: _HeaderFacts) -> bytes:
+    """The MetricsData bytes of a compressed or non-protobuf value; raises contract.DecodeError."""
+    payload = b""
+    if facts.media in ("", contract.CONTENT_TYPE_PROTOBUF):
+        payload = contract.decompress(record.value, facts.encoding)
+        if not payload:
+            raise contract.DecodeError("empty", "record value decompresses to nothing")
+    if facts.media != contract.CONTENT_TYPE_PROTOBUF and (not payload or payload.lstrip(b" \t\r").startswith(b"{")):
+        # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
+        payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
+    return payload
 
 
 def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record, instance: str | None) -> bytes:
@@ -189,10 +201,7 @@ class Bridge:
                                                                          - time.monotonic()))
                 records = self._consumer.poll(timeout, self._poll_size())
                 if records:
-                    self.metrics.records.inc(len(records))
-                    self.metrics.bytes.inc(sum(len(record.value or b"") for record in records))
-                for record in records:
-                    self._add(record)
+                    self._add(records)
                 if self._batch.parts and time.monotonic() - self._batch.opened >= linger:
                     self._flush()
                 self._backpressure()
@@ -213,26 +222,34 @@ class Bridge:
         budget = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
         return max(1, min(_POLL_RECORDS, int(budget // self._average_size)))
 
-    def _add(self, record: Record) -> None:
-        partition = (record.topic, record.partition)
-        try:
-            payload, points = self._prepare(record)
-        except contract.DecodeError as err:
-            self._reject(record, partition, err)
-            return
-        self._average_size += (len(payload) - self._average_size) / 64
-        batch_config = self.config.batch
-        if self._batch.parts and (self._batch.points + points > batch_config.max_points
-                                  or self._batch.size + len(payload) > batch_config.max_bytes):
-            self._flush()
-        batch = self._batch
-        if not batch.parts:
-            batch.opened = time.monotonic()
-        key = record.key or b""
-        batch.parts.append((payload, points, key))
-        batch.points += points
-        batch.size += len(payload)
-        self._tracker.add(partition, record.offset, batch.ticket)
+    def _add(self, records: list[Record]) -> None:
+        """Prepare and batch one poll's records; the hot loop, so it keeps what it uses in locals."""
+        prepare, track = self._prepare, self._tracker.add
+        max_points, max_bytes = self.config.batch.max_points, self.config.batch.max_bytes
+        batch, consumed, added = self._batch, 0, 0
+        for record in records:
+            consumed += len(record.value or b"")
+            try:
+                payload, points = prepare(record)
+            except contract.DecodeError as err:
+                self._reject(record, (record.topic, record.partition), err)
+                continue
+            size = len(payload)
+            if batch.parts and (batch.points + points > max_points or batch.size + size > max_bytes):
+                self._flush()
+                batch = self._batch
+            if not batch.parts:
+                batch.opened = time.monotonic()
+            batch.parts.append((payload, points, record.key or b""))
+            batch.points += points
+            batch.size += size
+            added += size
+            track((record.topic, record.partition), record.offset, batch.ticket)
+        self.metrics.records.inc(len(records))
+        self.metrics.bytes.inc(consumed)
+        if added:
+            # Enriched bytes per record, for sizing fetches to the in-flight budget.
+            self._average_size += (added / len(records) - self._average_size) / 4
 
     def _reject(self, record: Record, partition: Partition, err: contract.DecodeError) -> None:
         self.metrics.decode_failures.labels(err.reason).inc()
@@ -315,8 +332,9 @@ class Bridge:
         if not self._paused and inflight > limit:
             self._paused = True
             self._assignment_changed = True
-            log.warning("%d bytes await export (limit %d): pausing consumption until endpoints catch up",
-                        inflight, limit)
+            # Flow control whenever export is the slower side; a failing endpoint logs its own retries as warnings.
+            log.info("%d bytes await export (limit %d): pausing consumption until endpoints catch up",
+                     inflight, limit)
         elif self._paused and inflight <= limit // 2:
             self._paused = False
             self._consumer.resume(self._consumer.assignment())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -18,7 +18,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (AGGREGATION_TEMPORALITY_
                                                         NumberDataPoint)
 
 Partition = tuple[str, int]
-StreamKey = tuple[str, str, str, tuple[tuple[str, str], ...]]
+StreamKey = tuple[str, str, str, tuple[tuple[str, bytes], ...]]
 
 
 @dataclass
@@ -50,17 +50,21 @@ class DeltaToCumulative:
         changed = False
         for resource_metrics in metrics.resource_metrics:
             for scope_metrics in resource_metrics.scope_metrics:
+                scope = scope_metrics.scope.name
                 for metric in scope_metrics.metrics:
-                    if metric.WhichOneof("data") != "sum" or \
-                            metric.sum.aggregation_temporality != AGGREGATION_TEMPORALITY_DELTA:
+                    if not metric.HasField("sum"):
+                        continue
+                    total = metric.sum
+                    if total.aggregation_temporality != AGGREGATION_TEMPORALITY_DELTA:
                         continue
                     changed = True
-                    metric.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
-                    dropped = [index for index, point in enumerate(metric.sum.data_points)
-                               if not self._accumulate(point, (instance, scope_metrics.scope.name, metric.name,
-                                                               _attribute_key(point.attributes)), partition, now_s)]
+                    total.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
+                    name = metric.name
+                    dropped = [index for index, point in enumerate(total.data_points)
+                               if not self._accumulate(point, (instance, scope, name, _attribute_key(point.attributes)),
+                                                       partition, now_s)]
                     for index in reversed(dropped):
-                        del metric.sum.data_points[index]
+                        del total.data_points[index]
         return changed
 
     def _accumulate(self, point: NumberDataPoint, key: StreamKey, partition: Partition, now_s: float) -> bool:
@@ -107,5 +111,7 @@ class DeltaToCumulative:
             del self._streams[key]
 
 
-def _attribute_key(attributes: Iterable[KeyValue]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((kv.key, kv.value.SerializeToString().hex()) for kv in attributes))
+def _attribute_key(attributes: Sequence[KeyValue]) -> tuple[tuple[str, bytes], ...]:
+    if not attributes:
+        return ()
+    return tuple(sorted((kv.key, kv.value.SerializeToString()) for kv in attributes))

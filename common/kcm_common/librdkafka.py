@@ -1,0 +1,32 @@
+"""Kafka client settings in librdkafka's spelling, for the components that read Kafka with confluent-kafka."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kcm_common.kafka import KafkaSettings, kafka_python_options
+
+# kafka-python keyword -> librdkafka property, for the TLS/SASL settings kcm_common validates.
+_LIBRDKAFKA_NAMES = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_password": "ssl.key.password",
+    "client_id": "client.id",
+    "request_timeout_ms": "socket.timeout.ms",
+}
+
+
+def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
+    """TLS/SASL settings in librdkafka spelling (after kcm_common's validation)."""
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
+    for key, value in kafka_python_options(settings.properties).items():
+        if key == "ssl_check_hostname":
+            config["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        elif key in _LIBRDKAFKA_NAMES:
+            config[_LIBRDKAFKA_NAMES[key]] = value
+    return config
