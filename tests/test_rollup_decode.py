@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from kcm_rollups.decode import DECODE_INPUT_SCHEMA, POINTS_SCHEMA, flatten, header_columns
 from payloads import client_metrics
@@ -74,3 +75,23 @@ def test_the_last_non_null_value_of_a_repeated_header_wins():
     found = header_columns(batch.column("headers"), ("client_id", "principal"))
     assert found["client_id"].to_pylist() == ["new", None, None, "\ufffd", None]
     assert found["principal"].to_pylist() == ["User:a", None, None, None, None]
+
+
+def test_histogram_and_summary_points_fill_their_own_columns_on_their_own_rows():
+    data = client_metrics("orders")
+    scope = data.resource_metrics[0].scope_metrics[0]
+    histogram = scope.metrics.add(name="latency")
+    histogram.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+    histogram.histogram.data_points.add(count=3, sum=7.5, bucket_counts=[1, 2, 0], explicit_bounds=[1.0, 5.0])
+    summary = scope.metrics.add(name="sizes")
+    summary.summary.data_points.add(count=2, sum=10.0)
+    rows = flatten(records_batch([("a", data.SerializeToString(), {}), ("b", b"", {})])).to_pylist()
+    picked = [(r["metric"], r["type"], r["temporality"], r["value"], r["count"], r["sum"], r["bucket_counts"],
+               r["bounds"], r["error"]) for r in rows]
+    assert picked == [
+        ("org.apache.kafka.producer.node.request.latency.avg", "gauge", None, 12.5, None, None, None, None, None),
+        ("org.apache.kafka.producer.record.send.total", "sum", "delta", 42.0, None, None, None, None, None),
+        ("latency", "histogram", "delta", None, 3, 7.5, [1, 2, 0], [1.0, 5.0], None),
+        ("sizes", "summary", None, None, 2, 10.0, None, None, None),
+        (None, None, None, None, None, None, None, None, "empty"),
+    ]

@@ -15,10 +15,13 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from kcm_cli.main import main
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from payloads import client_metrics
 from kcm_common.kafka import KafkaSettings
 from kcm_rollups.aggregate import rollup
 from kcm_rollups.decode import decode_points
-from kcm_rollups.job import RollupOptions, read_records, run
+from kcm_rollups.job import RollupOptions, read_points, read_records, run
+from kcm_rollups.otlp import STATISTICS
 from kcm_rollups.source import kafka_schema
 from kcm_rollups.windows import parse_resolutions
 from kcm_sandbox.java_clients import JavaClient
@@ -129,7 +132,7 @@ def test_real_librdkafka_telemetry_rolls_up_and_corrupt_records_are_counted(spar
     assert result.points == sum(r["count"] + r["nan_count"] for r in minutes)
 
 
-def test_python_source_and_a_spark_kafka_source_shaped_frame_give_the_same_rollups(spark, telemetry):
+def test_python_source_decoding_in_place_and_a_spark_kafka_source_shaped_frame_give_the_same_rollups(spark, telemetry):
     options = options_for(telemetry, "unused")
     from_source = read_records(spark, options)
     rows = [(r.key, r.value, r.topic, r.partition, r.offset,
@@ -139,6 +142,8 @@ def test_python_source_and_a_spark_kafka_source_shaped_frame_give_the_same_rollu
     resolutions = parse_resolutions("1m,1h")
     expected = _sorted_rows(rollup(decode_points(shaped), resolutions))
     assert expected and _sorted_rows(rollup(decode_points(from_source), resolutions)) == expected
+    # What the job reads: the same points, decoded inside the Python source's workers.
+    assert _sorted_rows(rollup(read_points(spark, options), resolutions)) == expected
 
 
 def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_path):
@@ -168,6 +173,7 @@ def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telem
     assert main([*common, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["decode_errors"] == {"decompress-failed": 1, "empty": 1} and summary["rows_written"] > 0
+    assert list(summary["stage_seconds"]) == ["read, decode and aggregate", "finish", "write", "summary"]
     assert main([*common, "--starting-offsets", '{"x": 1}']) == 2
     err = capsys.readouterr().err.strip()
     assert "startingOffsets must be" in err and len(err.splitlines()) == 1
@@ -190,6 +196,49 @@ def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, te
     assert spark.read.parquet(str(output)).count() == result.rows_written
 
 
+def _cumulative_push(instance: str, value: int, start_s: int) -> bytes:
+    data = client_metrics(instance)  # a gauge and a delta sum, as librdkafka pushes
+    total = data.resource_metrics[0].scope_metrics[0].metrics.add(name="written.total")
+    total.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    total.sum.is_monotonic = True
+    total.sum.data_points.add(start_time_unix_nano=start_s * 10**9, time_unix_nano=(start_s + 60) * 10**9,
+                              as_int=value)
+    return data.SerializeToString()
+
+
+def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_them(spark, kafka, new_topic, tmp_path):
+    topic = new_topic()
+    producer = KafkaProducer(**kafka.client_options())
+    # Per instance: 10, 25, then a reset (a new start) to 4, and 9; one record per batch, so end offsets are exact.
+    for i, (value, start) in enumerate([(10, 0), (25, 0), (4, 100), (9, 100)] * 2):
+        instance = f"i{i // 4}"
+        headers = [("client_instance_id", instance.encode()), ("client_id", b"app")]
+        producer.send(topic, value=_cumulative_push(instance, value, start), key=instance.encode(),
+                      headers=headers).get(timeout=10)
+    producer.close()
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"))
+    result = run(spark, options)
+    assert "cumulative points" in result.stage_seconds and result.points == 8 * 3
+    written = spark.read.parquet(str(tmp_path / "out")).drop("partial", "date", "window_end")
+    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
+    assert _sorted_rows(written) == _sorted_rows(expected)
+    hour = [r for r in _sorted_rows(written) if r["metric"] == "written.total" and r["resolution"] == "1h"]
+    # Each instance: +15, then a reset counts its new value 4, then +5 (its first point has no predecessor).
+    assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
+
+
+def test_the_rows_written_are_also_exported_as_otlp_gauges(spark, telemetry, tmp_path, collector):
+    result = run(spark, options_for(telemetry, tmp_path / "out", otlp_endpoint=collector.endpoint))
+    written = [r.asDict() for r in spark.read.parquet(str(tmp_path / "out")).collect()]
+    statistics = sum(1 for r in written for name in STATISTICS if r[name] is not None and r[name] == r[name])
+    assert result.exported == (collector.endpoint, statistics, 0) and statistics > len(written)
+    received = [m for e in collector.exports for rm in e.request.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics]
+    assert sum(len(m.gauge.data_points) for m in received) == statistics
+    assert f"exported {statistics} OTLP data points to {collector.endpoint}" in result.summary_lines()
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["--last", "1h", "--from", "2026-01-01T00:00:00Z"], "--last cannot be combined"),
     (["--to", "2026-01-01T00:00:00Z"], "--to needs --from"),
@@ -198,6 +247,7 @@ def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, te
     (["--resolution", "1m,90s"], "not a whole multiple"),
     (["--group-by", "hostname"], "cannot group by 'hostname'"),
     (["--from", "2026-01-02", "--to", "2026-01-01"], "is not before"),
+    (["--otlp-endpoint", "http://otel:4317"], "is not HOST:PORT"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="split the offset ranges into at least N Spark partitions")
     parser.add_argument("--top", type=int, default=10, metavar="N",
                         help="print N rows of the latest coarsest window (default: %(default)s; 0 for none)")
+    parser.add_argument("--otlp-endpoint", metavar="HOST:PORT",
+                        help="also send the rows written to this OTLP/gRPC receiver as gauges, after the write")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
@@ -66,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         options["min_partitions"] = args.min_partitions
     if args.top < 0:
         raise UserError("--top must be 0 or more")
+    if args.otlp_endpoint:
+        options["otlp_endpoint"] = args.otlp_endpoint
     result = run_rollup(
         args.bootstrap_server, args.topic, args.output,
         start=parse_time(args.start) if args.start else None,
@@ -77,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"input_records": result.input_records, "decode_errors": result.decode_errors,
                           "points": result.points, "rows_written": result.rows_written, "windows": result.windows,
-                          "seconds": round(result.seconds, 3)}))
+                          "seconds": round(result.seconds, 3),
+                          "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()},
+                          "otlp": dict(zip(("endpoint", "sent", "rejected"), result.exported))
+                          if result.exported else None}))
         return 0
     for row in result.top_rows:
         print("  ".join(f"{name}={_cell(value)}" for name, value in row.items() if value is not None))

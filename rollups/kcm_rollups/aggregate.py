@@ -23,10 +23,6 @@ GROUPABLE: tuple[str, ...] = DEFAULT_DIMENSIONS + (
     "security_protocol", "broker_id", "cluster_id", "subscription_id")
 STATE_COLUMNS: tuple[str, ...] = ("count", "nan_count", "min", "max", "sum", "last", "last_at", "kll_sketch",
                                   "instances_sketch", "increase", "bounds", "bucket_counts")
-# The decoded point columns `rollup` reads besides the dimensions.
-POINT_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "metric", "type",
-                                 "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value", "count",
-                                 "sum", "bucket_counts", "bounds", "error")
 _HISTOGRAM_TYPES = ("histogram", "exponential_histogram", "summary")
 _MICROS = 1_000_000
 
@@ -46,18 +42,35 @@ def _counter() -> Column:
     return (F.col("type") == "sum") & ~_gauge_like()
 
 
+def needs_previous() -> Column:
+    """True for points whose increase depends on their stream's previous point: cumulative counters and histograms."""
+    counter = _counter() & ~F.isnan("value")
+    return F.coalesce((F.col("temporality") == "cumulative") & (counter | F.col("type").isin(*_HISTOGRAM_TYPES)),
+                      F.lit(False))
+
+
 def with_increases(points: DataFrame) -> DataFrame:
     """Add `increase` to sum points and `d_count/d_sum/d_buckets` to histogram points: deltas as they are, cumulative
     points as the difference to their stream's previous point, or the new value after a reset (drop, new start)."""
-    cumulative = F.col("temporality") == "cumulative"
+    # Only cumulative points need their stream's previous point: the rest skip the shuffle and sort of the window.
+    return with_direct_increases(points.filter(~needs_previous())).unionByName(
+        with_cumulative_increases(points.filter(needs_previous())))
+
+
+def with_direct_increases(points: DataFrame) -> DataFrame:
+    """with_increases for points that do not need their predecessor (see needs_previous)."""
     counter = _counter() & ~F.isnan("value")
     histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
-    # Only cumulative points need their stream's previous point: the rest skip the shuffle and sort of the window.
-    direct = points.filter(~(cumulative & (counter | histogram))).select(
+    return points.select(
         "*", F.when(counter, F.col("value")).alias("increase"), F.when(histogram, F.col("count")).alias("d_count"),
         F.when(histogram, F.col("sum")).alias("d_sum"), F.when(histogram, F.col("bucket_counts")).alias("d_buckets"))
 
+
+def with_cumulative_increases(points: DataFrame) -> DataFrame:
+    """with_increases for points that need their predecessor: each stream's points in order, through a window."""
     # The first point of a stream has no predecessor here and adds nothing: the job reads a lookback for it.
+    counter = _counter() & ~F.isnan("value")
+    histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
     stream = Window.partitionBy("client_instance_id", "metric", "attributes").orderBy(
         "record_micros", "partition", "offset", "time_ns")
     prev_value, prev_start = F.lag("value").over(stream), F.lag("start_ns").over(stream)
@@ -72,14 +85,13 @@ def with_increases(points: DataFrame) -> DataFrame:
     def h_delta(column: str, difference: Column) -> Column:
         return F.when(histogram, F.when(h_first, None).when(h_reset, F.col(column)).otherwise(difference))
 
-    cumulated = points.filter(cumulative & (counter | histogram)).select(
+    return points.select(
         "*",
         F.when(counter, F.when(prev_value.isNull(), None).when(reset, F.col("value"))
                .otherwise(F.col("value") - prev_value)).alias("increase"),
         h_delta("count", F.col("count") - prev_count).alias("d_count"),
         h_delta("sum", F.col("sum") - prev_sum).alias("d_sum"),
         h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
-    return direct.unionByName(cumulated)
 
 
 def _sum_arrays(column: str) -> Column:
@@ -92,8 +104,10 @@ def _keys(dimensions: Sequence[str]) -> list[str]:
     return ["window_start", "metric", "type", *dimensions, "bounds"]
 
 
-def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str] = DEFAULT_DIMENSIONS) -> DataFrame:
-    """Rollup state per (window, metric, type, dimensions, bounds) of points that already went through with_increases."""
+def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
+                  extra_keys: Sequence[str] = (), extra: Sequence[Column] = ()) -> DataFrame:
+    """Rollup state per (window, metric, type, dimensions, bounds, *extra_keys) of points that already went through
+    with_increases; `extra` aggregates are added to the state columns."""
     gauge = _gauge_like()
     value = F.when(~F.isnan("value"), F.col("value"))
     level = F.when(gauge, value)
@@ -102,7 +116,7 @@ def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str
     histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
     keyed = points.withColumn("window_start", window_start(F.col("record_micros"), size_seconds)).withColumn(
         "bounds", F.when(F.col("type") == "histogram", F.col("bounds")))
-    return keyed.groupBy(*_keys(dimensions)).agg(
+    return keyed.groupBy(*_keys(dimensions), *extra_keys).agg(
         F.sum(F.when(gauge, level.isNotNull().cast("long")).when(histogram, F.col("d_count"))
               .otherwise(F.lit(1))).alias("count"),
         F.sum(F.when(gauge & F.isnan("value"), 1).otherwise(0)).cast("long").alias("nan_count"),
@@ -115,6 +129,7 @@ def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str
         F.hll_sketch_agg("client_instance_id").alias("instances_sketch"),
         F.sum(F.when(_counter(), F.col("increase"))).alias("increase"),
         _sum_arrays("d_buckets").alias("bucket_counts"),
+        *extra,
     )
 
 
@@ -179,6 +194,12 @@ def rollup(points: DataFrame, resolutions: Sequence[Resolution], dimensions: Seq
         points = points.filter(F.col("record_micros") >= F.lit(since_micros))
     # Materialised once: the finest rows and every coarser merge read it, instead of each recomputing it from points.
     state = partial_state(points, resolutions[0].seconds, dimensions).localCheckpoint(eager=True)
+    return rollup_state(state, resolutions, dimensions)
+
+
+def rollup_state(state: DataFrame, resolutions: Sequence[Resolution],
+                 dimensions: Sequence[str] = DEFAULT_DIMENSIONS) -> DataFrame:
+    """Rows of every resolution from the (materialised) state of the finest one."""
     outputs = []
     for index, resolution in enumerate(resolutions):
         if index:

@@ -91,15 +91,15 @@ def header_columns(headers: pa.Array, names: tuple[str, ...]) -> dict[str, pa.Ar
         last = np.append(owners[1:] != owners[:-1], True) if len(owners) else np.zeros(0, bool)
         chosen = np.full(count, -1, np.int64)
         chosen[owners[last]] = matches[last]
-        found[name] = _utf8(values.take(pa.array(chosen, mask=chosen < 0)))
+        found[name] = utf8_text(values.take(pa.array(chosen, mask=chosen < 0)))
     return found
 
 
-def _utf8(raw: pa.Array) -> pa.Array:
+def utf8_text(raw: pa.Array) -> pa.Array:
+    """Binary values as strings, as Spark's cast does; bytes that are not UTF-8 are replaced as the codec does."""
     try:
         return raw.cast(pa.string())
     except pa.ArrowInvalid:
-        # Rare: header bytes that are not UTF-8 are replaced character by character, as the codec does.
         return pa.array([None if v is None else v.decode("utf-8", errors="replace") for v in raw.to_pylist()],
                         pa.string())
 
@@ -111,33 +111,30 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
     keys = batch.column("key").to_pylist()
     headers = header_columns(batch.column("headers"), _CODEC_HEADERS + ATTRIBUTE_HEADERS)
     header_values = {name: headers[name].to_pylist() for name in _CODEC_HEADERS + IDENTITY}
-    out: dict[str, list[Any]] = {name: [] for name in _POINT_COLUMNS}
-    record_index: list[int] = []
+    built = _PointColumns()
     first: list[bool] = []
     identity: dict[str, list[Any]] = {name: [] for name in IDENTITY}
     for i, value in enumerate(values):
         record_headers = [(name, column[i]) for name, column in header_values.items() if column[i] is not None]
-        start = len(record_index)
+        start = len(built.record)
         try:
             decoded = contract.decode(value, record_headers)
         except contract.DecodeError as err:
-            _append_error(out, err.reason, str(err))
-            record_index.append(i)
+            built.add_empty(i, err.reason, str(err))
             resource: dict[str, Any] = {}
         else:
             missing = any(header_values[name][i] is None for name in IDENTITY)
             resource = points.resource_attributes(decoded.metrics) if missing else {}
-            _append_points(out, record_index, i, decoded.metrics)
-            if len(record_index) == start:  # a valid record without points still counts as input
-                _append_error(out, None, None)
-                record_index.append(i)
+            built.add_points(i, decoded.metrics)
+            if len(built.record) == start:  # a valid record without points still counts as input
+                built.add_empty(i, None, None)
         for name in IDENTITY:
             found = header_values[name][i] or resource.get(name)
             if found is None and name == "client_instance_id":
                 found = keys[i]
             identity[name].append(None if found is None else str(found))
-        first += [True] + [False] * (len(record_index) - start - 1)
-    indices = pa.array(record_index, pa.int64())
+        first += [True] + [False] * (len(built.record) - start - 1)
+    indices = pa.array(built.record, pa.int64())
     arrays = []
     for field in POINTS_SCHEMA:
         if field.name in ("topic", "partition", "offset", "record_micros"):
@@ -149,57 +146,102 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
         elif field.name == "record_first":
             arrays.append(pa.array(first, pa.bool_()))
         else:
-            arrays.append(pa.array(out[field.name], _ARROW_TYPES[field.dataType.simpleString()]))
+            arrays.append(built.column(field.name, _ARROW_TYPES[field.dataType.simpleString()]))
     return pa.RecordBatch.from_arrays(arrays, names=POINTS_SCHEMA.names)
 
 
-def _append_error(out: dict[str, list[Any]], reason: str | None, message: str | None) -> None:
-    for name in _POINT_COLUMNS:
-        out[name].append(None)
-    out["error"][-1] = reason
-    out["error_message"][-1] = message
+class _AttributesText:
+    """Canonical (sorted) JSON of point attributes, so equal attribute sets group together whatever order a client
+    sent them in; memoised on the serialised pairs, since the same few sets repeat in every push."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, str] = {}
+
+    def __call__(self, pairs: Any) -> str:
+        if not pairs:
+            return "{}"
+        key = b"".join(pair.SerializeToString() for pair in pairs)
+        text = self._known.get(key)
+        if text is None:
+            text = json.dumps(points.attributes(pairs), sort_keys=True, separators=(",", ":"), default=str)
+            self._known[key] = text
+        return text
 
 
-def _attributes_text(pairs: Any) -> str:
-    # Canonical (sorted) JSON, so equal attribute sets group together whatever order a client sent them in.
-    if not pairs:
-        return "{}"
-    return json.dumps(points.attributes(pairs), sort_keys=True, separators=(",", ":"), default=str)
+class _PointColumns:
+    """The point columns of one batch being built: a list per column every point fills, and sparse entries (by row)
+    for what only histograms, summaries and undecodable records fill."""
 
+    _DENSE = ("metric", "type", "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value")
 
-def _append_points(out: dict[str, list[Any]], record_index: list[int], i: int,
-                   data: metrics_pb2.MetricsData) -> None:
-    for resource_metrics in data.resource_metrics:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                kind = metric.WhichOneof("data")
-                if kind is None:
-                    continue
-                body = getattr(metric, kind)
-                temporality = _TEMPORALITY.get(getattr(body, "aggregation_temporality", 0))
-                monotonic = body.is_monotonic if kind == "sum" else None
-                for point in body.data_points:
-                    record_index.append(i)
-                    out["metric"].append(metric.name)
-                    out["type"].append(kind)
-                    out["temporality"].append(temporality)
-                    out["monotonic"].append(monotonic)
-                    out["time_ns"].append(point.time_unix_nano)
-                    out["start_ns"].append(point.start_time_unix_nano)
-                    out["attributes"].append(_attributes_text(point.attributes))
-                    if kind in ("gauge", "sum"):
-                        number = point.WhichOneof("value")
-                        out["value"].append(float(getattr(point, number)) if number else None)
-                        out["count"].append(None)
-                        out["sum"].append(None)
-                        out["bucket_counts"].append(None)
-                        out["bounds"].append(None)
+    def __init__(self) -> None:
+        self.record: list[int] = []
+        self.dense: dict[str, list[Any]] = {name: [] for name in self._DENSE}
+        self.sparse: dict[str, dict[int, Any]] = {name: {} for name in _POINT_COLUMNS if name not in self._DENSE}
+        self._attributes_text = _AttributesText()
+
+    def add_empty(self, i: int, reason: str | None, message: str | None) -> None:
+        """A row for record `i` without a point: undecodable (`reason`), or valid but empty."""
+        if reason is not None:
+            self.sparse["error"][len(self.record)] = reason
+            self.sparse["error_message"][len(self.record)] = message
+        self.record.append(i)
+        for column in self.dense.values():
+            column.append(None)
+
+    def add_points(self, i: int, data: metrics_pb2.MetricsData) -> None:
+        """A row per data point of record `i`."""
+        # Python's per-point cost is what limits decoding: bound appends, no per-point dict lookups.
+        record, dense, sparse, text = self.record.append, self.dense, self.sparse, self._attributes_text
+        metric_name, metric_type = dense["metric"].append, dense["type"].append
+        temporality_of, monotonic_of = dense["temporality"].append, dense["monotonic"].append
+        time_ns, start_ns = dense["time_ns"].append, dense["start_ns"].append
+        attributes, value = dense["attributes"].append, dense["value"].append
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    kind = metric.WhichOneof("data")
+                    if kind is None:
+                        continue
+                    name = metric.name
+                    if kind == "gauge":  # most points: spare the lookups below (a failing getattr is slow)
+                        body, temporality, monotonic = metric.gauge, None, None
                     else:
-                        out["value"].append(None)
-                        out["count"].append(point.count)
-                        out["sum"].append(point.sum if kind == "summary" or point.HasField("sum") else None)
-                        histogram = kind == "histogram"
-                        out["bucket_counts"].append(list(point.bucket_counts) if histogram else None)
-                        out["bounds"].append(list(point.explicit_bounds) if histogram else None)
-                    out["error"].append(None)
-                    out["error_message"].append(None)
+                        body = getattr(metric, kind)
+                        temporality = None if kind == "summary" else _TEMPORALITY.get(body.aggregation_temporality)
+                        monotonic = body.is_monotonic if kind == "sum" else None
+                    number = kind in ("gauge", "sum")
+                    for point in body.data_points:
+                        if not number:
+                            row = len(self.record)
+                            sparse["count"][row] = point.count
+                            if kind == "summary" or point.HasField("sum"):
+                                sparse["sum"][row] = point.sum
+                            if kind == "histogram":
+                                sparse["bucket_counts"][row] = list(point.bucket_counts)
+                                sparse["bounds"][row] = list(point.explicit_bounds)
+                        record(i)
+                        metric_name(name)
+                        metric_type(kind)
+                        temporality_of(temporality)
+                        monotonic_of(monotonic)
+                        time_ns(point.time_unix_nano)
+                        start_ns(point.start_time_unix_nano)
+                        attributes(text(point.attributes))
+                        if number:
+                            which = point.WhichOneof("value")
+                            value(None if which is None else float(point.as_double if which == "as_double"
+                                                                   else point.as_int))
+                        else:
+                            value(None)
+
+    def column(self, name: str, arrow_type: pa.DataType) -> pa.Array:
+        if name in self.dense:
+            return pa.array(self.dense[name], arrow_type)
+        entries = self.sparse[name]
+        if not entries:
+            return pa.nulls(len(self.record), arrow_type)
+        filled: list[Any] = [None] * len(self.record)
+        for row, item in entries.items():
+            filled[row] = item
+        return pa.array(filled, arrow_type)

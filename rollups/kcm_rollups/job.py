@@ -41,6 +41,7 @@ class RollupOptions:
     lookback_seconds: int = DEFAULT_LOOKBACK_SECONDS
     min_partitions: int | None = None
     top: int = 10
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.dimensions if name not in GROUPABLE]
@@ -48,6 +49,10 @@ class RollupOptions:
             raise UserError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPABLE)}")
         if self.start and self.end and self.start >= self.end:
             raise UserError(f"--from {self.start.isoformat()} is not before --to {self.end.isoformat()}")
+        if self.otlp_endpoint is not None:
+            from kcm_rollups.otlp import check_endpoint
+
+            check_endpoint(self.otlp_endpoint)
 
     def window_range(self) -> tuple[int, int] | None:
         """[start, end) in epoch seconds widened to whole windows of the coarsest resolution; None without times."""
@@ -69,23 +74,62 @@ class RollupResult:
     window_range: tuple[datetime, datetime] | None
     seconds: float
     top_rows: list[dict[str, Any]] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    exported: tuple[str, int, int] | None = None  # (endpoint, data points sent, data points rejected)
 
     def summary_lines(self) -> list[str]:
         errors = ", ".join(f"{reason} {n}" for reason, n in sorted(self.decode_errors.items())) or "none"
         windows = ", ".join(f"{n} × {label}" for label, n in self.windows.items()) or "none"
         span = (f"{self.window_range[0].isoformat()} .. {self.window_range[1].isoformat()}"
                 if self.window_range else "whole offset range")
+        exported = []
+        if self.exported:
+            endpoint, sent, rejected = self.exported
+            exported = [f"exported {sent} OTLP data points to {endpoint}"
+                        + (f", {rejected} rejected by the receiver" if rejected else "")]
         return [f"windows from {span}",
                 f"input records {self.input_records}, decode errors: {errors}",
                 f"points {self.points}, rows written {self.rows_written}, windows {windows}",
-                f"took {self.seconds:.1f} s"]
+                *exported,
+                f"took {self.seconds:.1f} s" + (" (" + ", ".join(
+                    f"{stage} {seconds:.1f} s" for stage, seconds in self.stage_seconds.items()) + ")"
+                    if self.stage_seconds else "")]
 
 
 def read_records(spark: Any, options: RollupOptions, read_from_s: int | None = None) -> Any:
     """The metrics topic as a DataFrame shaped like Spark's Kafka source (Spark's connector when present)."""
     from kcm_rollups.session import kafka_format
 
-    reader = (spark.read.format(kafka_format(spark))
+    return _reader(spark, kafka_format(spark), options, read_from_s).load()
+
+
+def read_points(spark: Any, options: RollupOptions, read_from_s: int | None = None,
+                until_s: int | None = None, columns: tuple[str, ...] = ()) -> Any:
+    """Decoded points (decode.POINTS_SCHEMA) of the records with timestamps in [read_from_s, until_s): decoded by
+    kcm's source in the worker that read them, else by `decode_points` after Spark's connector."""
+    from pyspark.sql import functions as F
+
+    from kcm_rollups.decode import decode_points
+    from kcm_rollups.session import kafka_format
+    from kcm_rollups.source import COLUMNS_OPTION, DECODE_OPTION, SOURCE_NAME
+
+    source = kafka_format(spark)
+    if source == SOURCE_NAME:
+        points = (_reader(spark, source, options, read_from_s).option(DECODE_OPTION, "points")
+                  .option(COLUMNS_OPTION, ",".join(columns)).load())
+        micros = F.col("record_micros")
+    else:
+        points = _reader(spark, source, options, read_from_s).load()
+        micros = F.unix_micros("timestamp")
+    if read_from_s is not None:
+        points = points.filter(micros >= F.lit(read_from_s * 1_000_000))
+    if until_s is not None:
+        points = points.filter(micros < F.lit(until_s * 1_000_000))
+    return points if source == SOURCE_NAME else decode_points(points)
+
+
+def _reader(spark: Any, source: str, options: RollupOptions, read_from_s: int | None) -> Any:
+    reader = (spark.read.format(source)
               .option("kafka.bootstrap.servers", options.kafka.bootstrap_servers)
               .option("subscribe", options.topic)
               .option("startingOffsets", options.starting_offsets)
@@ -99,7 +143,7 @@ def read_records(spark: Any, options: RollupOptions, read_from_s: int | None = N
                   .option("startingOffsetsByTimestampStrategy", "latest"))
     if options.min_partitions:
         reader = reader.option("minPartitions", str(options.min_partitions))
-    return reader.load()
+    return reader
 
 
 def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: datetime | None = None,
@@ -135,36 +179,42 @@ def default_master(master: str | None) -> str | None:
 
 def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> RollupResult:
     """The job on an existing session: read, decode, roll up, write, summarise."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from kcm_rollups.aggregate import POINT_INPUTS, rollup
-    from kcm_rollups.decode import decode_points
+    from kcm_rollups.aggregate import rollup_state
 
     began = time.monotonic()
+    stages: dict[str, float] = {}
+
+    def finished(stage: str) -> None:
+        stages[stage] = time.monotonic() - began - sum(stages.values())
+
     now = now or datetime.now(timezone.utc)
     span = options.window_range()
     read_from = span[0] - options.lookback_seconds if span else None
-    records = read_records(spark, options, read_from)
-    if span:
-        records = records.filter((F.col("timestamp") >= F.timestamp_seconds(F.lit(read_from)))
-                                 & (F.col("timestamp") < F.timestamp_seconds(F.lit(span[1]))))
-    # Only the columns read later are cached: building Spark's columnar cache costs CPU per column and row.
-    kept = dict.fromkeys(POINT_INPUTS + options.dimensions + ("record_first",))
-    points = decode_points(records).select(*kept).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        in_range = points if span is None else points.filter(F.col("record_micros") >= F.lit(span[0] * 1_000_000))
-        counts = in_range.groupBy("error").agg(
-            F.sum(F.col("record_first").cast("long")).alias("records"),
-            F.count("metric").alias("points")).collect()
-        rows = rollup(points, options.resolutions, options.dimensions,
-                      since_micros=span[0] * 1_000_000 if span else None)
-        rows = rows.withColumn("partial", F.col("window_end") > F.lit(now)).withColumn(
-            "date", F.date_format("window_start", "yyyy-MM-dd"))
-        written, rows_written, windows = write_rollups(spark, rows, options.output, span)
-        top = top_rows(written, options.resolutions[-1].label, options.top)
-    finally:
-        points.unpersist()
+    since_micros, until = (span[0] * 1_000_000, span[1]) if span else (None, None)
+    # Only what the rollup reads crosses from the Python workers to the JVM.
+    columns = tuple(dict.fromkeys(POINT_INPUTS + options.dimensions))
+    state, counts = first_pass(read_points(spark, options, read_from, until, columns), options, since_micros)
+    finished("read, decode and aggregate")
+    if sum(r["cumulative"] or 0 for r in counts):
+        state = add_cumulative(state, read_points(spark, options, read_from, until, columns), options, since_micros)
+        finished("cumulative points")
+    rows = rollup_state(state, options.resolutions, options.dimensions)
+    rows = rows.withColumn("partial", F.col("window_end") > F.lit(now)).withColumn(
+        "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
+    finished("finish")
+    rows_written, windows = write_rollups(spark, rows, options.output, span)
+    windows = {r.label: windows[r.label] for r in options.resolutions if r.label in windows}  # finest first
+    finished("write")
+    exported = None
+    if options.otlp_endpoint:
+        from kcm_rollups.otlp import export_rows
+
+        exported = (options.otlp_endpoint, *export_rows(rows, options.otlp_endpoint))
+        finished("OTLP export")
+    top = top_rows(rows, options.resolutions[-1].label, options.top)
+    finished("summary")
     return RollupResult(
         input_records=sum(r["records"] or 0 for r in counts),
         decode_errors={r["error"]: r["records"] for r in counts if r["error"] is not None},
@@ -175,17 +225,61 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
         if span else None,
         seconds=time.monotonic() - began,
         top_rows=top,
+        stage_seconds=stages,
+        exported=exported,
     )
 
 
-def write_rollups(spark: Any, rows: Any, output: str,
-                  span: tuple[int, int] | None) -> tuple[Any, int, dict[str, int]]:
-    """Replace exactly this run's windows under `output` (all windows of a time range, else the ones computed), keeping
-    all others; returns the new rows, their number and the number of windows per resolution."""
+# The decoded point columns a run reads besides the dimensions.
+POINT_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "record_first", "metric",
+                                 "type", "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value",
+                                 "count", "sum", "bucket_counts", "bounds", "error")
+
+
+def first_pass(points: Any, options: RollupOptions, since_micros: int | None) -> tuple[Any, list[Any]]:
+    """One pass over the decoded points: the finest windows' state of every point that needs no predecessor, and per
+    decode error the records and points, with how many points are cumulative (those need `add_cumulative`)."""
+    # One job reads, decodes, counts and aggregates: caching the points for a second pass cost more CPU than the
+    # aggregation. Cumulative points are rare (KIP-714 brokers ask clients for deltas) and get a pass of their own.
+    from pyspark.sql import functions as F
+
+    from kcm_rollups.aggregate import needs_previous, partial_state, with_direct_increases
+
+    if since_micros is not None:  # earlier records were read only as predecessors of cumulative points
+        points = points.filter(F.col("record_micros") >= F.lit(since_micros))
+    tagged = with_direct_increases(points.withColumn("needs_previous", needs_previous()))
+    state = partial_state(tagged, options.resolutions[0].seconds, options.dimensions,
+                          extra_keys=("error", "needs_previous"),
+                          extra=(F.sum(F.col("record_first").cast("long")).alias("records"),
+                                 F.count("metric").alias("points"))).localCheckpoint(eager=True)
+    counts = state.groupBy("error").agg(
+        F.sum("records").alias("records"), F.sum("points").alias("points"),
+        F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative")).collect()
+    good = state.filter(F.col("error").isNull() & F.col("metric").isNotNull() & ~F.col("needs_previous"))
+    return good.drop("error", "needs_previous", "records", "points"), counts
+
+
+def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros: int | None) -> Any:
+    """`state` merged with the state of the cumulative points, each turned into an increase by its predecessor."""
+    from pyspark.sql import functions as F
+
+    from kcm_rollups.aggregate import merge_state, needs_previous, partial_state, with_cumulative_increases
+
+    finest = options.resolutions[0].seconds
+    cumulative = with_cumulative_increases(
+        points.filter(F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()))
+    if since_micros is not None:
+        cumulative = cumulative.filter(F.col("record_micros") >= F.lit(since_micros))
+    both = state.unionByName(partial_state(cumulative, finest, options.dimensions))
+    return merge_state(both, finest, options.dimensions).localCheckpoint(eager=True)
+
+
+def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
+    """Replace exactly this run's windows under `output` with the materialised rows `new` (all windows of a time range,
+    else the ones computed), keeping all others; returns the number of rows and of windows per resolution."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
 
-    new = rows.localCheckpoint(eager=True)
     touched = new.groupBy("resolution", "date").agg(
         F.count_distinct("window_start").alias("windows"), F.count("*").alias("rows")).collect()
     windows: dict[str, int] = {}
@@ -215,14 +309,17 @@ def write_rollups(spark: Any, rows: Any, output: str,
         # Materialised before the overwrite deletes the files it was read from.
         combined = new.unionByName(old, allowMissingColumns=True).localCheckpoint(eager=True)
     if not partitions:
-        return new, 0, windows
+        return 0, windows
     (combined.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
      .partitionBy("resolution", "date").parquet(output))
-    # A partition whose every window was replaced by nothing is not rewritten by the overwrite: remove it.
-    kept = {(r["resolution"], r["date"]) for r in combined.select("resolution", "date").distinct().collect()}
-    for resolution, date in sorted(partitions - kept):
+    # A partition whose every window was replaced by nothing is not rewritten by the overwrite: remove it. Partitions
+    # with new rows are kept for sure; only the others need a look.
+    emptied = partitions - {(row["resolution"], row["date"]) for row in touched}
+    if emptied:
+        emptied -= {(r["resolution"], r["date"]) for r in combined.select("resolution", "date").distinct().collect()}
+    for resolution, date in sorted(emptied):
         _HadoopPath(spark, f"{output.rstrip('/')}/resolution={resolution}/date={date}").delete()
-    return new, rows_written, windows
+    return rows_written, windows
 
 
 def _in_partitions(frame: Any, partitions: set[tuple[str, str]]) -> Any:

@@ -4,17 +4,20 @@ Used when the spark-sql-kafka connector is not on the classpath: `spark.read.for
 the same columns (`key value topic partition offset timestamp timestampType [headers]`) as `format("kafka")`.
 The driver plans one offset range per input partition; each `read` assigns, seeks, polls in large batches and
 raises rather than returning fewer records than its range holds.
+With the kcm option `kcm.decode=points` it yields decoded points (`decode.POINTS_SCHEMA`) instead, decoded in the
+same Python worker that read them: the same rows as `decode.decode_points` over the records, without carrying every
+record value through the JVM and back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -26,6 +29,8 @@ SOURCE_NAME = "kcm_kafka"
 EARLIEST, LATEST = -2, -1  # Spark's sentinels inside startingOffsets/endingOffsets JSON
 _BATCH_RECORDS = 20_000
 _DEFAULT_POLL_TIMEOUT_MS = 30_000
+DECODE_OPTION = "kcm.decode"
+COLUMNS_OPTION = "kcm.columns"  # with kcm.decode=points: only these point columns (a Python source cannot prune)
 
 _BASE_FIELDS = [
     StructField("key", BinaryType()),
@@ -65,6 +70,7 @@ class SourceOptions:
     """The Spark Kafka source options this data source honours, validated once on the driver."""
 
     client_options: Mapping[str, Any]
+    librdkafka_config: Mapping[str, Any]
     topics: tuple[str, ...]
     starting: str
     ending: str
@@ -72,10 +78,13 @@ class SourceOptions:
     include_headers: bool
     min_partitions: int
     poll_timeout_ms: int
+    decode: bool = False
+    columns: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         from kcm_common.kafka import KafkaSettings
+        from kcm_common.librdkafka import librdkafka_config
 
         options = {key.lower(): value for key, value in options.items()}
         bootstrap = options.get("kafka.bootstrap.servers")
@@ -89,10 +98,15 @@ class SourceOptions:
                                    "read to endingOffsets and filter on the timestamp column instead")
         properties = {key[len("kafka."):]: value for key, value in options.items()
                       if key.startswith("kafka.") and key != "kafka.bootstrap.servers"}
-        client_options = KafkaSettings(bootstrap, properties).client_options()
+        settings = KafkaSettings(bootstrap, properties)
+        client_options = settings.client_options()
         starting_timestamp = options.get("startingtimestamp")
+        decode = options.get(DECODE_OPTION, "records").lower()
+        if decode not in ("records", "points"):
+            raise KafkaSourceError(f"option {DECODE_OPTION} must be records or points, not {decode!r}")
         return cls(
             client_options=client_options,
+            librdkafka_config=librdkafka_config(settings),
             topics=topics,
             starting=options.get("startingoffsets", "earliest"),
             ending=options.get("endingoffsets", "latest"),
@@ -102,7 +116,19 @@ class SourceOptions:
             min_partitions=_whole_number("minPartitions", options.get("minpartitions", "1")),
             poll_timeout_ms=_whole_number("kafkaConsumer.pollTimeoutMs",
                                           options.get("kafkaconsumer.polltimeoutms", str(_DEFAULT_POLL_TIMEOUT_MS))),
+            decode=decode == "points",
+            columns=_point_columns(options.get(COLUMNS_OPTION, "")),
         )
+
+
+def _point_columns(text: str) -> tuple[str, ...]:
+    from kcm_rollups.decode import POINTS_SCHEMA
+
+    columns = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in columns if name not in POINTS_SCHEMA.names]
+    if unknown:
+        raise KafkaSourceError(f"option {COLUMNS_OPTION} names {unknown[0]!r}, not a point column")
+    return columns
 
 
 def _whole_number(name: str, text: str) -> int:
@@ -190,53 +216,92 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int) -> list[OffsetR
     return out
 
 
-def read_range(options: SourceOptions, offsets: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Every record of `offsets` as Arrow batches of `schema`; raises KafkaSourceError if Kafka cannot serve it all."""
-    # With an open end the poll that reaches `end` is kept whole: a broker that under-reports its end offset
-    # (Tansu counts batches) must not cut off the tail of the last batch.
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.errors import OffsetOutOfRangeError
+class Record(NamedTuple):
+    """One Kafka record as the Arrow builders below take it (timestamp in ms, Spark's timestampType numbering)."""
 
-    tp = TopicPartition(offsets.topic, offsets.partition)
-    consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, auto_offset_reset="none",
-                             max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
-                             fetch_max_wait_ms=100, **options.client_options)
+    key: bytes | None
+    value: bytes | None
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    headers: list[tuple[str, bytes | None]]
+
+
+def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Record]]:
+    """Every record of `offsets` in lists of Records; raises KafkaSourceError if Kafka cannot serve it all."""
+    # confluent-kafka (librdkafka) costs a third of kafka-python's CPU per record, and this loop runs in every task.
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({
+        "client.id": "kcm-rollup", **options.librdkafka_config,
+        "group.id": "kcm-rollup", "enable.auto.commit": False,  # assigned, never joins the group
+        # A reader of the metrics topic must not push its own telemetry into it: each run would change the input.
+        "enable.metrics.push": False,
+        "auto.offset.reset": "error", "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 16 * 1024 * 1024, "fetch.wait.max.ms": 100,
+        "logger": logging.getLogger("kcm.rollup.librdkafka")})
     try:
-        consumer.assign([tp])
-        consumer.seek(tp, offsets.start)
-        rows: list[Any] = []
+        assigned = confluent_kafka.TopicPartition(offsets.topic, offsets.partition, offsets.start)
+        consumer.assign([assigned])
+        rows: list[Record] = []
         position = offsets.start
         waited_since = time.monotonic()
         while position < offsets.end:
-            try:
-                # No record cap: kafka-python then hands over whole fetched batches, so the tail of the batch
-                # that crosses an under-reported end is never left behind in its buffer.
-                polled = consumer.poll(timeout_ms=500, max_records=sys.maxsize).get(tp, [])
-            except OffsetOutOfRangeError:
-                raise KafkaSourceError(f"{tp.topic}-{tp.partition} no longer holds offset {position} "
-                                       "(deleted by retention?); rerun with a later range") from None
+            # Asking for no more than the range holds: consume() waits out its timeout for a batch it cannot fill.
+            polled = _consume(consumer, offsets, position, min(_BATCH_RECORDS, offsets.end - position), 0.5)
             if not polled:
+                # Offsets without a record (transaction markers, compacted away) move the position, not the data.
+                position = max(position, consumer.position([assigned])[0].offset)
+                if position >= offsets.end:
+                    break
                 if (time.monotonic() - waited_since) * 1000 > options.poll_timeout_ms:
                     raise KafkaSourceError(
-                        f"{tp.topic}-{tp.partition} returned records up to offset {position} only, within "
-                        f"{options.poll_timeout_ms} ms; the range ends at {offsets.end} (is endingOffsets beyond the end?)")
+                        f"{offsets.topic}-{offsets.partition} returned records up to offset {position} only, within "
+                        f"{options.poll_timeout_ms} ms; the range ends at {offsets.end} "
+                        "(is endingOffsets beyond the end?)")
                 continue
             waited_since = time.monotonic()
-            if not offsets.open_end:
-                polled = [record for record in polled if record.offset < offsets.end]
-            rows += polled
-            position = max(consumer.position(tp), polled[-1].offset + 1 if polled else position)
+            position = polled[-1].offset + 1
+            if offsets.open_end and position >= offsets.end:
+                # A broker that under-reports its end offset (Tansu counts batches) must not cut off the tail of the
+                # batch that crosses it: librdkafka queues a fetched batch whole, so take what is queued already.
+                while tail := _consume(consumer, offsets, position, _BATCH_RECORDS, 0):
+                    polled += tail
+                    position = tail[-1].offset + 1
+            rows += polled if offsets.open_end else [record for record in polled if record.offset < offsets.end]
             if len(rows) >= _BATCH_RECORDS:
-                yield records_to_arrow(rows, schema)
+                yield rows
                 rows = []
         if rows:
-            yield records_to_arrow(rows, schema)
+            yield rows
     finally:
         consumer.close()
 
 
-def records_to_arrow(records: list[Any], schema: pa.Schema) -> pa.RecordBatch:
-    """kafka-python ConsumerRecords as one Arrow batch with the Kafka source's columns."""
+def _consume(consumer: Any, offsets: OffsetRange, position: int, count: int, timeout_s: float) -> list[Record]:
+    import confluent_kafka
+
+    records = []
+    for message in consumer.consume(count, timeout_s):
+        error = message.error()
+        if error is None:
+            kind, timestamp = message.timestamp()
+            # librdkafka numbers timestamp types from 0 = none, Spark from -1 = none.
+            records.append(Record(message.key(), message.value(), message.topic(), message.partition(),
+                                  message.offset(), timestamp, kind - 1, message.headers() or []))
+        elif error.code() in (confluent_kafka.KafkaError._AUTO_OFFSET_RESET,
+                              confluent_kafka.KafkaError.OFFSET_OUT_OF_RANGE):
+            raise KafkaSourceError(f"{offsets.topic}-{offsets.partition} no longer holds offset {position} "
+                                   "(deleted by retention?); rerun with a later range")
+        elif error.fatal():
+            raise KafkaSourceError(f"reading {offsets.topic}-{offsets.partition} failed: {error.str()}")
+    return records
+
+
+def records_to_arrow(records: list[Record], schema: pa.Schema) -> pa.RecordBatch:
+    """Records as one Arrow batch with the Kafka source's columns."""
     columns: dict[str, list[Any]] = {
         "key": [r.key for r in records],
         "value": [r.value for r in records],
@@ -251,6 +316,22 @@ def records_to_arrow(records: list[Any], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
 
 
+def records_to_decode_input(records: list[Any]) -> pa.RecordBatch:
+    """Records (or kafka-python's ConsumerRecords) as one batch of what `decode.flatten` takes (DECODE_INPUT_SCHEMA)."""
+    from kcm_rollups.decode import DECODE_INPUT_SCHEMA, utf8_text
+
+    columns = [
+        utf8_text(pa.array([r.key for r in records], pa.binary())),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.topic for r in records], pa.string()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        pa.array([r.timestamp * 1000 for r in records], pa.int64()),
+        pa.array([r.headers for r in records], DECODE_INPUT_SCHEMA.field("headers").type),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=DECODE_INPUT_SCHEMA)
+
+
 class KafkaReader(DataSourceReader):
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self._options = options
@@ -260,17 +341,33 @@ class KafkaReader(DataSourceReader):
         return plan_ranges(self._options)
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        yield from read_range(self._options, partition, to_arrow_schema(self._schema, timezone="UTC"))
+        if self._options.decode:
+            from kcm_rollups.decode import flatten
+
+            columns = list(self._options.columns) or None
+            for records in read_range(self._options, partition):
+                points = flatten(records_to_decode_input(records))
+                yield points.select(columns) if columns else points
+            return
+        schema = to_arrow_schema(self._schema, timezone="UTC")
+        for records in read_range(self._options, partition):
+            yield records_to_arrow(records, schema)
 
 
 class KafkaDataSource(DataSource):
-    """`spark.read.format("kcm_kafka")`: Spark's Kafka source options and schema, read with kafka-python."""
+    """`spark.read.format("kcm_kafka")`: Spark's Kafka source options and schema, planned with kafka-python and read
+    with confluent-kafka."""
 
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
 
     def schema(self) -> StructType:
+        if self.options.get(DECODE_OPTION, "").lower() == "points":
+            from kcm_rollups.decode import POINTS_SCHEMA
+
+            columns = _point_columns(self.options.get(COLUMNS_OPTION, "")) or POINTS_SCHEMA.names
+            return StructType([POINTS_SCHEMA[name] for name in columns])
         return kafka_schema(self.options.get("includeHeaders", "false").lower() == "true")
 
     def reader(self, schema: StructType) -> KafkaReader:

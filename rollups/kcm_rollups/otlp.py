@@ -1,0 +1,135 @@
+"""Export rollup rows to an OpenTelemetry collector as OTLP/gRPC gauges: one gauge per statistic of each row.
+
+A row of metric `m` becomes gauges `m.count`, `m.min`, ... `m.rate` (only the statistics it has), stamped with its
+window (start and end time), carrying the point attributes and `kcm.rollup.resolution`; the client identity columns
+become resource attributes. Parquet stays the record: the export runs after the write, and a re-run re-exports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+
+from kcm_common.errors import UserError
+
+STATISTICS: tuple[str, ...] = ("instances", "count", "nan_count", "min", "max", "sum", "avg", "last", "p50", "p95",
+                               "p99", "increase", "rate")
+RESOURCE_COLUMNS: tuple[str, ...] = ("client_id", "client_software_name", "client_software_version")
+SCOPE_NAME = "kcm.rollup"
+RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
+_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
+
+
+def check_endpoint(endpoint: str) -> str:
+    """`HOST:PORT` of an OTLP/gRPC receiver, else UserError."""
+    found = _ENDPOINT.fullmatch(endpoint.strip())
+    if found is None or not 0 < int(found.group(2)) < 65536:
+        raise UserError(f"--otlp-endpoint {endpoint!r} is not HOST:PORT of an OTLP/gRPC receiver (e.g. otel:4317)")
+    return endpoint.strip()
+
+
+def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -> Iterator[ExportMetricsServiceRequest]:
+    """Rollup rows (window bounds as `start_micros`/`end_micros`, see `export_rows`) as OTLP export requests of at
+    most about `max_points` data points each."""
+    request = ExportMetricsServiceRequest()
+    scopes: dict[tuple[tuple[str, str], ...], Any] = {}
+    metrics: dict[tuple[int, str], Any] = {}
+    points = 0
+    for row in rows:
+        if points >= max_points:
+            yield request
+            request, scopes, metrics, points = ExportMetricsServiceRequest(), {}, {}, 0
+        resource = tuple((name, str(row[name])) for name in RESOURCE_COLUMNS if row.get(name) is not None)
+        scope = scopes.get(resource)
+        if scope is None:
+            resource_metrics = request.resource_metrics.add()
+            resource_metrics.resource.attributes.extend(_key_value(k, v) for k, v in resource)
+            scope = resource_metrics.scope_metrics.add()
+            scope.scope.name = SCOPE_NAME
+            scopes[resource] = scope
+        attributes = [_key_value(RESOLUTION_ATTRIBUTE, row["resolution"])]
+        attributes += [_key_value(k, v) for k, v in sorted(json.loads(row.get("attributes") or "{}").items())]
+        for statistic in STATISTICS:
+            value = row.get(statistic)
+            if value is None or value != value:  # a NaN statistic says nothing
+                continue
+            name = f"{row['metric']}.{statistic}"
+            metric = metrics.get((id(scope), name))
+            if metric is None:
+                metric = scope.metrics.add(name=name)
+                metrics[(id(scope), name)] = metric
+            point = metric.gauge.data_points.add(start_time_unix_nano=row["start_micros"] * 1000,
+                                                 time_unix_nano=row["end_micros"] * 1000)
+            point.attributes.extend(attributes)
+            if isinstance(value, int) and not isinstance(value, bool):
+                point.as_int = value
+            else:
+                point.as_double = float(value)
+            points += 1
+    if points:
+        yield request
+
+
+def export_rows(frame: Any, endpoint: str) -> tuple[int, int]:
+    """Send a DataFrame of rollup rows to `endpoint`, streamed to the driver partition by partition; see `export`."""
+    from pyspark.sql import functions as F
+
+    columns = ["resolution", "metric", "attributes", *RESOURCE_COLUMNS, *STATISTICS]
+    rows = frame.select(*columns, F.unix_micros("window_start").alias("start_micros"),
+                        F.unix_micros("window_end").alias("end_micros")).toLocalIterator()
+    return export((row.asDict() for row in rows), endpoint)
+
+
+def export(rows: Iterable[Mapping[str, Any]], endpoint: str, timeout_s: float = 30.0,
+           retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0)) -> tuple[int, int]:
+    """Send rollup rows to the OTLP/gRPC receiver at `endpoint`; returns (points sent, points the receiver rejected).
+    A request the receiver cannot take right now is retried after each of `retry_delays_s`; then, or on any other
+    failure, raises UserError naming the endpoint."""
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+
+    # What OTLP calls retryable: the receiver is restarting or asks the client to slow down.
+    retryable = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+    sent = rejected = 0
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = MetricsServiceStub(channel)
+        for request in export_requests(rows):
+            for delay in (*retry_delays_s, None):
+                try:
+                    response = stub.Export(request, timeout=timeout_s)
+                    break
+                except grpc.RpcError as err:
+                    if delay is None or err.code() not in retryable:
+                        raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: "
+                                        f"{err.code().name} {err.details() or ''}".strip()
+                                        + "; the Parquet output is complete, re-run the range to export again"
+                                        ) from None
+                    time.sleep(delay)
+            sent += sum(len(m.gauge.data_points) for r in request.resource_metrics for s in r.scope_metrics
+                        for m in s.metrics)
+            rejected += response.partial_success.rejected_data_points
+    return sent, rejected
+
+
+def _key_value(key: str, value: Any) -> KeyValue:
+    return KeyValue(key=key, value=_any_value(value))
+
+
+def _any_value(value: Any) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, list):
+        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
+    if isinstance(value, dict):
+        return AnyValue(kvlist_value=KeyValueList(values=[_key_value(k, v) for k, v in value.items()]))
+    return AnyValue(string_value=str(value))

@@ -1,0 +1,69 @@
+"""Rollup rows as OTLP gauges: one gauge per statistic a row has, stamped with its window, identity as resource."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+
+from kcm_common.errors import UserError
+from kcm_common.points import attributes, metric_dicts
+from kcm_rollups.otlp import RESOLUTION_ATTRIBUTE, SCOPE_NAME, check_endpoint, export, export_requests
+from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+START = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
+
+
+def row(metric: str, **statistics) -> dict:
+    base = {"resolution": "1m", "metric": metric, "attributes": '{"node_id":"1"}', "client_id": "orders",
+            "client_software_name": "librdkafka", "client_software_version": None,
+            "start_micros": START, "end_micros": START + 60_000_000}
+    return {**base, **statistics}
+
+
+def test_each_statistic_of_a_row_becomes_a_gauge_over_its_window_with_the_identity_as_resource():
+    rows = [row("lat", instances=2, count=3, min=1.0, max=3.0, avg=2.0, p99=math.nan, increase=None),
+            row("sent", instances=1, increase=12.0, rate=0.2, attributes="{}")]
+    [request] = list(export_requests(rows))
+    [resource_metrics] = request.resource_metrics
+    assert attributes(resource_metrics.resource.attributes) == {"client_id": "orders",
+                                                                "client_software_name": "librdkafka"}
+    assert resource_metrics.scope_metrics[0].scope.name == SCOPE_NAME
+    metrics = {m["name"]: m for m in metric_dicts(MetricsData(resource_metrics=request.resource_metrics))}
+    assert sorted(metrics) == ["lat.avg", "lat.count", "lat.instances", "lat.max", "lat.min",
+                               "sent.increase", "sent.instances", "sent.rate"]  # NaN and null say nothing
+    [count] = metrics["lat.count"]["points"]
+    assert metrics["lat.count"]["type"] == "gauge" and count["value"] == 3 and isinstance(count["value"], int)
+    assert metrics["lat.avg"]["points"][0]["value"] == 2.0
+    assert (count["start_time_unix_nano"], count["time_unix_nano"]) == (START * 1000, (START + 60_000_000) * 1000)
+    assert count["attributes"] == {RESOLUTION_ATTRIBUTE: "1m", "node_id": "1"}
+    assert metrics["sent.rate"]["points"][0]["attributes"] == {RESOLUTION_ATTRIBUTE: "1m"}
+
+
+def test_requests_are_split_to_bound_their_size():
+    rows = [row(f"m{i}", count=i, min=float(i)) for i in range(10)]
+    requests = list(export_requests(rows, max_points=4))
+    sizes = [sum(len(m.gauge.data_points) for r in q.resource_metrics for s in r.scope_metrics for m in s.metrics)
+             for q in requests]
+    assert sizes == [4, 4, 4, 4, 4]  # two statistics per row, never a row cut in two
+
+
+def test_a_receiver_that_refuses_is_one_clear_error_and_partial_rejections_are_counted(collector):
+    collector.reject_partially_next(1)
+    assert export([row("lat", count=1, min=1.0)], collector.endpoint) == (2, 1)
+    collector.fail_next(code=grpc.StatusCode.UNAVAILABLE, times=2)  # restarting: retried
+    assert export([row("lat", count=1)], collector.endpoint, retry_delays_s=(0.01, 0.01)) == (1, 0)
+    collector.fail_next(code=grpc.StatusCode.UNAVAILABLE, times=2)
+    with pytest.raises(UserError, match="UNAVAILABLE"):
+        export([row("lat", count=1)], collector.endpoint, retry_delays_s=(0.01,))
+    collector.fail_next(code=grpc.StatusCode.PERMISSION_DENIED)
+    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: "
+                                        "PERMISSION_DENIED"):
+        export([row("lat", count=1)], collector.endpoint)
+
+
+@pytest.mark.parametrize("endpoint", ["otel", "otel:", "http://otel:4317", "otel:70000"])
+def test_an_endpoint_that_is_not_host_and_port_is_refused(endpoint):
+    with pytest.raises(UserError, match="is not HOST:PORT"):
+        check_endpoint(endpoint)
