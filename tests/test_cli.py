@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -147,3 +148,54 @@ def test_sandbox_upstream_that_is_not_kafka_fails_within_seconds(silent_server):
 
     _one_line_error(result, "is this a Kafka broker?")
     assert time.monotonic() - started < 20
+
+
+def test_an_unknown_option_is_blamed_on_the_subcommand_that_got_it():
+    _one_line_error(_kcm("tail", "--bootstrap-server", "b:9092", "--bogus"),
+                    "kcm tail: unrecognized arguments: --bogus", "kcm tail --help")
+    _one_line_error(_kcm("subscriptions", "list", "--bootstrap-server", "b:9092", "--bogus"),
+                    "kcm subscriptions list: unrecognized arguments: --bogus")
+
+
+def test_log_level_is_accepted_after_a_nested_action():
+    args = build_parser().parse_args(["subscriptions", "list", "--bootstrap-server", "b:1", "--log-level", "error"])
+
+    assert args.log_level == "ERROR"
+
+
+def test_spark_bridge_logs_are_held_back_even_at_debug():
+    from kcm_cli.main import _configure_logging
+
+    loggers = [logging.getLogger(name) for name in ("", "py4j", "kafka")]
+    levels = [logger.level for logger in loggers]
+    try:
+        _configure_logging("DEBUG")
+
+        # py4j logs each command sent to Spark's JVM at DEBUG, Kafka passwords included.
+        assert not logging.getLogger("py4j").isEnabledFor(logging.DEBUG)
+        assert not logging.getLogger("kafka").isEnabledFor(logging.DEBUG)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--connect-timeout"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
+def test_tail_durations_must_be_finite_and_positive(option, value):
+    _one_line_error(_kcm("tail", "--bootstrap-server", "b:9092", option, value),
+                    f"argument {option}", "finite number of seconds")
+
+
+@pytest.mark.parametrize(("listen", "message"), [
+    ("8.8.8.8:0", "cannot listen on 8.8.8.8:0"),
+    ("[::1]:0", "IPv4 only"),
+])
+def test_sandbox_listen_address_it_cannot_use(listen, message):
+    _one_line_error(_kcm("sandbox", "--listen", listen), message)
+
+
+def test_sandbox_checks_its_options_before_probing_the_upstream(silent_server):
+    host, port = silent_server
+
+    _one_line_error(_kcm("sandbox", "--listen", "127.0.0.1:0", "--upstream", f"{host}:{port}", "--partitions", "0"),
+                    "--partitions must be at least 1")

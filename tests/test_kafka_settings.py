@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options, parse_properties
+import socket
+
+from kafka.errors import KafkaTimeoutError
+
+from kcm_common.kafka import (KafkaConfigError, KafkaSettings, check_reachable, diagnose_failure, kafka_python_options,
+                              parse_properties)
+
+_NOT_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
 
 
 def test_java_style_properties_with_comments_and_continuations():
@@ -27,7 +34,7 @@ def test_sasl_credentials_from_jaas_config():
 
 def test_librdkafka_spellings_are_accepted(tmp_path):
     ca = tmp_path / "ca.pem"
-    ca.write_text("pem")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
 
     options = kafka_python_options({"security.protocol": "SSL", "ssl.ca.location": str(ca),
                                     "ssl.endpoint.identification.algorithm": "", "sasl.mechanisms": "PLAIN",
@@ -65,3 +72,42 @@ def test_settings_never_show_secrets(tmp_path):
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(KafkaConfigError, match="cannot read the client config file"):
         KafkaSettings.from_cli("b:9092", tmp_path / "absent.properties")
+
+
+def test_a_java_keystore_is_refused_with_how_to_convert_it(tmp_path):
+    store = tmp_path / "truststore.jks"
+    store.write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")
+
+    with pytest.raises(KafkaConfigError, match="not a PEM file.*keytool"):
+        kafka_python_options({"security.protocol": "SSL", "ssl.truststore.location": str(store)})
+    with pytest.raises(KafkaConfigError, match="ssl.truststore.type=JKS is not supported"):
+        kafka_python_options({"ssl.truststore.type": "JKS"})
+
+
+def test_a_store_type_of_pem_is_accepted(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text(_NOT_A_CERTIFICATE)
+
+    options = kafka_python_options({"security.protocol": "SSL", "ssl.truststore.type": "PEM",
+                                    "ssl.truststore.location": str(ca)})
+
+    assert options == {"security_protocol": "SSL", "ssl_cafile": str(ca)}
+
+
+def test_a_ca_file_that_does_not_load_is_a_config_error_not_an_unreachable_broker(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text(_NOT_A_CERTIFICATE)
+    listener = socket.create_server(("127.0.0.1", 0))
+    host, port = listener.getsockname()[:2]
+    try:
+        with pytest.raises(KafkaConfigError, match="ssl.ca.location .* holds no usable CA certificate"):
+            check_reachable(KafkaSettings(f"{host}:{port}", {"security.protocol": "SSL", "ssl.ca.location": str(ca)}),
+                            timeout_s=2)
+    finally:
+        listener.close()
+
+
+def test_an_error_without_a_message_is_named_once():
+    message = str(diagnose_failure(KafkaSettings("b:9092"), KafkaTimeoutError()))
+
+    assert message.count("KafkaTimeoutError") == 1, message

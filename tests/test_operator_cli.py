@@ -93,3 +93,49 @@ def test_a_bad_peering_lifetime_is_a_one_line_error(tmp_path, value, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _operator(tmp_path: Path, *flags: str, kubeconfig: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "kubeconfig")}
+    if kubeconfig is not None:
+        (tmp_path / "kubeconfig").write_text(kubeconfig)
+    return subprocess.run(
+        [sys.executable, "-m", "kcm_cli.main", "operator", "-n", "team", "--bootstrap-server", "127.0.0.1:9092",
+         *flags], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _one_line(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def test_a_kubeconfig_that_is_not_yaml_is_a_one_line_error(tmp_path):
+    _one_line(_operator(tmp_path, kubeconfig="clusters: [unclosed\n  - {\n"), "the kubeconfig")
+
+
+@pytest.mark.parametrize("option", ["--metrics-port", "--liveness-port"])
+def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
+    import socket
+
+    with socket.create_server(("0.0.0.0", 0)) as busy:
+        port = busy.getsockname()[1]
+        other = "--liveness-port" if option == "--metrics-port" else "--metrics-port"
+        result = _operator(tmp_path, option, str(port), other, "0", kubeconfig=_KUBECONFIG)
+
+    _one_line(result, f"{option} {port}: cannot listen on it")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_drift_interval_that_is_not_a_finite_positive_number_is_refused(tmp_path, value):
+    _one_line(_operator(tmp_path, "--drift-interval", value), "argument --drift-interval")

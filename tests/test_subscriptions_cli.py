@@ -180,3 +180,21 @@ def test_directories_are_read_recursively_only_with_R_and_list_has_json(sandbox,
                                       "subscription team.top: unchanged"]
     assert json.loads(listing) == {"team.deep": {"metrics": "x.", "interval.ms": "300000"},
                                    "team.top": {"metrics": "y.", "interval.ms": "300000"}}
+
+
+def test_every_problem_of_every_file_is_on_one_line_and_a_resource_without_a_name_says_so(sandbox, tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    nameless = textwrap.dedent("""\
+        apiVersion: kcm.dev/v1alpha1
+        kind: ClientMetricsSubscription
+        metadata: {namespace: team}
+        spec: {metrics: [x.]}
+        """)
+    path.write_text(_subscription("bad", "metrics: [x.]\nintervalMs: 10\n") + "---\n" + nameless)
+
+    code, out, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", sandbox.bootstrap)
+
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "spec.intervalMs" in err and "ClientMetricsSubscription team/(no name)" in err, err
+    assert sandbox.store.names() == []

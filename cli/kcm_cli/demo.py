@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from kcm_cli.arguments import seconds
 from kcm_common.errors import UserError
 
 HELP = "run the whole pipeline on this machine with real clients"
@@ -18,11 +19,8 @@ DESCRIPTION = ("Start the sandbox (embedded broker + KIP-714 gateway + receiver)
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 86400:
+    value = seconds(text)
+    if value > 86400:
         raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, not {text}")
     return value
 

@@ -1,8 +1,8 @@
 """The `kcm` command: one entry point, a subcommand per module of this package.
 
 Every subcommand is a module `kcm_cli.<name>` with `HELP`, `DESCRIPTION`, `add_arguments(parser)` and
-`run(args) -> int`. Its top-level imports are the standard library and `kcm_common` only; it imports its
-component inside `run`, so `kcm --help` works whatever extras are installed. A mistake the user can fix is
+`run(args) -> int`. Its top-level imports are the standard library, `kcm_common`, `kcm_cli.arguments` and the
+core dependencies only; it imports its component inside `run`, so `kcm --help` works whatever extras are installed. A mistake the user can fix is
 raised as `kcm_common.errors.UserError` and printed here as one line with exit code 2.
 """
 
@@ -50,16 +50,35 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kcm {_version()}")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=_LOG_LEVELS,
                         help="log verbosity on stderr (default: %(default)s)")
-    # The same option after the subcommand; SUPPRESS keeps it from overwriting one given before.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=_LOG_LEVELS,
-                        help="log verbosity on stderr (default: INFO)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"kcm_cli.{name}")
-        sub = commands.add_parser(name, help=module.HELP, description=module.DESCRIPTION, parents=[common])
+        sub = commands.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
+        for nested in _with_nested(sub):
+            # The same option after the subcommand (or its action); SUPPRESS keeps it from overwriting one given
+            # before.
+            nested.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=_LOG_LEVELS,
+                                help="log verbosity on stderr (default: INFO)")
+    return parser
+
+
+def _with_nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and every parser of its sub-commands, at any depth."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _with_nested(sub)
+    return found
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub-)command parser the arguments selected, to blame it for what it did not recognise."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _chosen(action.choices[getattr(args, action.dest)], args)
     return parser
 
 
@@ -68,10 +87,15 @@ def _configure_logging(level: str) -> None:
     # kafka-python narrates every connection at INFO, and at DEBUG logs its whole configuration, SASL password
     # included: kcm reports what matters itself, and never lets it log secrets.
     logging.getLogger("kafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.INFO)
+    # py4j logs every command it sends to Spark's JVM at DEBUG, Kafka options (passwords) included.
+    logging.getLogger("py4j").setLevel(logging.WARNING if level != "DEBUG" else logging.INFO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     _configure_logging(args.log_level)
     try:
         return args.run(args)

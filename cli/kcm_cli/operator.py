@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import socket
 
+from kcm_cli.arguments import seconds
 from kcm_common.errors import UserError
 
 HELP = "run the operator: ClientMetricsSubscription resources → CLIENT_METRICS in Kafka"
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the default Kafka cluster (resources without spec.connection)")
     parser.add_argument("--command-config", metavar="FILE",
                         help="client properties file for TLS/SASL to the default cluster")
-    parser.add_argument("--drift-interval", type=float, default=60.0, metavar="SECONDS",
+    parser.add_argument("--drift-interval", type=seconds, default=60.0, metavar="SECONDS",
                         help="how often each subscription is compared with Kafka (default 60)")
     parser.add_argument("--metrics-port", type=int, default=9090, metavar="PORT",
                         help="Prometheus metrics on http://0.0.0.0:PORT/metrics (0 = off; default 9090)")
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Run until SIGINT/SIGTERM."""
     import kopf
     import prometheus_client
+    import yaml
     from kubernetes import client
     from kubernetes import config as kube_config
 
@@ -73,10 +76,18 @@ def run(args: argparse.Namespace) -> int:
     except (kube_config.ConfigException, OSError) as exc:
         raise UserError(
             f"cannot find the Kubernetes API (no in-cluster service account, no kubeconfig): {exc}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not valid YAML: "
+                        f"{' '.join(str(exc).split())}") from None
     operator_config = OperatorConfig(settings, args.drift_interval,
                                      resolve=ConnectionResolver(client.ApiClient()).resolve)
+    if args.liveness_port:
+        _check_free("--liveness-port", args.liveness_port)  # kopf binds it later, where a failure is a traceback
     if args.metrics_port:
-        prometheus_client.start_http_server(args.metrics_port)
+        try:
+            prometheus_client.start_http_server(args.metrics_port)
+        except OSError as exc:
+            raise UserError(_port_problem("--metrics-port", args.metrics_port, exc)) from None
     kopf_settings = operator_settings()
     # Also what this replica announces: the others give up on it that long after its last keep-alive.
     kopf_settings.peering.lifetime = args.peering_lifetime
@@ -90,3 +101,16 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
     )
     return 0
+
+
+def _check_free(option: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise UserError(_port_problem(option, port, exc)) from None
+
+
+def _port_problem(option: str, port: int, exc: OSError) -> str:
+    return f"{option} {port}: cannot listen on it ({exc.strerror or exc}); choose another port, or 0 to turn it off"

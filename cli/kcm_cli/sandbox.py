@@ -65,12 +65,6 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
         raise UserError(f"--listen host {listen[0]!r} cannot be resolved on this machine; "
                         "use an address such as 127.0.0.1") from None
     upstream = parse_address(args.upstream, "--upstream") if args.upstream else None
-    if upstream is not None:
-        check_reachable(KafkaSettings(args.upstream), _UPSTREAM_PROBE_S)
-    if args.receiver == "java":
-        from kcm_sandbox.java_receiver import ensure_built
-
-        ensure_built()  # before anything starts: no java, or a failed build, is one line and nothing to clean up
     options = SandboxOptions(listen=listen, topic=args.topic, partitions=args.partitions,
                              compression=compression_ids(args.compression), state=args.state, upstream=upstream,
                              receiver=args.receiver, receiver_api=args.receiver_api)
@@ -78,6 +72,13 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
         options.telemetry_max_bytes = args.telemetry_max_bytes
     if args.connections_max_idle_ms is not None:
         options.connections_max_idle_ms = args.connections_max_idle_ms
+    options.validate()  # the cheap checks first, then the ones that wait on the network or a build
+    if upstream is not None:
+        check_reachable(KafkaSettings(args.upstream), _UPSTREAM_PROBE_S)
+    if args.receiver == "java":
+        from kcm_sandbox.java_receiver import ensure_built
+
+        ensure_built()  # before anything starts: no java, or a failed build, is one line and nothing to clean up
     return options
 
 

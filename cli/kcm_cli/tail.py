@@ -14,6 +14,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
+from kcm_cli.arguments import seconds
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
@@ -35,11 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-beginning", action="store_true",
                         help="start at the oldest record instead of only new ones")
     parser.add_argument("--max-records", type=int, metavar="N", help="exit after printing N records")
-    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+    parser.add_argument("--timeout", type=seconds, metavar="SECONDS",
                         help="exit after this many seconds without a record (default: run until interrupted)")
     parser.add_argument("--output", choices=("table", "jsonl"), default="table",
                         help="table: one row per metric point; jsonl: one JSON object per record (default: %(default)s)")
-    parser.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--connect-timeout", type=seconds, default=10.0, metavar="SECONDS",
                         help="how long to try reaching Kafka at start-up (default: %(default)s)")
 
 
@@ -127,8 +128,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run `kcm tail`; 0 on a normal end. Raises UserError when Kafka or the topic cannot be reached."""
     if args.max_records is not None and args.max_records < 1:
         raise UserError("--max-records must be at least 1")
-    if args.connect_timeout <= 0:
-        raise UserError("--connect-timeout must be a positive number of seconds")
     consumer = _open_consumer(args)
     printed = 0
     if args.output == "table":

@@ -51,6 +51,10 @@ _PROPERTY_TO_KWARG = {
 _FILE_PROPERTIES = frozenset(
     {"ssl.ca.location", "ssl.truststore.location", "ssl.certificate.location", "ssl.keystore.location", "ssl.key.location"}
 )
+# Java clients name the store format; kcm reads PEM files only, so the type is accepted when it says PEM.
+_STORE_TYPES = frozenset({"ssl.truststore.type", "ssl.keystore.type"})
+_PEM_CONVERSION = ("kcm reads PEM files only: convert a JKS or PKCS12 store with "
+                   "`keytool -exportcert -rfc` or `openssl pkcs12 -nodes` (see docs/kafka-clients.md)")
 _SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -105,16 +109,29 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
     return addresses
 
 
+def _check_pem_file(key: str, path: str) -> None:
+    try:
+        with open(path, "rb") as file:
+            start = file.read(64 * 1024)
+    except OSError:
+        raise KafkaConfigError(f"client property {key} names {path!r}, which is not a readable file") from None
+    if b"-----BEGIN " not in start:
+        raise KafkaConfigError(f"client property {key} names {path!r}, which is not a PEM file; {_PEM_CONVERSION}")
+
+
 def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """Translate client properties into kafka-python keyword arguments, rejecting what it cannot honour."""
     options: dict[str, Any] = {}
     for key, value in properties.items():
+        if key in _STORE_TYPES:
+            if value.strip().upper() != "PEM":
+                raise KafkaConfigError(f"{key}={value} is not supported; {_PEM_CONVERSION}")
+            continue
         if key not in _PROPERTY_TO_KWARG:
-            raise KafkaConfigError(
-                f"unsupported client property {key!r}; supported: {', '.join(sorted(_PROPERTY_TO_KWARG))}"
-            )
-        if key in _FILE_PROPERTIES and not Path(value).is_file():
-            raise KafkaConfigError(f"client property {key} names {value!r}, which is not a readable file")
+            raise KafkaConfigError(f"unsupported client property {key!r}; supported: "
+                                   f"{', '.join(sorted([*_PROPERTY_TO_KWARG, *_STORE_TYPES]))}")
+        if key in _FILE_PROPERTIES:
+            _check_pem_file(key, value)
         options[_PROPERTY_TO_KWARG[key]] = value
 
     protocol = options.get("security_protocol", "PLAINTEXT").upper()
@@ -200,8 +217,9 @@ def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavaila
                 "sasl.mechanism and the credentials")
     elif protocol == "SSL":
         hint = "the TLS handshake worked, but Kafka did not answer over it: check the listener and ssl.* settings"
-    return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} "
-                                 f"({type(error).__name__}: {error}); {hint}")
+    detail = str(error).strip()
+    what = type(error).__name__ if detail in ("", type(error).__name__) else f"{type(error).__name__}: {detail}"
+    return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} ({what}); {hint}")
 
 
 def _probe(settings: KafkaSettings, host: str, port: int, timeout_s: float) -> str | None:
@@ -216,8 +234,8 @@ def _probe(settings: KafkaSettings, host: str, port: int, timeout_s: float) -> s
     with sock:
         protocol = settings.security_protocol
         if protocol in ("SSL", "SASL_SSL"):
+            context = _ssl_context(settings)
             try:
-                context = _ssl_context(settings)
                 with context.wrap_socket(sock, server_hostname=host):
                     return None
             except ssl.SSLCertVerificationError as exc:
@@ -250,11 +268,23 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
 
 
 def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
+    """The TLS context the settings describe; a CA, certificate or key that does not load is a config error."""
     options = kafka_python_options(settings.properties)
-    context = ssl.create_default_context(cafile=options.get("ssl_cafile"))
+    try:
+        context = ssl.create_default_context(cafile=options.get("ssl_cafile"))
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise KafkaConfigError(f"ssl.ca.location {options.get('ssl_cafile')!r} holds no usable CA certificate "
+                               f"({getattr(exc, 'reason', None) or exc}): it must be PEM certificates") from None
     context.check_hostname = options.get("ssl_check_hostname", True)
     if "ssl_certfile" in options:
-        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+        try:
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            # The message is OpenSSL's (e.g. "bad decrypt"), never the password.
+            raise KafkaConfigError(
+                f"the client certificate {options['ssl_certfile']!r} and key {options.get('ssl_keyfile')!r} do not "
+                f"load ({getattr(exc, 'reason', None) or exc}): check they are PEM, belong together, and "
+                "ssl.key.password") from None
     return context
 
 

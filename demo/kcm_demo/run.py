@@ -175,7 +175,8 @@ def _apply_subscriptions(bootstrap: str, path: Path) -> list[str]:
     result = subprocess.run(_kcm("subscriptions", "apply", "-f", str(path), "--bootstrap-server", bootstrap),
                             capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        raise UserError(f"applying the demo subscriptions failed: {result.stderr.strip() or result.stdout.strip()}")
+        reason = (result.stderr.strip() or result.stdout.strip()).removeprefix("kcm subscriptions: ")
+        raise UserError(f"applying the demo subscriptions failed: {reason}")
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     for line in lines:
         log.info("subscriptions: %s", line)

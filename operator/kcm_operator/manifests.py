@@ -27,7 +27,8 @@ class Manifest:
     @property
     def ref(self) -> str:
         meta = self.obj.get("metadata") or {}
-        return f"{self.obj.get('kind')} {meta.get('namespace') or 'default'}/{meta.get('name')} ({self.source})"
+        name = meta.get("name") or meta.get("generateName") or "(no name)"
+        return f"{self.obj.get('kind')} {meta.get('namespace') or 'default'}/{name} ({self.source})"
 
 
 def load(paths: Iterable[str | Path], recursive: bool = False) -> list[Manifest]:
@@ -72,7 +73,7 @@ def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired
                             f"{owners[desired.name].ref}")
         owners.setdefault(desired.name, manifest)
     if problems:
-        raise InvalidSpecError("invalid resources, nothing applied:\n  " + "\n  ".join(problems))
+        raise InvalidSpecError("invalid resources, nothing applied: " + "; ".join(problems))
     return found
 
 

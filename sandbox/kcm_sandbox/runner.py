@@ -47,6 +47,8 @@ def compression_ids(names: str) -> list[int]:
 
 def parse_address(text: str, option: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
+    if host.startswith("[") or ":" in host:
+        raise SandboxError(f"{option} {text!r}: the sandbox listens on IPv4 only; use an address such as 127.0.0.1")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise SandboxError(f"{option} must be HOST:PORT, not {text!r}")
     return host, int(port)
@@ -64,6 +66,15 @@ class SandboxOptions:
     upstream: tuple[str, int] | None = None        # a running broker instead of the embedded one
     receiver: str = "python"                      # or "java": kcm's broker plugin hosted in a JVM
     receiver_api: str = "4.2"                     # the plugin interface the Java receiver is called through
+
+    def validate(self) -> None:
+        """Raise SandboxError naming the first option out of range."""
+        if self.partitions < 1:
+            raise SandboxError("--partitions must be at least 1")
+        if self.telemetry_max_bytes < 1:
+            raise SandboxError("--telemetry-max-bytes must be at least 1")
+        if self.connections_max_idle_ms < 1:
+            raise SandboxError("--connections-max-idle-ms must be at least 1")
 
 
 class Sandbox:
@@ -93,15 +104,10 @@ class Sandbox:
 
     def start(self, timeout: float = 30.0) -> None:
         options = self.options
-        if options.partitions < 1:
-            raise SandboxError("--partitions must be at least 1")
-        if options.telemetry_max_bytes < 1:
-            raise SandboxError("--telemetry-max-bytes must be at least 1")
-        if options.connections_max_idle_ms < 1:
-            raise SandboxError("--connections-max-idle-ms must be at least 1")
+        options.validate()
         host, port = options.listen
-        port = port or free_port(host)
         try:
+            port = port or free_port(host)
             if options.upstream is None:
                 self.broker = EmbeddedBroker(host=host, advertised=f"{host}:{port}")
                 self.broker.start()

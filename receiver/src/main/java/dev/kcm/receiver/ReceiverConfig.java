@@ -63,7 +63,8 @@ public final class ReceiverConfig {
                 overrides.put(key.substring(PRODUCER_PREFIX.length()), entry.getValue());
             } else if (key.startsWith(PREFIX)) {
                 if (!DEFINITION.names().contains(key)) {
-                    throw new ConfigException(key, entry.getValue(), "unknown kcm receiver property; known: "
+                    // Named, never its value: a misspelt producer property may hold a password.
+                    throw new ConfigException(key + " is not a kcm receiver property; known: "
                             + String.join(", ", DEFINITION.names()) + " and " + PRODUCER_PREFIX + "*");
                 }
                 own.put(key, entry.getValue());
@@ -72,8 +73,8 @@ public final class ReceiverConfig {
         AbstractConfig parsed = new AbstractConfig(DEFINITION, own, false);
         for (String key : overrides.keySet()) {
             if (FIXED_PRODUCER_KEYS.contains(key)) {
-                throw new ConfigException(PRODUCER_PREFIX + key, overrides.get(key),
-                        "the receiver writes bytes with its own serializers; remove this property");
+                throw new ConfigException(PRODUCER_PREFIX + key
+                        + ": the receiver writes bytes with its own serializers; remove this property");
             }
         }
         List<String> bootstrap = parsed.getList(BOOTSTRAP_SERVERS);

@@ -26,6 +26,13 @@ class ReceiverConfigTest {
     }
 
     @Test
+    void aMisspeltPropertyIsNamedButItsValueNeverShown() {
+        String message = failure("kcm.receiver.sasl.jaas.config", "password=\"hunter2\";");
+        assertTrue(message.contains("kcm.receiver.sasl.jaas.config"), message);
+        assertFalse(message.contains("hunter2"), message);
+    }
+
+    @Test
     void withoutListenersTheBootstrapServersMustBeGiven() {
         KcmClientTelemetry plugin = new KcmClientTelemetry();
         java.util.Map<String, Object> config = Fixtures.brokerConfig();

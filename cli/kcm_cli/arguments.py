@@ -1,0 +1,17 @@
+"""argparse value types the subcommands share (a bad value is one line naming the option, exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds above zero (`nan`, `inf` and negatives are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
+    return value
