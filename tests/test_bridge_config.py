@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from kcm_bridge.config import ConfigError, load
 from kcm_bridge.consumer import split_properties
@@ -94,3 +95,62 @@ def test_the_command_reports_a_bad_setting_in_one_line_with_exit_code_2(tmp_path
     assert main(["bridge", "--config", str(path)]) == 2
     error = capsys.readouterr().err.strip()
     assert error == "kcm bridge: batch.linger_ms must be 0 or more, not -1"
+
+
+def test_the_loaded_config_shows_no_secret_in_repr_or_str(tmp_path):
+    path = tmp_path / "bridge.yaml"
+    path.write_text("kafka: {bootstrap_servers: 'k:9092', properties: {sasl.password: kafka-secret-1}}\n"
+                    "endpoints: [{endpoint: 'c:4317', headers: {authorization: Bearer collector-secret-2}}]\n"
+                    "enrich: {rules: [{action: hash, attribute: principal, salt: salt-secret-3}]}\n")
+    config = load(path, env={})
+    assert config.kafka.properties["sasl.password"] == "kafka-secret-1"
+    for shown in (repr(config), str(config), repr(config.kafka), repr(config.endpoints), repr(config.enrich)):
+        for secret in ("kafka-secret-1", "collector-secret-2", "salt-secret-3"):
+            assert secret not in shown
+
+
+@pytest.mark.parametrize(("section", "name"), [("kafka", "connect_timeout_s"), ("endpoints[0]", "timeout_s"),
+                                              ("retry", "initial_backoff_s"), ("retry", "max_backoff_s"),
+                                              ("delivery", "shutdown_timeout_s"), ("temporality", "idle_expiry_s")])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
+def test_a_duration_in_the_file_must_be_a_finite_number_above_zero(tmp_path, section, name, value):
+    document = {"kafka": {"bootstrap_servers": "k:9092"}, "endpoints": [{"endpoint": "c:4317"}]}
+    target = document["endpoints"][0] if section == "endpoints[0]" else document.setdefault(section, {})
+    target[name] = value
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    assert str(error.value) == f"{section}.{name} must be a finite number > 0, not {value}"
+
+
+@pytest.mark.parametrize(("env", "overrides", "field"), [
+    ({"KCM_BRIDGE_SHUTDOWN_TIMEOUT_S": "nan"}, {}, "delivery.shutdown_timeout_s"),
+    ({"KCM_BRIDGE_SHUTDOWN_TIMEOUT_S": "inf"}, {}, "delivery.shutdown_timeout_s"),
+    ({}, {("kafka", "connect_timeout_s"): "nan"}, "kafka.connect_timeout_s"),
+    ({}, {("retry", "multiplier"): "inf"}, "retry.multiplier"),
+    ({}, {("delivery", "revoke_timeout_s"): "nan"}, "delivery.revoke_timeout_s"),
+])
+def test_non_finite_numbers_from_the_environment_or_flags_are_rejected(env, overrides, field):
+    with pytest.raises(ConfigError, match=rf"^{field} must be a finite number"):
+        load(env=env, overrides={("kafka", "bootstrap_servers"): "k:9092", **overrides}, endpoints=["c:4317"])
+
+
+def test_the_command_reports_a_non_finite_timeout_from_the_environment_in_one_line(monkeypatch, capsys):
+    from kcm_cli.main import main
+
+    monkeypatch.setenv("KCM_BRIDGE_SHUTDOWN_TIMEOUT_S", "nan")
+    assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317"]) == 2
+    error = capsys.readouterr().err
+    assert error == "kcm bridge: delivery.shutdown_timeout_s must be a finite number > 0, not nan\n"
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path, capsys):
+    from kcm_cli.main import main
+
+    path = tmp_path / "bridge.yaml"
+    path.write_text("kafka:\n  bootstrap_servers: k:9092\nendpoints: [{endpoint: 'c:4317'}\nbatch {}\n")
+    assert main(["bridge", "--config", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "<unicode string>" not in error
+    assert error.startswith(f"kcm bridge: config file {path}: invalid YAML at line 4, column 1: expected ',' or ']'")

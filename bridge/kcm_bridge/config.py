@@ -7,6 +7,7 @@ bad one raises ConfigError naming the field (`batch.max_points`, `endpoints[1].t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -34,7 +35,8 @@ class KafkaConfig:
 
     bootstrap_servers: str = ""
     command_config: str | None = None          # client properties file (TLS/SASL, consumer tuning)
-    properties: dict[str, str] = field(default_factory=dict)  # inline client properties, over the file's
+    # Inline client properties, over the file's; they may hold sasl.password, so repr leaves them out.
+    properties: dict[str, str] = field(default_factory=dict, repr=False)
     topics: list[str] = field(default_factory=lambda: [DEFAULT_METRICS_TOPIC])
     group_id: str = "kcm-bridge"
     client: Literal["confluent-kafka", "kafka-python"] = "confluent-kafka"
@@ -55,7 +57,7 @@ class EndpointConfig:
     endpoint: str = ""
     insecure: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)   # may hold tokens
     headers_from_files: dict[str, str] = field(default_factory=dict)
     headers_from_env: dict[str, str] = field(default_factory=dict)
     compression: Literal["gzip", "none"] = "gzip"
@@ -87,7 +89,7 @@ class AttributeRule:
     action: Literal["drop", "rename", "hash"] = "drop"
     attribute: str = ""
     to: str | None = None
-    salt: str | None = None
+    salt: str | None = field(default=None, repr=False)
     salt_file: str | None = None
     salt_env: str | None = None
 
@@ -206,11 +208,13 @@ def validate(config: BridgeConfig) -> None:
     _positive(config.batch.max_bytes, "batch.max_bytes")
     if config.batch.linger_ms < 0:
         raise ConfigError(f"batch.linger_ms must be 0 or more, not {config.batch.linger_ms}")
+    _positive(config.kafka.connect_timeout_s, "kafka.connect_timeout_s")
     _positive(config.retry.initial_backoff_s, "retry.initial_backoff_s")
+    _positive(config.retry.max_backoff_s, "retry.max_backoff_s")
     if config.retry.max_backoff_s < config.retry.initial_backoff_s:
         raise ConfigError("retry.max_backoff_s must be at least retry.initial_backoff_s")
-    if config.retry.multiplier < 1:
-        raise ConfigError(f"retry.multiplier must be 1 or more, not {config.retry.multiplier}")
+    if not (math.isfinite(config.retry.multiplier) and config.retry.multiplier >= 1):
+        raise ConfigError(f"retry.multiplier must be a finite number, 1 or more, not {config.retry.multiplier}")
     if not 0 <= config.retry.jitter <= 1:
         raise ConfigError(f"retry.jitter must be between 0 and 1, not {config.retry.jitter}")
     for index, rule in enumerate(config.enrich.rules):
@@ -220,8 +224,9 @@ def validate(config: BridgeConfig) -> None:
     _positive(config.delivery.max_inflight_bytes, "delivery.max_inflight_bytes")
     _positive(config.delivery.commit_interval_s, "delivery.commit_interval_s")
     _positive(config.delivery.shutdown_timeout_s, "delivery.shutdown_timeout_s")
-    if config.delivery.revoke_timeout_s < 0:
-        raise ConfigError("delivery.revoke_timeout_s must be 0 or more")
+    if not (math.isfinite(config.delivery.revoke_timeout_s) and config.delivery.revoke_timeout_s >= 0):
+        raise ConfigError(f"delivery.revoke_timeout_s must be a finite number, 0 or more, not "
+                          f"{config.delivery.revoke_timeout_s}")
     if config.delivery.dead_letter_topic is not None and config.delivery.dead_letter_topic in config.kafka.topics:
         raise ConfigError("delivery.dead_letter_topic must not be one of kafka.topics (the bridge would read it back)")
     if config.metrics_port is not None and not 0 <= config.metrics_port <= 65535:
@@ -273,6 +278,9 @@ def _validate_rule(rule: AttributeRule, where: str) -> None:
 
 
 def _positive(value: float, where: str) -> None:
+    # NaN compares false with everything and an infinite timeout never fires: neither is a usable setting.
+    if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{where} must be a finite number > 0, not {value}")
     if value <= 0:
         raise ConfigError(f"{where} must be positive, not {value}")
 
@@ -282,13 +290,27 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"the config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path}: invalid YAML{_where_yaml_failed(exc)}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
         raise ConfigError(f"the config file {path} must hold a mapping of settings at the top level")
     return document
+
+
+def _where_yaml_failed(error: yaml.YAMLError) -> str:
+    """` at line L, column C: problem` on one line; PyYAML's own text spans lines and names `<unicode string>`."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or type(error).__name__
+    context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    if context and context_mark is not None:
+        problem += f" {context} started at line {context_mark.line + 1}"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {' '.join(problem.split())}"
 
 
 def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:

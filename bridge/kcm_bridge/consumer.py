@@ -1,7 +1,8 @@
 """The Kafka consumer behind one small interface: confluent-kafka (default) or kafka-python.
 
 Both consume as a classic consumer group, never auto-commit, and report partition moves through callbacks
-that run inside `poll`, on the bridge's own thread.
+that run inside `poll`, on the bridge's own thread. Both report Kafka rejecting the credentials or no broker
+answering as KafkaUnavailable, from `poll` and `check`, and keep retrying: the bridge decides what to log.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings
+from kcm_common.kafka import KafkaSettings, diagnose_failure, kafka_python_options
 from kcm_common.librdkafka import librdkafka_config
 
 log = logging.getLogger("kcm.bridge.consumer")
@@ -39,7 +40,15 @@ CONSUMER_PROPERTIES: dict[str, tuple[str, str, type]] = {
 # queue per second: it looks again soon instead.
 _PREFETCH_KBYTES = 16384
 _PREFETCH_BACKOFF_MS = 20
+# librdkafka reconnects after 100 ms by default, and a broker rejecting the credentials is asked again 20 times a
+# second (each attempt logged at ERROR). Once a second is prompt enough after a broker restart.
+_RECONNECT_BACKOFF_MS = 1000
 BACKENDS = ("confluent-kafka", "kafka-python")
+
+
+class KafkaUnavailable(Exception):
+    """Kafka cannot be used now (credentials rejected, no broker answering); the message is log-safe and says
+    what to check."""
 
 
 class Record(NamedTuple):
@@ -56,7 +65,10 @@ class Record(NamedTuple):
 class Consumer(Protocol):
     """What the bridge needs from a Kafka consumer."""
 
-    def poll(self, timeout_s: float, max_records: int) -> list[Record]: ...
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        """Records, or KafkaUnavailable when the client reported that Kafka cannot be used and fetched none."""
+    def check(self, timeout_s: float) -> None:
+        """Return when Kafka answered a request with these settings; raise KafkaUnavailable otherwise."""
     def commit(self, offsets: Mapping[Partition, int]) -> None: ...
     def pause(self, partitions: list[Partition]) -> None: ...
     def resume(self, partitions: list[Partition]) -> None: ...
@@ -119,11 +131,16 @@ class ConfluentConsumer:
 
         self._tp = confluent_kafka.TopicPartition
         self._error = confluent_kafka.KafkaError
+        self._exception = confluent_kafka.KafkaException
+        self._settings, self._topics = settings, topics
+        self._problem: str | None = None   # the last report that Kafka cannot be used, until a check succeeds
+        self._new_problem = False
         config = librdkafka_config(settings)
         config.update({"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
                        "auto.offset.reset": "earliest", "enable.partition.eof": False,
                        "queued.max.messages.kbytes": _PREFETCH_KBYTES, "fetch.queue.backoff.ms": _PREFETCH_BACKOFF_MS,
-                       "logger": logging.getLogger("kcm.bridge.librdkafka")})
+                       "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS, "error_cb": self._on_error,
+                       "logger": _LIBRDKAFKA_LOG})
         config.update({CONSUMER_PROPERTIES[key][1]: value for key, value in tuning.items()})
         try:
             self._consumer = confluent_kafka.Consumer(config)
@@ -138,16 +155,40 @@ class ConfluentConsumer:
 
         self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
+    def _on_error(self, error: Any) -> None:
+        """librdkafka's error events, served inside `consume`; the ones meaning Kafka cannot be used are kept."""
+        if error.code() == self._error._AUTHENTICATION:  # noqa: SLF001 (librdkafka's local error codes)
+            self._problem = _rejected(self._settings, error.str())
+        elif error.code() == self._error._ALL_BROKERS_DOWN:  # noqa: SLF001
+            self._problem = (f"cannot reach Kafka at {self._settings.bootstrap_servers} ({error.str()}): "
+                             "check that the brokers are up and reachable from here")
+        elif error.fatal():
+            raise RuntimeError(f"Kafka consumer failed: {error.str()}")
+        else:
+            log.warning("Kafka consumer: %s", error.str())
+            return
+        self._new_problem = True
+
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
         messages = self._consumer.consume(max_records, timeout_s)
         records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or [])
                    for m in messages if m.error() is None]
         if len(records) < len(messages):
             for error in (m.error() for m in messages if m.error() is not None):
-                if error.fatal():
-                    raise RuntimeError(f"Kafka consumer failed: {error.str()}")
-                log.warning("Kafka consumer: %s", error.str())
+                self._on_error(error)
+        if self._new_problem and not records:
+            self._new_problem = False
+            raise KafkaUnavailable(self._problem)
         return records
+
+    def check(self, timeout_s: float) -> None:
+        # A metadata request needs a connection that passed authentication: it proves the credentials work.
+        try:
+            self._consumer.list_topics(self._topics[0], timeout=timeout_s)
+        except self._exception as exc:
+            # Error events are served by `consume` only: before the first poll the cause may not be known yet.
+            raise KafkaUnavailable(self._problem or str(diagnose_failure(self._settings, exc))) from None
+        self._problem, self._new_problem = None, False
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         self._consumer.commit(offsets=[self._tp(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
@@ -166,21 +207,25 @@ class ConfluentConsumer:
 
 
 class KafkaPythonConsumer:
-    """kafka-python: pure Python (fast CRCs with the crc32c package), selectable with --kafka-client."""
+    """kafka-python: pure Python (fast CRCs with the crc32c package), selectable with --kafka-client.
+
+    Its client connects while it is built, so it is built by `check`, and built again after it failed.
+    """
 
     def __init__(self, settings: KafkaSettings, tuning: Mapping[str, Any], group_id: str, topics: list[str],
                  on_assign: PartitionsCallback, on_revoke: PartitionsCallback) -> None:
-        from kafka import ConsumerRebalanceListener, KafkaConsumer
+        from kafka import ConsumerRebalanceListener
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
         self._tp, self._offset = TopicPartition, OffsetAndMetadata
-        options = {"group_id": group_id, "enable_auto_commit": False, "auto_offset_reset": "earliest",
-                   "fetch_max_wait_ms": 100, **settings.client_options()}
+        self._settings, self._topics, self._on_revoke = settings, topics, on_revoke
+        self._options = {"group_id": group_id, "enable_auto_commit": False, "auto_offset_reset": "earliest",
+                         "fetch_max_wait_ms": 100, **settings.client_options()}
         unsupported = [key for key in tuning if not CONSUMER_PROPERTIES[key][0]]
         if unsupported:
             raise UserError(f"client property {unsupported[0]} is only supported with --kafka-client confluent-kafka")
-        options.update({CONSUMER_PROPERTIES[key][0]: value for key, value in tuning.items()})
-        self._consumer = KafkaConsumer(**options)
+        self._options.update({CONSUMER_PROPERTIES[key][0]: value for key, value in tuning.items()})
+        self._consumer: Any = None
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked: Any) -> None:
@@ -189,27 +234,82 @@ class KafkaPythonConsumer:
             def on_partitions_assigned(self, assigned: Any) -> None:
                 on_assign([(p.topic, p.partition) for p in assigned])
 
-        self._consumer.subscribe(topics, listener=Listener())
+        self._listener = Listener()
+
+    def check(self, timeout_s: float) -> None:
+        if self._consumer is not None:
+            return
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError, SaslAuthenticationFailedError
+
+        try:
+            self._consumer = KafkaConsumer(**self._options, bootstrap_timeout_ms=int(timeout_s * 1000))
+        except SaslAuthenticationFailedError as exc:
+            raise KafkaUnavailable(_rejected(self._settings, str(exc))) from None
+        except KafkaError as exc:
+            raise KafkaUnavailable(str(diagnose_failure(self._settings, exc))) from None
+        self._consumer.subscribe(self._topics, listener=self._listener)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
-        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        from kafka.errors import KafkaError, SaslAuthenticationFailedError
+
+        if self._consumer is None:
+            raise KafkaUnavailable(f"not connected to Kafka at {self._settings.bootstrap_servers}")
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except KafkaError as exc:
+            # Its partitions are as good as lost (the next owner re-reads what was not committed); `check` builds
+            # a new client, which joins the group again.
+            lost = self.assignment()
+            self.close()
+            self._consumer = None
+            self._on_revoke(lost)
+            if isinstance(exc, SaslAuthenticationFailedError):
+                raise KafkaUnavailable(_rejected(self._settings, str(exc))) from None
+            raise KafkaUnavailable(str(diagnose_failure(self._settings, exc))) from None
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
                 for records in batches.values() for r in records]
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
+        if self._consumer is None:
+            raise KafkaUnavailable("not connected to Kafka")
         self._consumer.commit({self._tp(t, p): self._offset(o, "", -1) for (t, p), o in offsets.items()})
 
     def pause(self, partitions: list[Partition]) -> None:
-        self._consumer.pause(*(self._tp(t, p) for t, p in partitions))
+        if self._consumer is not None:
+            self._consumer.pause(*(self._tp(t, p) for t, p in partitions))
 
     def resume(self, partitions: list[Partition]) -> None:
-        self._consumer.resume(*(self._tp(t, p) for t, p in partitions))
+        if self._consumer is not None:
+            self._consumer.resume(*(self._tp(t, p) for t, p in partitions))
 
     def assignment(self) -> list[Partition]:
+        if self._consumer is None:
+            return []
         return [(p.topic, p.partition) for p in self._consumer.assignment()]
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        if self._consumer is not None:
+            self._consumer.close(autocommit=False)
+
+
+def _rejected(settings: KafkaSettings, reason: str) -> str:
+    """What to say when Kafka refuses this client's authentication: who was refused and where to look."""
+    if settings.security_protocol.startswith("SASL"):
+        user = kafka_python_options(settings.properties).get("sasl_plain_username")
+        return (f"Kafka rejected the SASL credentials for user {user} ({reason}): check sasl.mechanism, "
+                "sasl.username and sasl.password in --command-config, and that the user exists on the cluster")
+    return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
+
+
+def _drop_connection_failures(record: logging.LogRecord) -> bool:
+    # librdkafka logs every failed connection attempt at ERROR ("FAIL"); each also arrives as an error event,
+    # which the bridge reports once per backoff period.
+    return not (record.args and record.args[0] == "FAIL")
+
+
+_LIBRDKAFKA_LOG = logging.getLogger("kcm.bridge.librdkafka")
+_LIBRDKAFKA_LOG.addFilter(_drop_connection_failures)
 
 
 class ConfluentDeadLetters:
@@ -217,7 +317,8 @@ class ConfluentDeadLetters:
         import confluent_kafka
 
         self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
-                                                   "linger.ms": 20})
+                                                   "linger.ms": 20, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
+                                                   "logger": _LIBRDKAFKA_LOG})
 
     def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None:
         def delivered(error: Any, _: Any) -> None:
@@ -240,20 +341,32 @@ class ConfluentDeadLetters:
 
 
 class KafkaPythonDeadLetters:
-    def __init__(self, settings: KafkaSettings) -> None:
-        from kafka import KafkaProducer
+    """Built on the first dead letter: kafka-python connects while it builds, and by then the consumer has."""
 
-        self._producer = KafkaProducer(linger_ms=20, **settings.client_options())
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._options = settings.client_options()
+        self._producer: Any = None
 
     def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None:
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        try:
+            if self._producer is None:
+                self._producer = KafkaProducer(linger_ms=20, **self._options)
+        except KafkaError as exc:
+            log.error("dead-lettering to %s failed: %s", topic, exc)
+            on_done(False)
+            return
         future = self._producer.send(topic, value=record.value, key=record.key,
                                      headers=dead_letter_headers(record, reason))
         future.add_callback(lambda _: on_done(True))
         future.add_errback(lambda error: (log.error("dead-lettering to %s failed: %s", topic, error), on_done(False)))
 
     def flush(self, timeout_s: float) -> None:
-        if timeout_s > 0:
+        if timeout_s > 0 and self._producer is not None:
             self._producer.flush(timeout_s)
 
     def close(self) -> None:
-        self._producer.close(timeout=5)
+        if self._producer is not None:
+            self._producer.close(timeout=5)

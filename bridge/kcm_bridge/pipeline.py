@@ -20,14 +20,15 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 from kcm_common import contract
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, check_reachable
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
 from kcm_common.names import ATTRIBUTE_HEADERS
 
 from kcm_bridge.config import BridgeConfig
-from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
+from kcm_bridge.consumer import (Consumer, DeadLetterProducer, KafkaUnavailable, Partition, Record, open_consumer,
                                  open_dead_letter_producer, split_properties)
 from kcm_bridge.enrich import Added, Enricher
 from kcm_bridge.export import Endpoint, Outcome
+from kcm_bridge.health import KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
 from kcm_bridge.temporality import DeltaToCumulative
@@ -158,6 +159,7 @@ class Bridge:
         self._consumer: Consumer | None = None
         self._dead_letters: DeadLetterProducer | None = None
         self._ready = False
+        self._kafka = KafkaHealth()
         self.metrics_port: int | None = None  # the bound port once serving (config may say 0: any free port)
 
     # -- control -------------------------------------------------------------------------------------------
@@ -167,7 +169,8 @@ class Bridge:
 
     @property
     def ready(self) -> bool:
-        return self._ready and not self._stopping.is_set()
+        """Consuming: Kafka answers with these credentials, and the bridge is not shutting down."""
+        return self._ready and self._kafka.ok and not self._stopping.is_set()
 
     def _give_up(self) -> bool:
         return self._stopping.is_set() and time.monotonic() >= self._drain_deadline
@@ -176,7 +179,6 @@ class Bridge:
     def run(self) -> int:
         """Consume until stopped, then flush, commit and close within `delivery.shutdown_timeout_s`."""
         config = self.config
-        check_reachable(self._settings, config.kafka.connect_timeout_s)
         server = None
         if config.metrics_port is not None:
             try:
@@ -199,7 +201,7 @@ class Bridge:
                 linger = config.batch.linger_ms / 1000
                 timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
                                                                          - time.monotonic()))
-                records = self._consumer.poll(timeout, self._poll_size())
+                records = self._poll(timeout)
                 if records:
                     self._add(records)
                 if self._batch.parts and time.monotonic() - self._batch.opened >= linger:
@@ -215,6 +217,25 @@ class Bridge:
             if server is not None:
                 server.shutdown()
         return 0
+
+    def _poll(self, timeout: float) -> list[Record]:
+        """One poll; while Kafka cannot be used, checks it again with backoff and reports it once per period."""
+        assert self._consumer is not None
+        try:
+            if self._kafka.check_due():
+                # The probe names what answers at the address (nothing, not Kafka, no TLS); then a request proves
+                # the credentials. Kafka may simply not be up yet when the bridge starts: the same retry covers it.
+                check_reachable(self._settings, self.config.kafka.connect_timeout_s)
+                self._consumer.check(self.config.kafka.connect_timeout_s)
+                if self._kafka.recovered():
+                    log.info("Kafka at %s answers again: consuming", self._settings.bootstrap_servers)
+            return self._consumer.poll(timeout, self._poll_size())
+        except (KafkaUnavailable, KafkaUnavailableError) as problem:
+            delay = self._kafka.failed(str(problem))
+            if delay is not None:
+                log.error("%s; retrying in %.0fs, not ready until then", problem, delay)
+            self._stopping.wait(timeout)
+            return []
 
     def _poll_size(self) -> int:
         """Records to fetch at most: what fits in the in-flight budget at the average size seen, so memory stays

