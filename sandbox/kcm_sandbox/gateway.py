@@ -107,6 +107,9 @@ class _Upstream:
             for future in self.pending.values():
                 if not future.done():
                     future.set_exception(ConnectionError("upstream broker closed the connection"))
+                    # Pipelined requests of a client that has gone are never awaited: marking the exception seen
+                    # keeps asyncio from logging "Future exception was never retrieved"; a waiter still gets it.
+                    future.exception()
             self.pending.clear()
 
     def close(self) -> None:
