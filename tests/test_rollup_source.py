@@ -7,7 +7,7 @@ import pytest
 from kafka import KafkaProducer
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from kcm_rollups.source import SOURCE_NAME, kafka_schema
+from kcm_rollups.source import SOURCE_NAME, SourceOptions, kafka_schema
 from spark_support import spark  # noqa: F401  (the session-scoped fixture)
 
 
@@ -89,3 +89,12 @@ def test_bad_options_name_what_to_fix(spark, kafka, new_topic, options, message)
     topic = new_topic()
     with pytest.raises(Exception, match=message):
         read(spark, kafka, topic, **options).collect()
+
+
+def test_parsed_options_never_show_credentials():
+    options = SourceOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "t",
+                                   "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.username": "alice",
+                                   "kafka.sasl.password": "hunter2-not-in-any-log"})
+    assert options.client_options["sasl_plain_password"] == "hunter2-not-in-any-log"
+    assert options.librdkafka_config["sasl.password"] == "hunter2-not-in-any-log"
+    assert "hunter2" not in repr(options) and "hunter2" not in str(options)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, diagnose_failure, kafka_python_options
-from kcm_common.librdkafka import librdkafka_config
+from kcm_common.kafka import KafkaSettings, diagnose_failure
+from kcm_common.librdkafka import librdkafka_config, rejected_message
 
 log = logging.getLogger("kcm.bridge.consumer")
 
@@ -158,7 +158,7 @@ class ConfluentConsumer:
     def _on_error(self, error: Any) -> None:
         """librdkafka's error events, served inside `consume`; the ones meaning Kafka cannot be used are kept."""
         if error.code() == self._error._AUTHENTICATION:  # noqa: SLF001 (librdkafka's local error codes)
-            self._problem = _rejected(self._settings, error.str())
+            self._problem = rejected_message(self._settings, error.str())
         elif error.code() == self._error._ALL_BROKERS_DOWN:  # noqa: SLF001
             self._problem = (f"cannot reach Kafka at {self._settings.bootstrap_servers} ({error.str()}): "
                              "check that the brokers are up and reachable from here")
@@ -245,7 +245,7 @@ class KafkaPythonConsumer:
         try:
             self._consumer = KafkaConsumer(**self._options, bootstrap_timeout_ms=int(timeout_s * 1000))
         except SaslAuthenticationFailedError as exc:
-            raise KafkaUnavailable(_rejected(self._settings, str(exc))) from None
+            raise KafkaUnavailable(rejected_message(self._settings, str(exc))) from None
         except KafkaError as exc:
             raise KafkaUnavailable(str(diagnose_failure(self._settings, exc))) from None
         self._consumer.subscribe(self._topics, listener=self._listener)
@@ -265,7 +265,7 @@ class KafkaPythonConsumer:
             self._consumer = None
             self._on_revoke(lost)
             if isinstance(exc, SaslAuthenticationFailedError):
-                raise KafkaUnavailable(_rejected(self._settings, str(exc))) from None
+                raise KafkaUnavailable(rejected_message(self._settings, str(exc))) from None
             raise KafkaUnavailable(str(diagnose_failure(self._settings, exc))) from None
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
                 for records in batches.values() for r in records]
@@ -291,15 +291,6 @@ class KafkaPythonConsumer:
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close(autocommit=False)
-
-
-def _rejected(settings: KafkaSettings, reason: str) -> str:
-    """What to say when Kafka refuses this client's authentication: who was refused and where to look."""
-    if settings.security_protocol.startswith("SASL"):
-        user = kafka_python_options(settings.properties).get("sasl_plain_username")
-        return (f"Kafka rejected the SASL credentials for user {user} ({reason}): check sasl.mechanism, "
-                "sasl.username and sasl.password in --command-config, and that the user exists on the cluster")
-    return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
 
 
 def _drop_connection_failures(record: logging.LogRecord) -> bool:

@@ -1,17 +1,10 @@
-"""Explicit-bucket histogram math: merging bucket counts and estimating quantiles as Prometheus does."""
+"""Explicit-bucket histogram math: quantiles estimated as Prometheus does (Spark merges the bucket counts)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 QUANTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
-
-
-def merge_buckets(left: Sequence[int], right: Sequence[int]) -> list[int]:
-    """Add two bucket-count lists of histograms with the same bounds."""
-    if len(left) != len(right):
-        raise ValueError(f"cannot merge {len(left)} buckets with {len(right)}: the bounds differ")
-    return [a + b for a, b in zip(left, right)]
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], bucket_counts: Sequence[int]) -> float | None:

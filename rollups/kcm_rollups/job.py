@@ -15,6 +15,7 @@ from typing import Any
 
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, check_reachable
+from kcm_common.librdkafka import check_authenticates
 from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
 from kcm_rollups.windows import Resolution, parse_resolutions, widen
 
@@ -49,6 +50,8 @@ class RollupOptions:
             raise UserError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPABLE)}")
         if self.start and self.end and self.start >= self.end:
             raise UserError(f"--from {self.start.isoformat()} is not before --to {self.end.isoformat()}")
+        for flag, text in (("--starting-offsets", self.starting_offsets), ("--ending-offsets", self.ending_offsets)):
+            _check_offsets(flag, text, self.topic)
         if self.otlp_endpoint is not None:
             from kcm_rollups.otlp import check_endpoint
 
@@ -60,6 +63,19 @@ class RollupOptions:
             return None
         end = self.end or datetime.now(timezone.utc)
         return widen(self.start.timestamp(), end.timestamp(), self.resolutions[-1].seconds)
+
+
+def _check_offsets(flag: str, text: str, topic: str) -> None:
+    """Spark's offsets syntax, checked before a Spark session starts; raises UserError naming the flag."""
+    from kcm_rollups.source import EARLIEST, LATEST, KafkaSourceError, offset_spec
+
+    option = "startingOffsets" if flag == "--starting-offsets" else "endingOffsets"
+    try:
+        spec = offset_spec(option, text, EARLIEST if option == "startingOffsets" else LATEST)
+    except KafkaSourceError as err:
+        raise UserError(str(err).replace(f"option {option}", flag).replace(option, flag)) from None
+    if isinstance(spec, dict) and set(spec) != {topic}:
+        raise UserError(f"{flag} names the topics {', '.join(sorted(spec)) or '(none)'}, but the job reads {topic!r}")
 
 
 @dataclass
@@ -128,6 +144,16 @@ def read_points(spark: Any, options: RollupOptions, read_from_s: int | None = No
     return points if source == SOURCE_NAME else decode_points(points)
 
 
+def kafka_options(source: str, settings: KafkaSettings) -> dict[str, str]:
+    """The `kafka.`-prefixed client options for `source`: Java spellings for Spark's connector (a JVM client),
+    the properties as given for kcm's source (it validates them as every kcm command does)."""
+    from kcm_common.kafka_java import java_client_properties
+    from kcm_rollups.source import SOURCE_NAME
+
+    properties = settings.properties if source == SOURCE_NAME else java_client_properties(settings)
+    return {f"kafka.{key}": value for key, value in properties.items()}
+
+
 def _reader(spark: Any, source: str, options: RollupOptions, read_from_s: int | None) -> Any:
     reader = (spark.read.format(source)
               .option("kafka.bootstrap.servers", options.kafka.bootstrap_servers)
@@ -135,8 +161,8 @@ def _reader(spark: Any, source: str, options: RollupOptions, read_from_s: int | 
               .option("startingOffsets", options.starting_offsets)
               .option("endingOffsets", options.ending_offsets)
               .option("includeHeaders", "true"))
-    for key, value in options.kafka.properties.items():
-        reader = reader.option(f"kafka.{key}", value)
+    for key, value in kafka_options(source, options.kafka).items():
+        reader = reader.option(key, value)
     if read_from_s is not None and options.starting_offsets == "earliest":
         # Only narrows the scan: records are still filtered on their timestamp, since a lookup may answer early.
         reader = (reader.option("startingTimestamp", str(read_from_s * 1000))
@@ -159,6 +185,7 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
     rollup_options = RollupOptions(kafka=settings, topic=topic, output=output,
                                    resolutions=parse_resolutions(resolutions), start=start, end=end, **options)
     check_reachable(settings)
+    check_authenticates(settings)
     spark = spark_session(default_master(master))
     try:
         return run(spark, rollup_options)

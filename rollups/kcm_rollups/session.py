@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from kcm_rollups.source import SOURCE_NAME, KafkaDataSource
 
+REDACTED_OPTIONS = "(?i)url|password|secret|token|jaas|keystore[.]key"
 _CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 
@@ -27,8 +28,10 @@ def spark_session(master: str | None = None, app_name: str = "kcm-rollup",
             builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in (config or {}).items():
         builder = builder.config(key, value)
-    # Windows are computed and written in UTC whatever the machine's zone.
-    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    # Windows are computed and written in UTC whatever the machine's zone; plans and the UI show data source
+    # options, so the ones carrying secrets (a JAAS line, an inline key) are redacted beside Spark's default (url).
+    spark = (builder.config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.redaction.options.regex", REDACTED_OPTIONS).getOrCreate())
     spark.dataSource.register(KafkaDataSource)
     return spark
 

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -69,8 +69,8 @@ class OffsetRange(InputPartition):
 class SourceOptions:
     """The Spark Kafka source options this data source honours, validated once on the driver."""
 
-    client_options: Mapping[str, Any]
-    librdkafka_config: Mapping[str, Any]
+    client_options: Mapping[str, Any] = field(repr=False)  # credentials among them
+    librdkafka_config: Mapping[str, Any] = field(repr=False)
     topics: tuple[str, ...]
     starting: str
     ending: str
@@ -138,8 +138,8 @@ def _whole_number(name: str, text: str) -> int:
         raise KafkaSourceError(f"option {name} must be a whole number, not {text!r}") from None
 
 
-def _offset_spec(name: str, text: str, default: int) -> int | dict[str, dict[str, int]]:
-    # "earliest" / "latest", or Spark's JSON {"topic": {"0": 23, "1": -2}}.
+def offset_spec(name: str, text: str, default: int) -> int | dict[str, dict[str, int]]:
+    """"earliest" / "latest" as EARLIEST / LATEST, or Spark's JSON {"topic": {"0": 23, "1": -2}} as a dict."""
     word = text.strip().lower()
     if word in ("earliest", "latest"):
         if name == "endingOffsets" and word == "earliest":
@@ -148,35 +148,45 @@ def _offset_spec(name: str, text: str, default: int) -> int | dict[str, dict[str
     try:
         spec = json.loads(text)
         if not isinstance(spec, dict) or not all(
-                isinstance(parts, dict) and all(isinstance(o, int) for o in parts.values()) for parts in spec.values()):
+                isinstance(parts, dict) and all(str(p).isdigit() and type(o) is int and o >= EARLIEST
+                                                for p, o in parts.items()) for parts in spec.values()):
             raise ValueError
         return {topic: {str(p): o for p, o in parts.items()} for topic, parts in spec.items()}
     except ValueError:
-        raise KafkaSourceError(f'option {name} must be "earliest", "latest" or JSON like '
+        words = '"earliest", "latest"' if name == "startingOffsets" else '"latest"'
+        raise KafkaSourceError(f'option {name} must be {words} or JSON like '
                                f'{{"topic":{{"0":23,"1":{default}}}}}, not {text!r}') from None
 
 
 def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
     """Resolve the options into one offset range per topic partition (empty ranges dropped)."""
     from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
 
-    starting = _offset_spec("startingOffsets", options.starting, EARLIEST)
-    ending = _offset_spec("endingOffsets", options.ending, LATEST)
-    consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, **options.client_options)
+    starting = offset_spec("startingOffsets", options.starting, EARLIEST)
+    ending = offset_spec("endingOffsets", options.ending, LATEST)
     try:
-        partitions = []
-        for topic in options.topics:
-            numbers = consumer.partitions_for_topic(topic)
-            if not numbers:
-                raise KafkaSourceError(f"topic {topic!r} does not exist")
-            partitions += [TopicPartition(topic, n) for n in sorted(numbers)]
-        earliest = consumer.beginning_offsets(partitions)
-        latest = consumer.end_offsets(partitions)
-        by_time = {}
-        if options.starting_timestamp_ms is not None:
-            by_time = consumer.offsets_for_times({tp: options.starting_timestamp_ms for tp in partitions})
-    finally:
-        consumer.close()
+        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, **options.client_options)
+        try:
+            partitions = []
+            for topic in options.topics:
+                numbers = consumer.partitions_for_topic(topic)
+                if not numbers:
+                    raise KafkaSourceError(f"topic {topic!r} does not exist")
+                partitions += [TopicPartition(topic, n) for n in sorted(numbers)]
+            earliest = consumer.beginning_offsets(partitions)
+            latest = consumer.end_offsets(partitions)
+            by_time = {}
+            if options.starting_timestamp_ms is not None:
+                by_time = consumer.offsets_for_times({tp: options.starting_timestamp_ms for tp in partitions})
+        finally:
+            consumer.close()
+    except KafkaError as exc:
+        # Planning runs on the driver; a one-line error beats kafka-python's traceback inside Spark's.
+        detail = str(exc).strip() or type(exc).__name__
+        servers = ",".join(options.client_options.get("bootstrap_servers", ()))
+        raise KafkaSourceError(f"cannot plan the offset ranges: Kafka at {servers} failed ({detail}); "
+                               "check --bootstrap-server and --command-config") from None
     ranges = []
     for tp in partitions:
         start = _pick(starting, tp, EARLIEST, earliest[tp], latest[tp])

@@ -1,0 +1,74 @@
+"""Kafka client settings in the Java client's spelling, for the components that hand them to a JVM
+(Spark's Kafka connector reads them as `kafka.`-prefixed options).
+
+A `--command-config` file may use librdkafka names (`sasl.username`, `ssl.ca.location`) that the Java client does
+not know; after kcm_common's validation they become what it does: a JAAS line for SASL, PEM stores for TLS. The
+Java client reads a PEM key and certificate from one keystore value, so a client certificate and key given as
+two files are passed inline (`ssl.keystore.certificate.chain`, `ssl.keystore.key`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options
+
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
+    """The TLS/SASL settings (bootstrap servers excluded) as Java kafka-clients properties."""
+    options = kafka_python_options(settings.properties)
+    protocol = options["security_protocol"]
+    properties = {"security.protocol": protocol}
+    if protocol.startswith("SASL"):
+        mechanism = options.get("sasl_mechanism", "PLAIN")
+        properties["sasl.mechanism"] = mechanism
+        properties["sasl.jaas.config"] = settings.properties.get("sasl.jaas.config") or (
+            f'{_LOGIN_MODULES[mechanism]} required username="{_quoted(options["sasl_plain_username"])}" '
+            f'password="{_quoted(options.get("sasl_plain_password") or "")}";')
+    if "ssl_cafile" in options:
+        properties["ssl.truststore.type"] = "PEM"
+        properties["ssl.truststore.location"] = options["ssl_cafile"]
+    if "ssl_certfile" in options:
+        properties["ssl.keystore.type"] = "PEM"
+        properties["ssl.keystore.certificate.chain"] = _read(options["ssl_certfile"])
+        properties["ssl.keystore.key"] = _private_key(options.get("ssl_keyfile") or options["ssl_certfile"])
+        if options.get("ssl_password"):
+            properties["ssl.key.password"] = options["ssl_password"]
+    elif "ssl_keyfile" in options:
+        raise KafkaConfigError("ssl.key.location needs ssl.certificate.location (the client certificate) too")
+    if "ssl_check_hostname" in options:
+        properties["ssl.endpoint.identification.algorithm"] = "https" if options["ssl_check_hostname"] else ""
+    if "client_id" in options:
+        properties["client.id"] = options["client_id"]
+    if "request_timeout_ms" in options:
+        properties["request.timeout.ms"] = str(options["request_timeout_ms"])
+    return properties
+
+
+def _quoted(text: str) -> str:
+    """A JAAS option value between double quotes."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _private_key(path: str) -> str:
+    text = _read(path)
+    if "PRIVATE KEY-----" not in text:
+        raise KafkaConfigError(f"the client key file {path!r} holds no PEM private key")
+    if not re.search(r"-----BEGIN (ENCRYPTED )?PRIVATE KEY-----", text):
+        raise KafkaConfigError(f"the client key file {path!r} is not PKCS#8, which Java clients need: convert it "
+                               "with `openssl pkcs8 -topk8 -nocrypt -in KEY -out KEY.pk8`")
+    return text
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError):
+        raise KafkaConfigError(f"cannot read the PEM file {path!r} as text") from None
