@@ -20,13 +20,15 @@ from payloads import client_metrics
 from kcm_common.kafka import KafkaSettings
 from kcm_rollups.aggregate import rollup
 from kcm_rollups.decode import decode_points
-from kcm_rollups.job import RollupOptions, read_points, read_records, run
+from kcm_rollups.job import RollupOptions, read_points, read_records, read_state, run, state_of_records
+from kcm_rollups.partial import merge_batches
 from kcm_rollups.otlp import STATISTICS
 from kcm_rollups.source import kafka_schema
 from kcm_rollups.windows import parse_resolutions
 from kcm_sandbox.java_clients import JavaClient
 from kcm_sandbox.runner import Sandbox, SandboxOptions
 from spark_support import spark  # noqa: F401  (the session-scoped fixture)
+from test_rollup_partial import comparable, reference_state
 
 PRODUCER = "rollup-producer"
 JAVA_PRODUCER = "rollup-java"
@@ -144,6 +146,12 @@ def test_python_source_decoding_in_place_and_a_spark_kafka_source_shaped_frame_g
     assert expected and _sorted_rows(rollup(decode_points(from_source), resolutions)) == expected
     # What the job reads: the same points, decoded inside the Python source's workers.
     assert _sorted_rows(rollup(read_points(spark, options), resolutions)) == expected
+    # And what its first pass reads: the finest windows' state, made next to the decoder by kcm's source or after
+    # a frame like Spark's connector gives, equal to Spark's state from the points (sketches by their answers).
+    reference = comparable(reference_state(decode_points(shaped), options.dimensions))
+    assert len(reference) > 50
+    assert comparable(merge_batches(read_state(spark, options), options.dimensions)) == reference
+    assert comparable(merge_batches(state_of_records(shaped, options), options.dimensions)) == reference
 
 
 def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_path):

@@ -82,7 +82,7 @@ def test_a_range_beyond_the_end_raises_rather_than_returning_short(spark, kafka,
     ({"startingOffsets": "soon"}, "startingOffsets must be"),
     ({"endingOffsets": "earliest"}, "endingOffsets cannot be 'earliest'"),
     ({"subscribe": "no-such-topic"}, "does not exist"),
-    ({"kcm.decode": "rows"}, "kcm.decode must be records or points"),
+    ({"kcm.decode": "rows"}, "kcm.decode must be records, points, state"),
     ({"kcm.decode": "points", "kcm.columns": "metric,colour"}, "kcm.columns names 'colour', not a point column"),
 ])
 def test_bad_options_name_what_to_fix(spark, kafka, new_topic, options, message):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
-from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, kafka_python_options
+from kcm_common.kafka import KafkaSettings, kafka_python_options
 
 # kafka-python keyword -> librdkafka property, for the TLS/SASL settings kcm_common validates.
 _LIBRDKAFKA_NAMES = {
@@ -41,39 +39,3 @@ def rejected_message(settings: KafkaSettings, reason: str) -> str:
         return (f"Kafka rejected the SASL credentials for user {user} ({reason}): check sasl.mechanism, "
                 "sasl.username and sasl.password in --command-config, and that the user exists on the cluster")
     return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
-
-
-def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
-    """Raise KafkaUnavailableError unless a metadata request with these settings gets through, saying whether
-    the credentials were refused (the first thing a job should learn, not a Spark task's timeout)."""
-    import confluent_kafka
-    import confluent_kafka.admin
-
-    refused: list[str] = []
-    down: list[str] = []
-
-    def on_error(error: Any) -> None:
-        if error.code() == confluent_kafka.KafkaError._AUTHENTICATION:  # noqa: SLF001 (librdkafka's local codes)
-            refused.append(error.str())
-        else:
-            down.append(error.str())
-
-    admin = confluent_kafka.admin.AdminClient({**librdkafka_config(settings), "error_cb": on_error,
-                                               "logger": _QUIET, "enable.metrics.push": False})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
-            return
-        except confluent_kafka.KafkaException as exc:
-            admin.poll(0)  # serves error_cb
-            if refused:
-                raise KafkaUnavailableError(rejected_message(settings, refused[-1])) from None
-            if time.monotonic() >= deadline:
-                detail = down[-1] if down else exc.args[0].str()
-                raise KafkaUnavailableError(f"cannot read metadata from Kafka at {settings.bootstrap_servers} "
-                                            f"({detail}): check --bootstrap-server and --command-config") from None
-
-
-_QUIET = logging.getLogger("kcm.librdkafka")
-_QUIET.setLevel(logging.CRITICAL)  # failures reach `on_error`, and are reported once, by the caller

@@ -94,7 +94,7 @@ def with_cumulative_increases(points: DataFrame) -> DataFrame:
         h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
 
 
-def _sum_arrays(column: str) -> Column:
+def sum_arrays(column: str) -> Column:
     # Element-wise sum of equal-length arrays (histograms with the same bounds, so the same bucket count).
     return F.aggregate(F.collect_list(column), F.lit(None).cast("array<bigint>"),
                        lambda acc, x: F.coalesce(F.zip_with(acc, x, lambda a, b: a + b), x))
@@ -128,7 +128,7 @@ def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str
         F.kll_sketch_agg_double(level).alias("kll_sketch"),
         F.hll_sketch_agg("client_instance_id").alias("instances_sketch"),
         F.sum(F.when(_counter(), F.col("increase"))).alias("increase"),
-        _sum_arrays("d_buckets").alias("bucket_counts"),
+        sum_arrays("d_buckets").alias("bucket_counts"),
         *extra,
     )
 
@@ -147,7 +147,7 @@ def merge_state(state: DataFrame, size_seconds: int, dimensions: Sequence[str] =
         F.kll_merge_agg_double("kll_sketch").alias("kll_sketch"),
         F.hll_union_agg("instances_sketch").alias("instances_sketch"),
         F.sum("increase").alias("increase"),
-        _sum_arrays("bucket_counts").alias("bucket_counts"),
+        sum_arrays("bucket_counts").alias("bucket_counts"),
     )
 
 

@@ -14,12 +14,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, check_reachable
-from kcm_common.librdkafka import check_authenticates
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
+from kcm_common.librdkafka import librdkafka_config, rejected_message
 from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
 from kcm_rollups.windows import Resolution, parse_resolutions, widen
 
 log = logging.getLogger("kcm.rollup")
+# The authentication check's librdkafka logger: failures reach its error callback and are reported once, by it.
+_QUIET_LIBRDKAFKA = logging.getLogger("kcm.rollup.check")
+_QUIET_LIBRDKAFKA.setLevel(logging.CRITICAL)
 
 DEFAULT_LOOKBACK_SECONDS = 300
 TOP_COLUMNS = ("resolution", "window_start", "client_id", "metric", "type", "instances", "count", "avg", "p99",
@@ -154,6 +157,49 @@ def kafka_options(source: str, settings: KafkaSettings) -> dict[str, str]:
     return {f"kafka.{key}": value for key, value in properties.items()}
 
 
+def read_state(spark: Any, options: RollupOptions, since_s: int | None = None, until_s: int | None = None) -> Any:
+    """The finest windows' rollup state (partial.state_schema) of the records with timestamps in [since_s, until_s),
+    one row per group and batch: computed by kcm's source in the worker that read the records, else by
+    `partial.partial_batches` in `mapInArrow` after Spark's connector. `partial.merge_batches` merges the rows."""
+    from kcm_rollups.session import kafka_format
+    from kcm_rollups.source import DECODE_OPTION, DIMENSIONS_OPTION, SINCE_OPTION, SOURCE_NAME, UNTIL_OPTION, \
+        WINDOW_OPTION
+
+    since = since_s * 1_000_000 if since_s is not None else None
+    until = until_s * 1_000_000 if until_s is not None else None
+    source = kafka_format(spark)
+    reader = _reader(spark, source, options, since_s)
+    if source == SOURCE_NAME:
+        reader = (reader.option(DECODE_OPTION, "state").option(WINDOW_OPTION, str(options.resolutions[0].seconds))
+                  .option(DIMENSIONS_OPTION, ",".join(options.dimensions)))
+        for option, micros in ((SINCE_OPTION, since), (UNTIL_OPTION, until)):
+            if micros is not None:
+                reader = reader.option(option, str(micros))
+        return reader.load()
+    return state_of_records(reader.load(), options, since, until)
+
+
+def state_of_records(records: Any, options: RollupOptions, since_micros: int | None = None,
+                     until_micros: int | None = None) -> Any:
+    """read_state for a DataFrame shaped like Spark's Kafka source (its connector's): decoded and aggregated per
+    Arrow batch in `mapInArrow`."""
+    from pyspark.sql import functions as F
+
+    from kcm_rollups.decode import decode_input, flatten_batches
+    from kcm_rollups.partial import partial_batches, state_schema
+
+    size, dimensions = options.resolutions[0].seconds, options.dimensions
+    if since_micros is not None:
+        records = records.filter(F.unix_micros("timestamp") >= F.lit(since_micros))
+    if until_micros is not None:
+        records = records.filter(F.unix_micros("timestamp") < F.lit(until_micros))
+
+    def state_of(batches: Any) -> Any:
+        return partial_batches(flatten_batches(batches), size, dimensions)
+
+    return decode_input(records).mapInArrow(state_of, state_schema(dimensions))
+
+
 def _reader(spark: Any, source: str, options: RollupOptions, read_from_s: int | None) -> Any:
     reader = (spark.read.format(source)
               .option("kafka.bootstrap.servers", options.kafka.bootstrap_servers)
@@ -197,6 +243,38 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
         raise UserError(found.group(1).strip()) from None
 
 
+def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
+    """Raise KafkaUnavailableError unless a metadata request with these settings gets through, saying whether
+    the credentials were refused (the first thing a job should learn, not a Spark task's timeout)."""
+    import confluent_kafka
+    import confluent_kafka.admin
+
+    refused: list[str] = []
+    down: list[str] = []
+
+    def on_error(error: Any) -> None:
+        if error.code() == confluent_kafka.KafkaError._AUTHENTICATION:  # noqa: SLF001 (librdkafka's local codes)
+            refused.append(error.str())
+        else:
+            down.append(error.str())
+
+    admin = confluent_kafka.admin.AdminClient({**librdkafka_config(settings), "error_cb": on_error,
+                                               "logger": _QUIET_LIBRDKAFKA, "enable.metrics.push": False})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            return
+        except confluent_kafka.KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if refused:
+                raise KafkaUnavailableError(rejected_message(settings, refused[-1])) from None
+            if time.monotonic() >= deadline:
+                detail = down[-1] if down else exc.args[0].str()
+                raise KafkaUnavailableError(f"cannot read metadata from Kafka at {settings.bootstrap_servers} "
+                                            f"({detail}): check --bootstrap-server and --command-config") from None
+
+
 def default_master(master: str | None) -> str | None:
     """`master` if given; none under spark-submit (it chose one); else every local core."""
     if master:
@@ -222,7 +300,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     since_micros, until = (span[0] * 1_000_000, span[1]) if span else (None, None)
     # Only what the rollup reads crosses from the Python workers to the JVM.
     columns = tuple(dict.fromkeys(POINT_INPUTS + options.dimensions))
-    state, counts = first_pass(read_points(spark, options, read_from, until, columns), options, since_micros)
+    state, counts = first_pass(read_state(spark, options, span[0] if span else None, until), options)
     finished("read, decode and aggregate")
     if sum(r["cumulative"] or 0 for r in counts):
         state = add_cumulative(state, read_points(spark, options, read_from, until, columns), options, since_micros)
@@ -263,22 +341,16 @@ POINT_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client
                                  "count", "sum", "bucket_counts", "bounds", "error")
 
 
-def first_pass(points: Any, options: RollupOptions, since_micros: int | None) -> tuple[Any, list[Any]]:
-    """One pass over the decoded points: the finest windows' state of every point that needs no predecessor, and per
-    decode error the records and points, with how many points are cumulative (those need `add_cumulative`)."""
-    # One job reads, decodes, counts and aggregates: caching the points for a second pass cost more CPU than the
-    # aggregation. Cumulative points are rare (KIP-714 brokers ask clients for deltas) and get a pass of their own.
+def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]:
+    """One pass over the records: the finest windows' state of every point that needs no predecessor, and per decode
+    error the records and points, with how many points are cumulative (those need `add_cumulative`).
+    `state_rows` is what `read_state` gives: state per batch, computed where the records were decoded."""
+    # Cumulative points are rare (KIP-714 brokers ask clients for deltas) and get a pass of their own.
     from pyspark.sql import functions as F
 
-    from kcm_rollups.aggregate import needs_previous, partial_state, with_direct_increases
+    from kcm_rollups.partial import merge_batches
 
-    if since_micros is not None:  # earlier records were read only as predecessors of cumulative points
-        points = points.filter(F.col("record_micros") >= F.lit(since_micros))
-    tagged = with_direct_increases(points.withColumn("needs_previous", needs_previous()))
-    state = partial_state(tagged, options.resolutions[0].seconds, options.dimensions,
-                          extra_keys=("error", "needs_previous"),
-                          extra=(F.sum(F.col("record_first").cast("long")).alias("records"),
-                                 F.count("metric").alias("points"))).localCheckpoint(eager=True)
+    state = merge_batches(state_rows, options.dimensions).localCheckpoint(eager=True)
     counts = state.groupBy("error").agg(
         F.sum("records").alias("records"), F.sum("points").alias("points"),
         F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative")).collect()

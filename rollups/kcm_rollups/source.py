@@ -6,7 +6,9 @@ The driver plans one offset range per input partition; each `read` assigns, seek
 raises rather than returning fewer records than its range holds.
 With the kcm option `kcm.decode=points` it yields decoded points (`decode.POINTS_SCHEMA`) instead, decoded in the
 same Python worker that read them: the same rows as `decode.decode_points` over the records, without carrying every
-record value through the JVM and back.
+record value through the JVM and back. With `kcm.decode=state` it goes one step further and yields the rollup state
+of the finest windows per batch (`partial.state_schema`, options `kcm.window`, `kcm.dimensions`, `kcm.sinceMicros`,
+`kcm.untilMicros`), for `partial.merge_batches` to merge.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ _BATCH_RECORDS = 20_000
 _DEFAULT_POLL_TIMEOUT_MS = 30_000
 DECODE_OPTION = "kcm.decode"
 COLUMNS_OPTION = "kcm.columns"  # with kcm.decode=points: only these point columns (a Python source cannot prune)
+# With kcm.decode=state: the window (seconds) and dimensions of the rollup state, and the record times it covers.
+WINDOW_OPTION, DIMENSIONS_OPTION = "kcm.window", "kcm.dimensions"
+SINCE_OPTION, UNTIL_OPTION = "kcm.sinceMicros", "kcm.untilMicros"
+_DECODE_MODES = ("records", "points", "state")
 
 _BASE_FIELDS = [
     StructField("key", BinaryType()),
@@ -78,8 +84,12 @@ class SourceOptions:
     include_headers: bool
     min_partitions: int
     poll_timeout_ms: int
-    decode: bool = False
+    decode: str = "records"
     columns: tuple[str, ...] = ()
+    window_seconds: int = 60
+    dimensions: tuple[str, ...] = ()
+    since_micros: int | None = None
+    until_micros: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -102,8 +112,9 @@ class SourceOptions:
         client_options = settings.client_options()
         starting_timestamp = options.get("startingtimestamp")
         decode = options.get(DECODE_OPTION, "records").lower()
-        if decode not in ("records", "points"):
-            raise KafkaSourceError(f"option {DECODE_OPTION} must be records or points, not {decode!r}")
+        if decode not in _DECODE_MODES:
+            raise KafkaSourceError(f"option {DECODE_OPTION} must be {', '.join(_DECODE_MODES)}, not {decode!r}")
+        since, until = options.get(SINCE_OPTION.lower()), options.get(UNTIL_OPTION.lower())
         return cls(
             client_options=client_options,
             librdkafka_config=librdkafka_config(settings),
@@ -116,18 +127,22 @@ class SourceOptions:
             min_partitions=_whole_number("minPartitions", options.get("minpartitions", "1")),
             poll_timeout_ms=_whole_number("kafkaConsumer.pollTimeoutMs",
                                           options.get("kafkaconsumer.polltimeoutms", str(_DEFAULT_POLL_TIMEOUT_MS))),
-            decode=decode == "points",
+            decode=decode,
             columns=_point_columns(options.get(COLUMNS_OPTION, "")),
+            window_seconds=_whole_number(WINDOW_OPTION, options.get(WINDOW_OPTION, "60")),
+            dimensions=_point_columns(options.get(DIMENSIONS_OPTION, ""), DIMENSIONS_OPTION),
+            since_micros=_whole_number(SINCE_OPTION, since) if since is not None else None,
+            until_micros=_whole_number(UNTIL_OPTION, until) if until is not None else None,
         )
 
 
-def _point_columns(text: str) -> tuple[str, ...]:
+def _point_columns(text: str, option: str = COLUMNS_OPTION) -> tuple[str, ...]:
     from kcm_rollups.decode import POINTS_SCHEMA
 
     columns = tuple(name.strip() for name in text.split(",") if name.strip())
     unknown = [name for name in columns if name not in POINTS_SCHEMA.names]
     if unknown:
-        raise KafkaSourceError(f"option {COLUMNS_OPTION} names {unknown[0]!r}, not a point column")
+        raise KafkaSourceError(f"option {option} names {unknown[0]!r}, not a point column")
     return columns
 
 
@@ -351,7 +366,16 @@ class KafkaReader(DataSourceReader):
         return plan_ranges(self._options)
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        if self._options.decode:
+        if self._options.decode == "state":
+            from kcm_rollups.decode import flatten
+            from kcm_rollups.partial import partial_batches
+
+            options = self._options
+            yield from partial_batches(
+                (flatten(records_to_decode_input(records)) for records in read_range(options, partition)),
+                options.window_seconds, options.dimensions, options.since_micros, options.until_micros)
+            return
+        if self._options.decode == "points":
             from kcm_rollups.decode import flatten
 
             columns = list(self._options.columns) or None
@@ -373,6 +397,10 @@ class KafkaDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
+        if self.options.get(DECODE_OPTION, "").lower() == "state":
+            from kcm_rollups.partial import state_schema
+
+            return state_schema(_point_columns(self.options.get(DIMENSIONS_OPTION, ""), DIMENSIONS_OPTION))
         if self.options.get(DECODE_OPTION, "").lower() == "points":
             from kcm_rollups.decode import POINTS_SCHEMA
 

@@ -1,0 +1,125 @@
+"""The rollup state computed next to the decoder (kcm_rollups.partial, pyarrow + DataSketches) equals the state Spark
+computes from the points (aggregate.partial_state), batch by batch merged: every column, sketches by what they say."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, needs_previous, partial_state, with_direct_increases
+from kcm_rollups.decode import POINTS_SCHEMA
+from kcm_rollups.partial import merge_batches, partial_batches, state_schema
+from spark_support import spark  # noqa: F401  (the session-scoped fixture)
+from test_rollup_math import point
+
+QUANTILE_RANKS = [0.0, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
+DELTA = {"type": "sum", "temporality": "delta", "monotonic": True}
+CUMULATIVE = {"type": "sum", "temporality": "cumulative", "monotonic": True}
+UP_DOWN = {"type": "sum", "temporality": "cumulative", "monotonic": False}
+HISTOGRAM = {"type": "histogram", "temporality": "delta", "bounds": [1.0, 5.0]}
+
+
+def golden_points() -> list[dict]:
+    return [
+        point("g", 1, "i1", value=1.0), point("g", 2, "i2", value=3.0), point("g", 3, "i1", value=math.nan),
+        point("g", 4, "i2", value=2.0), point("g", 61, "i1", value=10.0),
+        point("g", 5, "i3", value=7.0, partition=1), point("g", 5, "i4", value=8.0, partition=0),
+        # The same record time: `last` is the later (partition, offset), not the later offset.
+        point("tie", 5, "i3", value=7.0, partition=1), point("tie", 5, "i4", value=8.0, partition=0),
+        point("g", 6, "i1", value=2.5, attributes='{"node":"1"}'),
+        point("g", 7, "i1", value=4.0, client_id=None),
+        point("nan-only", 8, "i1", value=math.nan),
+        point("s", 1, "i1", value=5.0, **DELTA), point("s", 30, "i2", value=7.0, **DELTA),
+        point("s", 31, "i2", value=math.nan, **DELTA), point("s", 70, "i1", value=3.0, **DELTA),
+        point("c", 5, "i1", value=100.0, start_ns=1, **CUMULATIVE),
+        point("c", 20, "i1", value=130.0, start_ns=1, **CUMULATIVE),
+        point("updown", 9, "i1", value=4.0, **UP_DOWN), point("updown", 19, "i2", value=-2.0, **UP_DOWN),
+        point("h", 10, "i1", count=3, sum=6.0, bucket_counts=[1, 1, 1], **HISTOGRAM),
+        point("h", 20, "i2", count=2, sum=12.0, bucket_counts=[0, 0, 2], **HISTOGRAM),
+        point("h", 25, "i2", count=1, sum=2.0, bucket_counts=[0, 1, 0],
+              **{**HISTOGRAM, "bounds": [1.0, 5.0, 10.0]}),
+        point("hc", 26, "i1", count=4, sum=9.0, bucket_counts=[2, 2, 0],
+              **{**HISTOGRAM, "temporality": "cumulative"}),
+        {**point(None, 40, "i5", type=None, time_ns=None, attributes=None), "error": "empty"},
+        {**point(None, 41, "i5", type=None, time_ns=None, attributes=None), "error": "decompress-failed"},
+        point("g", 50, None, value=6.0),
+    ]
+
+
+def reference_state(points, dimensions=DEFAULT_DIMENSIONS, size_seconds=60):
+    """What Spark computes from the points: first_pass's grouping, as aggregate.partial_state."""
+    tagged = with_direct_increases(points.withColumn("needs_previous", needs_previous()))
+    return partial_state(tagged, size_seconds, dimensions, extra_keys=("error", "needs_previous"),
+                         extra=(F.sum(F.col("record_first").cast("long")).alias("records"),
+                                F.count("metric").alias("points")))
+
+
+def python_state(spark, points, batches, dimensions=DEFAULT_DIMENSIONS, size_seconds=60, **window):
+    table = points.toArrow().combine_chunks()
+    step = max(1, math.ceil(table.num_rows / batches))
+    pieces = [table.slice(i, step).to_batches()[0] for i in range(0, table.num_rows, step)]
+    state = pa.Table.from_batches(list(partial_batches(iter(pieces), size_seconds, dimensions, **window)),
+                                  schema=pa.schema([f for f in _arrow(dimensions)]))
+    return merge_batches(spark.createDataFrame(state, state_schema(dimensions)), dimensions)
+
+
+def _arrow(dimensions):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(state_schema(dimensions), timezone="UTC")
+
+
+def comparable(frame) -> list[tuple]:
+    """Rows sorted, sketches replaced by what they answer (count, quantiles, distinct estimate)."""
+    described = frame.select(
+        "*", F.hll_sketch_estimate("instances_sketch").alias("instances"),
+        F.kll_sketch_get_n_double("kll_sketch").alias("kll_n"),
+        F.when(F.kll_sketch_get_n_double("kll_sketch") > 0, F.kll_sketch_get_quantile_double(
+            "kll_sketch", F.array(*[F.lit(q) for q in QUANTILE_RANKS]))).alias("quantiles"),
+    ).drop("kll_sketch", "instances_sketch")
+    rows = []
+    for row in described.collect():
+        values = row.asDict()
+        rows.append(tuple(sorted((k, _round(v)) for k, v in values.items())))
+    return sorted(rows, key=repr)
+
+
+def _round(value):
+    if isinstance(value, float):
+        return "nan" if value != value else round(value, 9)
+    if isinstance(value, list):
+        return tuple(_round(v) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("batches", [1, 3, 7])
+def test_python_state_merged_over_batches_equals_spark_state_from_points(spark, batches):
+    points = spark.createDataFrame(golden_points(), POINTS_SCHEMA)
+    expected = comparable(reference_state(points))
+    assert len(expected) >= 14
+    assert comparable(python_state(spark, points, batches)) == expected
+
+
+def test_other_dimensions_windows_and_a_time_range_give_the_same_state(spark):
+    points = spark.createDataFrame(golden_points(), POINTS_SCHEMA)
+    dimensions = ("client_instance_id", "attributes")
+    since, until = (1_699_999_200 + 5) * 1_000_000, (1_699_999_200 + 62) * 1_000_000
+    in_range = points.filter((F.col("record_micros") >= since) & (F.col("record_micros") < until))
+    expected = comparable(reference_state(in_range, dimensions, 30))
+    assert comparable(python_state(spark, points, 2, dimensions, 30, since_micros=since,
+                                   until_micros=until)) == expected
+
+
+def test_sketches_of_many_values_merge_as_sparks_do(spark):
+    """Past k=200 a KLL sketch compacts (randomly): quantiles stay within its error bound, counts stay exact."""
+    many = [point("g", i % 60, f"i{i % 300}", value=float(i)) for i in range(5000)]
+    points = spark.createDataFrame(many, POINTS_SCHEMA)
+    row = python_state(spark, points, 4).select(
+        F.kll_sketch_get_n_double("kll_sketch").alias("n"), F.hll_sketch_estimate("instances_sketch").alias("d"),
+        F.kll_sketch_get_quantile_double("kll_sketch", F.array(F.lit(0.5), F.lit(0.9))).alias("q")).collect()
+    assert [r["n"] for r in row] == [5000]
+    assert abs(row[0]["d"] - 300) <= 6          # HLL lgK=12: ~1.6% standard error
+    assert abs(row[0]["q"][0] - 2500) <= 0.02 * 5000 and abs(row[0]["q"][1] - 4500) <= 0.02 * 5000
