@@ -166,9 +166,14 @@ def finish(state: DataFrame, resolution: Resolution, dimensions: Sequence[str] =
     ranks = F.array(*[F.lit(q) for _, q in QUANTILES])
     gauge_quantiles = F.when(F.col("kll_sketch").isNotNull() & (F.col("type") != "histogram")
                              & (F.col("min").isNotNull()), F.kll_sketch_get_quantile_double("kll_sketch", ranks))
-    quantiles = F.coalesce(gauge_quantiles, _histogram_quantiles("bounds", "bucket_counts"))
     missing = [F.lit(None).cast("string").alias(name) for name in DEFAULT_DIMENSIONS if name not in dimensions]
     has_sum = F.col("sum").isNotNull() & (F.col("count") > 0)
+    # Histogram rows apart: Spark sends every row of a projection holding a Python UDF to a Python worker, whatever
+    # the condition around it. And the quantiles in a projection of their own, so p50/p95/p99 do not each repeat
+    # the sketch work.
+    histogram = F.coalesce(F.col("type") == "histogram", F.lit(False))
+    state = state.filter(~histogram).withColumn("_quantiles", gauge_quantiles).unionByName(
+        state.filter(histogram).withColumn("_quantiles", _histogram_quantiles("bounds", "bucket_counts")))
     return state.select(
         F.lit(resolution.label).alias("resolution"),
         "window_start",
@@ -178,7 +183,7 @@ def finish(state: DataFrame, resolution: Resolution, dimensions: Sequence[str] =
         "count", "nan_count", "min", "max", "sum",
         F.when(has_sum, F.col("sum") / F.col("count")).alias("avg"),
         "last", "last_at",
-        *[quantiles[i].alias(name) for i, (name, _) in enumerate(QUANTILES)],
+        *[F.col("_quantiles")[i].alias(name) for i, (name, _) in enumerate(QUANTILES)],
         "increase",
         (F.col("increase") / F.lit(float(resolution.seconds))).alias("rate"),
         "bounds", "bucket_counts", "kll_sketch", "instances_sketch",
