@@ -56,9 +56,30 @@ def test_pem_files_become_pem_stores_with_the_client_key_inline(tmp_path):
         "security.protocol": "SSL", "ssl.ca.location": str(cert), "ssl.certificate.location": str(cert),
         "ssl.key.location": str(key), "ssl.endpoint.identification.algorithm": "none", "client.id": "kcm-rollup"}))
     assert properties == {
-        "security.protocol": "SSL", "ssl.truststore.type": "PEM", "ssl.truststore.location": str(cert),
+        "security.protocol": "SSL", "ssl.truststore.type": "PEM", "ssl.truststore.certificates": cert.read_text(),
         "ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": cert.read_text(),
         "ssl.keystore.key": key.read_text(), "ssl.endpoint.identification.algorithm": "", "client.id": "kcm-rollup"}
+
+
+def test_a_file_holding_key_and_certificate_puts_only_the_certificate_in_the_chain(tmp_path):
+    """The chain is not a secret option, so the key must not ride in it (Spark does not redact it)."""
+    cert, key = _pem_pair(tmp_path)
+    combined = tmp_path / "combined.pem"
+    combined.write_text(key.read_text() + cert.read_text())
+    properties = java_client_properties(_settings(**{"security.protocol": "SSL",
+                                                     "ssl.keystore.location": str(combined)}))
+    assert properties["ssl.keystore.certificate.chain"] == cert.read_text()
+    assert "PRIVATE KEY" not in properties["ssl.keystore.certificate.chain"]
+    assert properties["ssl.keystore.key"] == combined.read_text()
+    with pytest.raises(KafkaConfigError, match="holds no certificate"):
+        java_client_properties(_settings(**{"security.protocol": "SSL", "ssl.ca.location": str(key)}))
+
+
+def test_credentials_given_twice_are_refused_so_every_client_logs_in_as_the_same_user():
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";'
+    with pytest.raises(KafkaConfigError, match="either sasl.jaas.config or sasl.username/sasl.password"):
+        java_client_properties(_settings(**{"security.protocol": "SASL_SSL", "sasl.jaas.config": jaas,
+                                            "sasl.username": "other", "sasl.password": "x"}))
 
 
 def test_keys_java_cannot_read_and_a_key_without_its_certificate_say_what_to_do(tmp_path):

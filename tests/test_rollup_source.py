@@ -7,7 +7,7 @@ import pytest
 from kafka import KafkaProducer
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from kcm_rollups.source import SOURCE_NAME, SourceOptions, kafka_schema
+from kcm_rollups.source import EARLIEST, LATEST, SOURCE_NAME, SourceOptions, kafka_schema, offset_spec
 from spark_support import spark  # noqa: F401  (the session-scoped fixture)
 
 
@@ -98,3 +98,9 @@ def test_parsed_options_never_show_credentials():
     assert options.client_options["sasl_plain_password"] == "hunter2-not-in-any-log"
     assert options.librdkafka_config["sasl.password"] == "hunter2-not-in-any-log"
     assert "hunter2" not in repr(options) and "hunter2" not in str(options)
+
+
+def test_offsets_json_partitions_are_read_as_numbers_as_spark_reads_them():
+    assert offset_spec("startingOffsets", '{"t": {"007": 5, "1": -2}}', EARLIEST) == {"t": {"7": 5, "1": EARLIEST}}
+    assert offset_spec("endingOffsets", '{"t": {"0": -1}}', LATEST) == {"t": {"0": LATEST}}
+    assert offset_spec("startingOffsets", " Earliest ", EARLIEST) == EARLIEST

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end of the range, exclusive (default: now); widened to a window end")
     parser.add_argument("--last", metavar="DURATION", help="the range [now - DURATION, now), e.g. 1h or 30m")
     parser.add_argument("--starting-offsets", default="earliest", metavar="OFFSETS",
-                        help='earliest, latest or Spark\'s JSON {"topic":{"0":23}} (default: %(default)s)')
+                        help='earliest or Spark\'s JSON {"topic":{"0":23}} (default: %(default)s)')
     parser.add_argument("--ending-offsets", default="latest", metavar="OFFSETS",
                         help='latest or Spark\'s JSON {"topic":{"0":42}} (default: %(default)s)')
     parser.add_argument("--resolution", default="1m,1h", metavar="SIZES",

@@ -145,6 +145,9 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
                 f"sasl.mechanism must be one of {', '.join(_SASL_MECHANISMS)}, not {options['sasl_mechanism']!r}"
             )
     jaas = dict(_JAAS_OPTION.findall(options.pop("sasl_jaas_config", "")))
+    if jaas and ("sasl_plain_username" in options or "sasl_plain_password" in options):
+        # Java clients would log in with the JAAS line and the others with these: one source of credentials.
+        raise KafkaConfigError("give either sasl.jaas.config or sasl.username/sasl.password, not both")
     if jaas:
         options.setdefault("sasl_plain_username", jaas.get("username"))
         options.setdefault("sasl_plain_password", jaas.get("password"))

@@ -3,8 +3,9 @@
 
 A `--command-config` file may use librdkafka names (`sasl.username`, `ssl.ca.location`) that the Java client does
 not know; after kcm_common's validation they become what it does: a JAAS line for SASL, PEM stores for TLS. The
-Java client reads a PEM key and certificate from one keystore value, so a client certificate and key given as
-two files are passed inline (`ssl.keystore.certificate.chain`, `ssl.keystore.key`).
+PEM contents are passed inline (`ssl.truststore.certificates`, `ssl.keystore.certificate.chain`, `ssl.keystore.key`):
+a Spark executor on another host has no file at the driver's path, and the Java client wants key and certificate in
+one keystore value while the files may be two. Only certificate blocks go into the certificate values.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
             f'password="{_quoted(options.get("sasl_plain_password") or "")}";')
     if "ssl_cafile" in options:
         properties["ssl.truststore.type"] = "PEM"
-        properties["ssl.truststore.location"] = options["ssl_cafile"]
+        properties["ssl.truststore.certificates"] = _certificates(options["ssl_cafile"])
     if "ssl_certfile" in options:
         properties["ssl.keystore.type"] = "PEM"
-        properties["ssl.keystore.certificate.chain"] = _read(options["ssl_certfile"])
+        properties["ssl.keystore.certificate.chain"] = _certificates(options["ssl_certfile"])
         properties["ssl.keystore.key"] = _private_key(options.get("ssl_keyfile") or options["ssl_certfile"])
         if options.get("ssl_password"):
             properties["ssl.key.password"] = options["ssl_password"]
@@ -55,6 +56,14 @@ def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
 def _quoted(text: str) -> str:
     """A JAAS option value between double quotes."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _certificates(path: str) -> str:
+    """The certificate blocks of a PEM file, and nothing else (a file may hold the private key too)."""
+    blocks = re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", _read(path), re.DOTALL)
+    if not blocks:
+        raise KafkaConfigError(f"the PEM file {path!r} holds no certificate")
+    return "\n".join(blocks) + "\n"
 
 
 def _private_key(path: str) -> str:

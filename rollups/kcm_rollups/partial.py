@@ -121,8 +121,10 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
                        pc.if_else(histogram, col["count"], pa.scalar(1, pa.int64())))
     # Spark's floor(micros / size) * size, in microseconds.
     size = size_seconds * _MICROS
-    window = pc.multiply(pc.cast(pc.floor(pc.divide(pc.cast(col["record_micros"], pa.float64()), size)), pa.int64()),
-                         size)
+    # Unchecked casts, as Spark converts: a record time beyond 2^53 microseconds (after year 2255) is rounded, never
+    # an error that would fail the job.
+    window = pc.multiply(pc.cast(pc.floor(pc.divide(pc.cast(col["record_micros"], pa.float64(), safe=False), size)),
+                                 pa.int64(), safe=False), size)
     bounds = _when(pc.equal(kind, "histogram"), col["bounds"])
     bounds_key, bounds_by_key = _list_key(bounds)
     work = pa.table({
@@ -150,23 +152,25 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
     return _finish(grouped, dimensions, bounds_by_key, buckets if has_buckets else None)
 
 
-def _list_key(bounds: pa.Array) -> tuple[pa.Array, dict[bytes, list[float]]]:
+def _list_key(bounds: pa.Array) -> tuple[pa.Array, dict[bytes, list[float | None]]]:
     """A groupable key for each list of bounds (null for null), and the lists by key."""
     if not pc.any(pc.is_valid(bounds)).as_py():
         return pa.nulls(len(bounds), pa.binary()), {}
-    by_key: dict[bytes, list[float]] = {}
+    by_key: dict[bytes, list[float | None]] = {}
     keys: list[bytes | None] = []
     for item in bounds.to_pylist():
         if item is None:
             keys.append(None)
             continue
-        key = np.asarray(item, dtype=np.float64).tobytes() + b"|" + bytes(str(len(item)), "ascii")
-        by_key.setdefault(key, item)
+        # As Spark's grouping: -0.0 is 0.0 and every NaN is one NaN (repr keeps None, nan and the rest apart).
+        normalised = [None if v is None else v + 0.0 for v in item]
+        key = repr(normalised).encode()
+        by_key.setdefault(key, normalised)
         keys.append(key)
     return pa.array(keys, pa.binary()), by_key
 
 
-def _finish(grouped: pa.Table, dimensions: Sequence[str], bounds_by_key: dict[bytes, list[float]],
+def _finish(grouped: pa.Table, dimensions: Sequence[str], bounds_by_key: dict[bytes, list[float | None]],
             buckets_of_rows: pa.Array | None) -> pa.Table:
     import datasketches
 

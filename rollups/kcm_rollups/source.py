@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -154,23 +155,29 @@ def _whole_number(name: str, text: str) -> int:
 
 
 def offset_spec(name: str, text: str, default: int) -> int | dict[str, dict[str, int]]:
-    """"earliest" / "latest" as EARLIEST / LATEST, or Spark's JSON {"topic": {"0": 23, "1": -2}} as a dict."""
+    """"earliest" / "latest" as EARLIEST / LATEST, or Spark's JSON {"topic": {"0": 23, "1": -2}} as a dict.
+
+    As Spark's batch reads: startingOffsets is never latest (-1), endingOffsets never earliest (-2)."""
+    refused, refused_word = (LATEST, "latest") if name == "startingOffsets" else (EARLIEST, "earliest")
     word = text.strip().lower()
+    if word == refused_word:
+        raise KafkaSourceError(f"{name} cannot be '{refused_word}' in a batch read")
     if word in ("earliest", "latest"):
-        if name == "endingOffsets" and word == "earliest":
-            raise KafkaSourceError("endingOffsets cannot be 'earliest'")
         return EARLIEST if word == "earliest" else LATEST
     try:
         spec = json.loads(text)
         if not isinstance(spec, dict) or not all(
-                isinstance(parts, dict) and all(str(p).isdigit() and type(o) is int and o >= EARLIEST
-                                                for p, o in parts.items()) for parts in spec.values()):
+                isinstance(parts, dict) and all(re.fullmatch(r"[0-9]+", str(p)) and type(o) is int
+                                                and EARLIEST <= o < 2**63 for p, o in parts.items())
+                for parts in spec.values()):
             raise ValueError
-        return {topic: {str(p): o for p, o in parts.items()} for topic, parts in spec.items()}
     except ValueError:
-        words = '"earliest", "latest"' if name == "startingOffsets" else '"latest"'
+        words = '"earliest"' if name == "startingOffsets" else '"latest"'
         raise KafkaSourceError(f'option {name} must be {words} or JSON like '
                                f'{{"topic":{{"0":23,"1":{default}}}}}, not {text!r}') from None
+    if any(o == refused for parts in spec.values() for o in parts.values()):
+        raise KafkaSourceError(f"{name} cannot hold {refused} ({refused_word}) in a batch read, as in Spark")
+    return {topic: {str(int(p)): o for p, o in parts.items()} for topic, parts in spec.items()}
 
 
 def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
