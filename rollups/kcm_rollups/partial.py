@@ -1,9 +1,9 @@
 """The finest windows' rollup state computed next to the decoder, in the Python worker, before anything reaches the
 JVM: the same columns, with the same SQL semantics, as `aggregate.partial_state` over the points of `job.first_pass`.
 
-Decoding leaves some thirty points per record; grouping them by window and dimensions where they are made means
-the JVM receives one row per group and batch (some 30x fewer) and merges those (`merge_batches`), instead of
-receiving every point and aggregating it. The sketches are Apache DataSketches' KLL (doubles, k=200) and HLL
+Decoding leaves some ten points per record; grouping them by window and dimensions where they are made means the
+JVM receives one row per group and batch (some 30x fewer rows than points) and merges those (`merge_batches`),
+instead of receiving every point and aggregating it. The sketches are Apache DataSketches' KLL (doubles, k=200) and HLL
 (lgConfigK=12, HLL_8), built with the `datasketches` package: the same binary forms Spark's `kll_sketch_agg_double`
 and `hll_sketch_agg` build, so Spark merges them with `kll_merge_agg_double` and `hll_union_agg`.
 Null handling follows Spark SQL's three-valued logic, so the rows match `partial_state`'s exactly (tests compare).
@@ -24,10 +24,6 @@ _HISTOGRAM_TYPES = ("histogram", "exponential_histogram", "summary")
 _KLL_K = 200          # Spark's default for kll_sketch_agg_double
 _HLL_LG_K = 12        # Spark's default for hll_sketch_agg
 _MICROS = 1_000_000
-# The point columns this needs besides the dimensions.
-INPUT_COLUMNS = ("partition", "offset", "record_micros", "client_instance_id", "record_first", "metric", "type",
-                 "temporality", "monotonic", "time_ns", "start_ns", "value", "count", "sum", "bucket_counts",
-                 "bounds", "error")
 # Besides `aggregate.STATE_COLUMNS`: the order of `last` (to merge it exactly) and the error counts of first_pass.
 _ORDER = (("last_micros", LongType()), ("last_partition", IntegerType()), ("last_offset", LongType()),
           ("last_time_ns", LongType()))
@@ -59,8 +55,7 @@ def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int, dimens
     for batch in batches:
         state = partial_state(batch, size_seconds, dimensions, since_micros, until_micros)
         if state.num_rows:
-            yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() if isinstance(
-                state.column(f.name), pa.ChunkedArray) else state.column(f.name) for f in schema], schema=schema)
+            yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() for f in schema], schema=schema)
 
 
 def _arrow_schema(dimensions: Sequence[str]) -> pa.Schema:
@@ -119,10 +114,9 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
     has_last = pc.is_valid(last_value)
     count = pc.if_else(gauge.fill_null(False), pc.cast(pc.is_valid(level), pa.int64()),
                        pc.if_else(histogram, col["count"], pa.scalar(1, pa.int64())))
-    # Spark's floor(micros / size) * size, in microseconds.
+    # Spark's floor(micros / size) * size, in microseconds, with unchecked casts as Spark converts: a record time
+    # beyond 2^53 microseconds (after year 2255) is rounded, never an error that would fail the job.
     size = size_seconds * _MICROS
-    # Unchecked casts, as Spark converts: a record time beyond 2^53 microseconds (after year 2255) is rounded, never
-    # an error that would fail the job.
     window = pc.multiply(pc.cast(pc.floor(pc.divide(pc.cast(col["record_micros"], pa.float64(), safe=False), size)),
                                  pa.int64(), safe=False), size)
     bounds = _when(pc.equal(kind, "histogram"), col["bounds"])
