@@ -84,6 +84,8 @@ def test_a_range_beyond_the_end_raises_rather_than_returning_short(spark, kafka,
     ({"subscribe": "no-such-topic"}, "does not exist"),
     ({"kcm.decode": "rows"}, "kcm.decode must be records, points, state"),
     ({"kcm.decode": "points", "kcm.columns": "metric,colour"}, "kcm.columns names 'colour', not a point column"),
+    ({"kcm.decode": "state", "kcm.window": "0"}, "kcm.window must be a number of seconds above 0"),
+    ({"kcm.decode": "state", "kcm.dimensions": "client_id,hostname"}, "kcm.dimensions names 'hostname'"),
 ])
 def test_bad_options_name_what_to_fix(spark, kafka, new_topic, options, message):
     topic = new_topic()

@@ -116,6 +116,9 @@ class SourceOptions:
         if decode not in _DECODE_MODES:
             raise KafkaSourceError(f"option {DECODE_OPTION} must be {', '.join(_DECODE_MODES)}, not {decode!r}")
         since, until = options.get(SINCE_OPTION.lower()), options.get(UNTIL_OPTION.lower())
+        window = _whole_number(WINDOW_OPTION, options.get(WINDOW_OPTION, "60"))
+        if window <= 0:
+            raise KafkaSourceError(f"option {WINDOW_OPTION} must be a number of seconds above 0, not {window}")
         return cls(
             client_options=client_options,
             librdkafka_config=librdkafka_config(settings),
@@ -130,7 +133,7 @@ class SourceOptions:
                                           options.get("kafkaconsumer.polltimeoutms", str(_DEFAULT_POLL_TIMEOUT_MS))),
             decode=decode,
             columns=_point_columns(options.get(COLUMNS_OPTION, "")),
-            window_seconds=_whole_number(WINDOW_OPTION, options.get(WINDOW_OPTION, "60")),
+            window_seconds=window,
             dimensions=_point_columns(options.get(DIMENSIONS_OPTION, ""), DIMENSIONS_OPTION),
             since_micros=_whole_number(SINCE_OPTION, since) if since is not None else None,
             until_micros=_whole_number(UNTIL_OPTION, until) if until is not None else None,
