@@ -95,6 +95,10 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
         while not any("refuses connections" in r.getMessage() for r in caplog.records if r.name == "kcm.bridge"):
             assert time.monotonic() < deadline, "nothing reported within 30 s"
             time.sleep(0.1)
+        time.sleep(3)   # several reconnect attempts: the outage is reported per backoff period, not per attempt
+        noisy = [r.getMessage() for r in caplog.records
+                 if r.name.startswith("kcm.bridge") and r.levelno == logging.WARNING]
+        assert noisy == [], noisy
         assert not bridge.ready
         sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", port)))
         sandbox.start()

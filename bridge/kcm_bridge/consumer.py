@@ -2,7 +2,7 @@
 
 Both consume as a classic consumer group, never auto-commit, and report partition moves through callbacks
 that run inside `poll`, on the bridge's own thread. Both report Kafka rejecting the credentials or no broker
-answering as KafkaUnavailable, from `poll` and `check`, and keep retrying: the bridge decides what to log.
+answering as KafkaUnavailableError, from `poll` and `check`, and keep retrying: the bridge decides what to log.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, diagnose_failure
-from kcm_common.librdkafka import librdkafka_config, rejected_message
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, diagnose_failure, rejected_message
+from kcm_common.librdkafka import librdkafka_config
 
 log = logging.getLogger("kcm.bridge.consumer")
 
@@ -46,11 +46,6 @@ _RECONNECT_BACKOFF_MS = 1000
 BACKENDS = ("confluent-kafka", "kafka-python")
 
 
-class KafkaUnavailable(Exception):
-    """Kafka cannot be used now (credentials rejected, no broker answering); the message is log-safe and says
-    what to check."""
-
-
 class Record(NamedTuple):
     """One consumed record, the same for every backend."""
 
@@ -66,9 +61,9 @@ class Consumer(Protocol):
     """What the bridge needs from a Kafka consumer."""
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
-        """Records, or KafkaUnavailable when the client reported that Kafka cannot be used and fetched none."""
+        """Records, or KafkaUnavailableError when the client reported that Kafka cannot be used and fetched none."""
     def check(self, timeout_s: float) -> None:
-        """Return when Kafka answered a request with these settings; raise KafkaUnavailable otherwise."""
+        """Return when Kafka answered a request with these settings; raise KafkaUnavailableError otherwise."""
     def commit(self, offsets: Mapping[Partition, int]) -> None: ...
     def pause(self, partitions: list[Partition]) -> None: ...
     def resume(self, partitions: list[Partition]) -> None: ...
@@ -164,6 +159,11 @@ class ConfluentConsumer:
                              "check that the brokers are up and reachable from here")
         elif error.fatal():
             raise RuntimeError(f"Kafka consumer failed: {error.str()}")
+        elif error.code() in (self._error._TRANSPORT, self._error._RESOLVE):  # noqa: SLF001
+            # One per failed connection attempt: an outage is reported once per backoff period, from
+            # _ALL_BROKERS_DOWN and `check`, not once per reconnect.
+            log.debug("Kafka consumer: %s", error.str())
+            return
         else:
             log.warning("Kafka consumer: %s", error.str())
             return
@@ -178,7 +178,7 @@ class ConfluentConsumer:
                 self._on_error(error)
         if self._new_problem and not records:
             self._new_problem = False
-            raise KafkaUnavailable(self._problem)
+            raise KafkaUnavailableError(self._problem)
         return records
 
     def check(self, timeout_s: float) -> None:
@@ -187,7 +187,7 @@ class ConfluentConsumer:
             self._consumer.list_topics(self._topics[0], timeout=timeout_s)
         except self._exception as exc:
             # Error events are served by `consume` only: before the first poll the cause may not be known yet.
-            raise KafkaUnavailable(self._problem or str(diagnose_failure(self._settings, exc))) from None
+            raise KafkaUnavailableError(self._problem or str(diagnose_failure(self._settings, exc))) from None
         self._problem, self._new_problem = None, False
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
@@ -245,34 +245,34 @@ class KafkaPythonConsumer:
         try:
             self._consumer = KafkaConsumer(**self._options, bootstrap_timeout_ms=int(timeout_s * 1000))
         except SaslAuthenticationFailedError as exc:
-            raise KafkaUnavailable(rejected_message(self._settings, str(exc))) from None
+            raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
         except KafkaError as exc:
-            raise KafkaUnavailable(str(diagnose_failure(self._settings, exc))) from None
+            raise KafkaUnavailableError(str(diagnose_failure(self._settings, exc))) from None
         self._consumer.subscribe(self._topics, listener=self._listener)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
         from kafka.errors import KafkaError, SaslAuthenticationFailedError
 
         if self._consumer is None:
-            raise KafkaUnavailable(f"not connected to Kafka at {self._settings.bootstrap_servers}")
+            raise KafkaUnavailableError(f"not connected to Kafka at {self._settings.bootstrap_servers}")
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except KafkaError as exc:
             # Its partitions are as good as lost (the next owner re-reads what was not committed); `check` builds
             # a new client, which joins the group again.
             lost = self.assignment()
+            self._on_revoke(lost)   # before closing: what was exported may still be committed
             self.close()
             self._consumer = None
-            self._on_revoke(lost)
             if isinstance(exc, SaslAuthenticationFailedError):
-                raise KafkaUnavailable(rejected_message(self._settings, str(exc))) from None
-            raise KafkaUnavailable(str(diagnose_failure(self._settings, exc))) from None
+                raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
+            raise KafkaUnavailableError(str(diagnose_failure(self._settings, exc))) from None
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
                 for records in batches.values() for r in records]
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         if self._consumer is None:
-            raise KafkaUnavailable("not connected to Kafka")
+            raise KafkaUnavailableError("not connected to Kafka")
         self._consumer.commit({self._tp(t, p): self._offset(o, "", -1) for (t, p), o in offsets.items()})
 
     def pause(self, partitions: list[Partition]) -> None:

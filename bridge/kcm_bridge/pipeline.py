@@ -24,7 +24,7 @@ from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachab
 from kcm_common.names import ATTRIBUTE_HEADERS
 
 from kcm_bridge.config import BridgeConfig
-from kcm_bridge.consumer import (Consumer, DeadLetterProducer, KafkaUnavailable, Partition, Record, open_consumer,
+from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
                                  open_dead_letter_producer, split_properties)
 from kcm_bridge.enrich import Added, Enricher
 from kcm_bridge.export import Endpoint, Outcome
@@ -230,7 +230,7 @@ class Bridge:
                 if self._kafka.recovered():
                     log.info("Kafka at %s answers again: consuming", self._settings.bootstrap_servers)
             return self._consumer.poll(timeout, self._poll_size())
-        except (KafkaUnavailable, KafkaUnavailableError) as problem:
+        except KafkaUnavailableError as problem:
             delay = self._kafka.failed(str(problem))
             if delay is not None:
                 log.error("%s; retrying in %.0fs, not ready until then", problem, delay)
@@ -375,7 +375,8 @@ class Bridge:
         try:
             self._consumer.commit(positions)
         except Exception as err:  # a commit during a rebalance fails; the next owner re-reads from the last one
-            log.warning("commit of %s failed: %s", _describe(positions), err)
+            # While Kafka is down this fails every interval: the outage itself is reported once per backoff period.
+            (log.warning if self._kafka.ok else log.debug)("commit of %s failed: %s", _describe(positions), err)
             return
         self._tracker.committed(positions)
         for (topic, partition), offset in positions.items():

@@ -225,6 +225,15 @@ def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavaila
     return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} ({what}); {hint}")
 
 
+def rejected_message(settings: KafkaSettings, reason: str) -> str:
+    """What to say when Kafka refuses this client's authentication: who was refused and where to look."""
+    if settings.security_protocol.startswith("SASL"):
+        user = kafka_python_options(settings.properties).get("sasl_plain_username")
+        return (f"Kafka rejected the SASL credentials for user {user} ({reason}): check sasl.mechanism, "
+                "sasl.username and sasl.password in --command-config, and that the user exists on the cluster")
+    return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
+
+
 def _probe(settings: KafkaSettings, host: str, port: int, timeout_s: float) -> str | None:
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)

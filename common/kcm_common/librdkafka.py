@@ -30,12 +30,3 @@ def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
         elif key in _LIBRDKAFKA_NAMES:
             config[_LIBRDKAFKA_NAMES[key]] = value
     return config
-
-
-def rejected_message(settings: KafkaSettings, reason: str) -> str:
-    """What to say when Kafka refuses this client's authentication: who was refused and where to look."""
-    if settings.security_protocol.startswith("SASL"):
-        user = kafka_python_options(settings.properties).get("sasl_plain_username")
-        return (f"Kafka rejected the SASL credentials for user {user} ({reason}): check sasl.mechanism, "
-                "sasl.username and sasl.password in --command-config, and that the user exists on the cluster")
-    return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"

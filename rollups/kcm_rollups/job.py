@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
-from kcm_common.librdkafka import librdkafka_config, rejected_message
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, rejected_message
+from kcm_common.librdkafka import librdkafka_config
 from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
 from kcm_rollups.windows import Resolution, parse_resolutions, widen
 
