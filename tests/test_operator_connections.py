@@ -6,8 +6,10 @@ import stat
 
 import pytest
 
+from kcm_common.kafka import KafkaSettings
 from kcm_operator.connections import settings_from_spec
 from kcm_operator.errors import InvalidSpecError
+from kcm_operator.handlers import OperatorConfig
 
 SECRETS = {("creds", "user"): b"kcm", ("creds", "pass"): b"p4ss", ("ca", "ca.crt"): b"-----BEGIN CERTIFICATE-----\n"}
 
@@ -42,3 +44,21 @@ def test_a_missing_secret_key_names_the_secret_and_key_not_a_value(tmp_path):
 
     with pytest.raises(InvalidSpecError, match="Secret ns/creds has no key 'username'"):
         settings_from_spec(spec, _read, tmp_path)
+
+
+def test_tls_files_that_do_not_load_are_an_invalid_spec_once_not_a_failure_per_event(tmp_path):
+    """The operator's admin for a connection validates its settings when it is first built: a CA that is PEM in
+    form but holds no certificate becomes InvalidSpec (a condition on the resource), not an exception per event."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n")
+    broken = KafkaSettings("kafka:9093", {"security.protocol": "SSL", "ssl.ca.location": str(ca)})
+    resolved = []
+
+    def resolve(namespace, name):
+        resolved.append((namespace, name))
+        return broken
+
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9092"), resolve=resolve)
+    with pytest.raises(InvalidSpecError, match="KafkaConnection apps/tls: ssl.ca.location .* holds no usable CA"):
+        config.admin("apps", "tls")
+    assert config.admins == {} and resolved == [("apps", "tls")]

@@ -177,8 +177,14 @@ class KafkaSettings:
     def from_cli(cls, bootstrap_servers: str, command_config: str | Path | None = None) -> KafkaSettings:
         properties = load_properties(command_config) if command_config else {}
         settings = cls(bootstrap_servers, properties)
-        settings.client_options()  # validate once, at start-up
+        settings.validate()  # once, at start-up
         return settings
+
+    def validate(self) -> None:
+        """Raise KafkaConfigError unless the properties translate and the TLS files they name load together."""
+        self.client_options()
+        if self.security_protocol.endswith("SSL"):
+            _ssl_context(self)
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for any kafka-python client (consumer, producer, admin)."""

@@ -56,13 +56,16 @@ class OperatorConfig:
             raise InvalidSpecError(f"spec.connection {connection!r}: this operator has no KafkaConnection support")
         try:
             settings = self.resolve(namespace, connection) if connection else self.settings
+            key = (settings.bootstrap_servers, tuple(sorted(settings.properties.items())))
+            with self.lock:
+                if key not in self.admins:
+                    # Once per distinct settings, not per event: TLS files that do not load are the spec's problem.
+                    settings.validate()
+                    self.admins[key] = BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s))
+                return self.admins[key]
         except KafkaConfigError as exc:
-            raise InvalidSpecError(f"KafkaConnection {namespace}/{connection}: {exc}") from None
-        key = (settings.bootstrap_servers, tuple(sorted(settings.properties.items())))
-        with self.lock:
-            if key not in self.admins:
-                self.admins[key] = BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s))
-            return self.admins[key]
+            where = f"KafkaConnection {namespace}/{connection}" if connection else "the default cluster"
+            raise InvalidSpecError(f"{where}: {exc}") from None
 
     def close(self) -> None:
         with self.lock:
