@@ -169,6 +169,9 @@ def test_spark_bridge_logs_are_held_back_even_at_debug():
     loggers = [logging.getLogger(name) for name in ("", "py4j", "kafka")]
     levels = [logger.level for logger in loggers]
     try:
+        # Under pytest the root logger already has a handler, so basicConfig leaves its level alone: set it as a
+        # terminal run at --log-level debug would, so only kcm's own settings can hold these loggers back.
+        logging.getLogger().setLevel(logging.DEBUG)
         _configure_logging("DEBUG")
 
         # py4j logs each command sent to Spark's JVM at DEBUG, Kafka passwords included.

@@ -136,6 +136,7 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
     _one_line(result, f"{option} {port}: cannot listen on it")
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
-def test_a_drift_interval_that_is_not_a_finite_positive_number_is_refused(tmp_path, value):
-    _one_line(_operator(tmp_path, "--drift-interval", value), "argument --drift-interval")
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0.5"])
+def test_a_drift_interval_that_is_not_a_finite_number_of_at_least_a_second_is_refused(tmp_path, value):
+    _one_line(_operator(tmp_path, "--drift-interval", value),
+              f"argument --drift-interval: must be a finite number of seconds of at least 1, not {value}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def seconds(text: str) -> float:
@@ -15,3 +16,17 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
     return value
+
+
+def seconds_from(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds of at least `minimum`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number of seconds of at least {minimum:g}, not {text}")
+        return value
+
+    return parse

@@ -7,7 +7,7 @@ import logging
 import random
 import socket
 
-from kcm_cli.arguments import seconds
+from kcm_cli.arguments import seconds_from
 from kcm_common.errors import UserError
 
 HELP = "run the operator: ClientMetricsSubscription resources → CLIENT_METRICS in Kafka"
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the default Kafka cluster (resources without spec.connection)")
     parser.add_argument("--command-config", metavar="FILE",
                         help="client properties file for TLS/SASL to the default cluster")
-    parser.add_argument("--drift-interval", type=seconds, default=60.0, metavar="SECONDS",
+    parser.add_argument("--drift-interval", type=seconds_from(1), default=60.0, metavar="SECONDS",
                         help="how often each subscription is compared with Kafka (default 60)")
     parser.add_argument("--metrics-port", type=int, default=9090, metavar="PORT",
                         help="Prometheus metrics on http://0.0.0.0:PORT/metrics (0 = off; default 9090)")
@@ -57,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
     from kcm_operator.logs import use_json
 
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
-    if args.drift_interval < 1:
-        raise UserError(f"--drift-interval must be at least 1 second, not {args.drift_interval:g}")
     if args.peering_lifetime < 1:
         raise UserError(f"--peering-lifetime must be at least 1 second, not {args.peering_lifetime}")
     for option in ("metrics_port", "liveness_port"):
