@@ -237,15 +237,23 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
 
 
-def test_the_rows_written_are_also_exported_as_otlp_gauges(spark, telemetry, tmp_path, collector):
-    result = run(spark, options_for(telemetry, tmp_path / "out", otlp_endpoint=collector.endpoint))
+def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_ended(spark, telemetry, tmp_path,
+                                                                                    collector):
+    # Run as if an hour later: every window has ended. The run at real time leaves the open windows out.
+    later = datetime.now(timezone.utc) + timedelta(hours=2)
+    result = run(spark, options_for(telemetry, tmp_path / "out", otlp_endpoint=collector.endpoint), now=later)
     written = [r.asDict() for r in spark.read.parquet(str(tmp_path / "out")).collect()]
+    assert not any(r["partial"] for r in written)
     statistics = sum(1 for r in written for name in STATISTICS if r[name] is not None and r[name] == r[name])
     assert result.exported == (collector.endpoint, statistics, 0) and statistics > len(written)
     received = [m for e in collector.exports for rm in e.request.resource_metrics for sm in rm.scope_metrics
                 for m in sm.metrics]
     assert sum(len(m.gauge.data_points) for m in received) == statistics
     assert f"exported {statistics} OTLP data points to {collector.endpoint}" in result.summary_lines()
+    now = run(spark, options_for(telemetry, tmp_path / "now", otlp_endpoint=collector.endpoint))
+    rows = [r.asDict() for r in spark.read.parquet(str(tmp_path / "now")).collect()]
+    ended = sum(1 for r in rows if not r["partial"] for name in STATISTICS if r[name] is not None and r[name] == r[name])
+    assert any(r["partial"] for r in rows) and now.exported == (collector.endpoint, ended, 0)
 
 
 @pytest.mark.parametrize("arguments, message", [

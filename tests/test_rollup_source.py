@@ -106,3 +106,17 @@ def test_offsets_json_partitions_are_read_as_numbers_as_spark_reads_them():
     assert offset_spec("startingOffsets", '{"t": {"007": 5, "1": -2}}', EARLIEST) == {"t": {"7": 5, "1": EARLIEST}}
     assert offset_spec("endingOffsets", '{"t": {"0": -1}}', LATEST) == {"t": {"0": LATEST}}
     assert offset_spec("startingOffsets", " Earliest ", EARLIEST) == EARLIEST
+
+
+def test_state_mode_reads_only_records_in_its_time_range_and_decodes_nothing_else(spark, kafka, new_topic):
+    """Records outside [kcm.sinceMicros, kcm.untilMicros) are dropped before decoding: not counted at all."""
+    topic = new_topic()
+    base_ms = 1_767_225_600_000
+    producer = KafkaProducer(**kafka.client_options())
+    for i in range(10):   # undecodable values: each becomes one error row, counted as a record
+        producer.send(topic, value=b"not a payload", timestamp_ms=base_ms + i * 1000).get(timeout=10)
+    producer.close()
+    state = read(spark, kafka, topic, includeHeaders="true", **{
+        "kcm.decode": "state", "kcm.sinceMicros": str((base_ms + 3000) * 1000),
+        "kcm.untilMicros": str((base_ms + 7000) * 1000)})
+    assert state.groupBy().sum("records").first()[0] == 4   # timestamps +3 s .. +6 s

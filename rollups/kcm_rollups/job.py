@@ -298,11 +298,11 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     span = options.window_range()
     read_from = span[0] - options.lookback_seconds if span else None
     since_micros, until = (span[0] * 1_000_000, span[1]) if span else (None, None)
-    # Only what the rollup reads crosses from the Python workers to the JVM.
-    columns = tuple(dict.fromkeys(POINT_INPUTS + options.dimensions))
     state, counts = first_pass(read_state(spark, options, span[0] if span else None, until), options)
     finished("read, decode and aggregate")
     if sum(r["cumulative"] or 0 for r in counts):
+        # Only what the cumulative pass reads crosses from the Python workers to the JVM.
+        columns = tuple(dict.fromkeys(CUMULATIVE_INPUTS + options.dimensions))
         state = add_cumulative(state, read_points(spark, options, read_from, until, columns), options, since_micros)
         finished("cumulative points")
     rows = rollup_state(state, options.resolutions, options.dimensions)
@@ -335,10 +335,10 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     )
 
 
-# The decoded point columns a run reads besides the dimensions.
-POINT_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "record_first", "metric",
-                                 "type", "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value",
-                                 "count", "sum", "bucket_counts", "bounds", "error")
+# The decoded point columns the cumulative pass reads besides the dimensions.
+CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "metric", "type",
+                                      "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value",
+                                      "count", "sum", "bucket_counts", "bounds", "error")
 
 
 def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]:

@@ -48,12 +48,12 @@ def state_schema(dimensions: Sequence[str]) -> StructType:
            StructField("points", LongType())])
 
 
-def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int, dimensions: Sequence[str],
-                    since_micros: int | None = None, until_micros: int | None = None) -> Iterator[pa.RecordBatch]:
+def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int,
+                    dimensions: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """Each batch of points (decode.POINTS_SCHEMA columns) as its rollup state (`state_schema`)."""
     schema = _arrow_schema(dimensions)
     for batch in batches:
-        state = partial_state(batch, size_seconds, dimensions, since_micros, until_micros)
+        state = partial_state(batch, size_seconds, dimensions)
         if state.num_rows:
             yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() for f in schema], schema=schema)
 
@@ -80,19 +80,9 @@ def _when(condition: pa.Array, value: pa.Array) -> pa.Array:
     return pc.if_else(condition.fill_null(False), value, pa.nulls(len(value), value.type))
 
 
-def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensions: Sequence[str],
-                  since_micros: int | None = None, until_micros: int | None = None) -> pa.Table:
+def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensions: Sequence[str]) -> pa.Table:
     """The rollup state of `points` per (window, metric, type, dimensions, bounds, error, needs_previous)."""
     table = pa.Table.from_batches([points]) if isinstance(points, pa.RecordBatch) else points
-    micros = table.column("record_micros")
-    keep = None
-    if since_micros is not None:
-        keep = pc.greater_equal(micros, since_micros)
-    if until_micros is not None:
-        below = pc.less(micros, until_micros)
-        keep = below if keep is None else pc.and_(keep, below)
-    if keep is not None:
-        table = table.filter(keep.fill_null(False))
     if not table.num_rows:
         return pa.table({})
     # Ascending (record time, partition, offset, point time): `last` is then the last non-null value of its group.

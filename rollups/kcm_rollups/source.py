@@ -381,9 +381,9 @@ class KafkaReader(DataSourceReader):
             from kcm_rollups.partial import partial_batches
 
             options = self._options
-            yield from partial_batches(
-                (flatten(records_to_decode_input(records)) for records in read_range(options, partition)),
-                options.window_seconds, options.dimensions, options.since_micros, options.until_micros)
+            batches = self._in_time(read_range(options, partition))
+            yield from partial_batches((flatten(records_to_decode_input(records)) for records in batches),
+                                       options.window_seconds, options.dimensions)
             return
         if self._options.decode == "points":
             from kcm_rollups.decode import flatten
@@ -396,6 +396,20 @@ class KafkaReader(DataSourceReader):
         schema = to_arrow_schema(self._schema, timezone="UTC")
         for records in read_range(self._options, partition):
             yield records_to_arrow(records, schema)
+
+
+    def _in_time(self, batches: Iterator[list[Record]]) -> Iterator[list[Record]]:
+        """Only records with timestamps in [kcm.sinceMicros, kcm.untilMicros): filtered before decoding."""
+        since, until = self._options.since_micros, self._options.until_micros
+        if since is None and until is None:
+            yield from batches
+            return
+        low = -math.inf if since is None else since / 1000
+        high = math.inf if until is None else until / 1000
+        for records in batches:
+            kept = [record for record in records if low <= record.timestamp < high]
+            if kept:
+                yield kept
 
 
 class KafkaDataSource(DataSource):
