@@ -125,3 +125,11 @@ def test_sketches_of_many_values_merge_as_sparks_do(spark):
     assert [r["n"] for r in row] == [5000]
     assert abs(row[0]["d"] - 300) <= 6          # HLL lgK=12: ~1.6% standard error
     assert abs(row[0]["q"][0] - 2500) <= 0.02 * 5000 and abs(row[0]["q"][1] - 4500) <= 0.02 * 5000
+
+
+def test_last_across_batches_is_the_later_partition_and_offset_when_record_times_are_equal(spark):
+    early_partition = point("tie", 5, "i4", value=8.0, partition=0)
+    late_partition = point("tie", 5, "i3", value=7.0, partition=1)
+    for order in ([early_partition, late_partition], [late_partition, early_partition]):
+        state = python_state(spark, spark.createDataFrame(order, POINTS_SCHEMA), batches=2)
+        assert [row["last"] for row in state.collect()] == [7.0], order

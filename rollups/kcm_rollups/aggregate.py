@@ -133,21 +133,27 @@ def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str
     )
 
 
-def merge_state(state: DataFrame, size_seconds: int, dimensions: Sequence[str] = DEFAULT_DIMENSIONS) -> DataFrame:
-    """Rollup state of coarser windows of `size_seconds`, merged from finer rollup rows (never from points)."""
-    coarse = state.withColumn("window_start", window_start(F.unix_micros("window_start"), size_seconds))
-    return coarse.groupBy(*_keys(dimensions)).agg(
+def merge_state(state: DataFrame, size_seconds: int | None, dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
+                extra_keys: Sequence[str] = (), extra: Sequence[Column] = (),
+                last_order: Column | None = None) -> DataFrame:
+    """Rollup state of coarser windows of `size_seconds` (None: the same windows), merged from rollup state rows
+    (never from points); `last` is the one latest by `last_order` (default: `last_at`)."""
+    coarse = state if size_seconds is None else state.withColumn(
+        "window_start", window_start(F.unix_micros("window_start"), size_seconds))
+    order = F.col("last_at") if last_order is None else last_order
+    return coarse.groupBy(*_keys(dimensions), *extra_keys).agg(
         F.sum("count").alias("count"),
         F.sum("nan_count").alias("nan_count"),
         F.min("min").alias("min"),
         F.max("max").alias("max"),
         F.sum("sum").alias("sum"),
-        F.max_by("last", F.when(F.col("last").isNotNull(), F.col("last_at"))).alias("last"),
+        F.max_by("last", F.when(F.col("last").isNotNull(), order)).alias("last"),
         F.max("last_at").alias("last_at"),
         F.kll_merge_agg_double("kll_sketch").alias("kll_sketch"),
         F.hll_union_agg("instances_sketch").alias("instances_sketch"),
         F.sum("increase").alias("increase"),
         sum_arrays("bucket_counts").alias("bucket_counts"),
+        *extra,
     )
 
 

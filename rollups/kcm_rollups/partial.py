@@ -223,24 +223,12 @@ def _sum_arrays(arrays: list[Any]) -> list[int | None] | None:
 
 
 def merge_batches(state: Any, dimensions: Sequence[str]) -> Any:
-    """The Spark side: one row per key from the per-batch state rows (as `aggregate.merge_state` merges windows)."""
+    """The Spark side: one row per key from the per-batch state rows, merged as `aggregate.merge_state` merges
+    windows, `last` by its full order, with the error counts of first_pass."""
     from pyspark.sql import functions as F
 
-    from kcm_rollups.aggregate import sum_arrays
+    from kcm_rollups.aggregate import merge_state
 
-    order = F.when(F.col("last").isNotNull(), F.struct(*[name for name, _ in _ORDER]))
-    return state.groupBy("window_start", "metric", "type", *dimensions, "bounds", "error", "needs_previous").agg(
-        F.sum("count").alias("count"),
-        F.sum("nan_count").alias("nan_count"),
-        F.min("min").alias("min"),
-        F.max("max").alias("max"),
-        F.sum("sum").alias("sum"),
-        F.max_by("last", order).alias("last"),
-        F.max("last_at").alias("last_at"),
-        F.kll_merge_agg_double("kll_sketch").alias("kll_sketch"),
-        F.hll_union_agg("instances_sketch").alias("instances_sketch"),
-        F.sum("increase").alias("increase"),
-        sum_arrays("bucket_counts").alias("bucket_counts"),
-        F.sum("records").alias("records"),
-        F.sum("points").alias("points"),
-    )
+    return merge_state(state, None, dimensions, extra_keys=("error", "needs_previous"),
+                       extra=(F.sum("records").alias("records"), F.sum("points").alias("points")),
+                       last_order=F.struct(*[name for name, _ in _ORDER]))
