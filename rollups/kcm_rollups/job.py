@@ -74,9 +74,9 @@ def _check_offsets(flag: str, text: str, topic: str) -> None:
 
     option = "startingOffsets" if flag == "--starting-offsets" else "endingOffsets"
     try:
-        spec = offset_spec(option, text, EARLIEST if option == "startingOffsets" else LATEST)
+        spec = offset_spec(option, text, EARLIEST if option == "startingOffsets" else LATEST, label=flag)
     except KafkaSourceError as err:
-        raise UserError(str(err).replace(f"option {option}", flag).replace(option, flag)) from None
+        raise UserError(str(err)) from None
     if isinstance(spec, dict) and set(spec) != {topic}:
         raise UserError(f"{flag} names the topics {', '.join(sorted(spec)) or '(none)'}, but the job reads {topic!r}")
 

@@ -157,14 +157,16 @@ def _whole_number(name: str, text: str) -> int:
         raise KafkaSourceError(f"option {name} must be a whole number, not {text!r}") from None
 
 
-def offset_spec(name: str, text: str, default: int) -> int | dict[str, dict[str, int]]:
-    """"earliest" / "latest" as EARLIEST / LATEST, or Spark's JSON {"topic": {"0": 23, "1": -2}} as a dict.
+def offset_spec(name: str, text: str, default: int, label: str | None = None) -> int | dict[str, dict[str, int]]:
+    """"earliest" / "latest" as EARLIEST / LATEST, or Spark's JSON {"topic": {"0": 23, "1": -2}} as a dict; errors
+    name the option `label` (default: "option <name>").
 
     As Spark's batch reads: startingOffsets is never latest (-1), endingOffsets never earliest (-2)."""
+    label = label or f"option {name}"
     refused, refused_word = (LATEST, "latest") if name == "startingOffsets" else (EARLIEST, "earliest")
     word = text.strip().lower()
     if word == refused_word:
-        raise KafkaSourceError(f"{name} cannot be '{refused_word}' in a batch read")
+        raise KafkaSourceError(f"{label} cannot be '{refused_word}' in a batch read")
     if word in ("earliest", "latest"):
         return EARLIEST if word == "earliest" else LATEST
     try:
@@ -176,10 +178,10 @@ def offset_spec(name: str, text: str, default: int) -> int | dict[str, dict[str,
             raise ValueError
     except ValueError:
         words = '"earliest"' if name == "startingOffsets" else '"latest"'
-        raise KafkaSourceError(f'option {name} must be {words} or JSON like '
+        raise KafkaSourceError(f'{label} must be {words} or JSON like '
                                f'{{"topic":{{"0":23,"1":{default}}}}}, not {text!r}') from None
     if any(o == refused for parts in spec.values() for o in parts.values()):
-        raise KafkaSourceError(f"{name} cannot hold {refused} ({refused_word}) in a batch read, as in Spark")
+        raise KafkaSourceError(f"{label} cannot hold {refused} ({refused_word}) in a batch read, as in Spark")
     return {topic: {str(int(p)): o for p, o in parts.items()} for topic, parts in spec.items()}
 
 
