@@ -211,8 +211,8 @@ def main() -> None:
         try:
             results = [_in_process(ceiling, broker.bootstrap, records, "poll"),
                        _in_process(ceiling, broker.bootstrap, records, "consume")]
-            for run in RUNS:
-                results.append(_in_process(bridge_run, broker.bootstrap, endpoint, TOPIC, records, run))
+            bridges = [_in_process(bridge_run, broker.bootstrap, endpoint, TOPIC, records, run) for run in RUNS]
+            results += bridges
             # The same bridge over another backlog: its peak memory should not depend on the backlog.
             second = _in_process(bridge_run, broker.bootstrap, endpoint, OTHER_TOPIC, other, RUNS[0])
         finally:
@@ -226,8 +226,8 @@ def main() -> None:
         print(f"{result['name']:42} {rate:>10,.0f} {result['points'] / result['seconds']:>10,.0f} "
               f"{result['cpu_s'] / result['records'] * 1e6:>11.1f} {result['rss_kb'] / 1024:>13.0f} "
               f"{rate / polled:>10.2f} {rate / consumed:>13.2f}")
-    backlogs = sorted([(records, results[2]), (other, second)], key=lambda pair: pair[0])
-    print("peak RSS of bridge confluent-kafka: " + ", ".join(
+    backlogs = sorted([(records, bridges[0]), (other, second)], key=lambda pair: pair[0])
+    print(f"peak RSS of {bridges[0]['name']}: " + ", ".join(
         f"{result['rss_kb'] / 1024:.0f} MiB with a {count} record backlog ({result['records'] / result['seconds']:,.0f}"
         f" records/s)" for count, result in backlogs))
 
