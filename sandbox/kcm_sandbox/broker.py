@@ -48,12 +48,14 @@ class EmbeddedBroker:
         advertised: str | None = None,
         cluster_id: str = "kcm-sandbox",
         log_path: Path | None = None,
+        authentication: bool = False,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.advertised = advertised or f"{host}:{self.port}"
         self.cluster_id = cluster_id
         self.log_path = log_path or Path(tempfile.gettempdir()) / f"kcm-tansu-{self.port}.log"
+        self.authentication = authentication  # SASL required; Tansu's memory storage knows no user: all refused
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -73,6 +75,7 @@ class EmbeddedBroker:
             "--advertised-listener-url", f"tcp://{self.advertised}",
             "--cluster-id", self.cluster_id,
             "--storage-engine", "memory://tansu/",
+            *(["--authentication"] if self.authentication else []),
         ]
         with open(self.log_path, "wb") as log:
             # The broker must not inherit our OTLP settings: it would try to export its own telemetry.
