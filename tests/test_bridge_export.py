@@ -9,15 +9,16 @@ import time
 import grpc
 import pytest
 
-from kcm_bridge.config import EndpointConfig, RetryConfig
-from kcm_bridge.export import Endpoint
+from kcm_bridge.config import EndpointConfig
+from kcm_bridge.export import open_endpoint
+from kcm_common.otlp_export import Endpoint, RetryPolicy
 from payloads import client_metrics
 
-RETRY = RetryConfig(initial_backoff_s=0.05, max_backoff_s=1.0)
+RETRY = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=1.0)
 
 
 def _endpoint(collector, **options) -> Endpoint:
-    return Endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True, **options), RETRY, lambda: False)
+    return open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True, **options), RETRY, lambda: False)
 
 
 def test_retryable_codes_are_retried_until_delivered(collector):
@@ -53,7 +54,7 @@ def test_partial_success_is_delivered_with_the_rejected_count_and_not_retried(co
 
 def test_a_shutdown_deadline_abandons_retries_without_claiming_delivery(collector):
     collector.fail_next(grpc.StatusCode.UNAVAILABLE, times=100)
-    endpoint = Endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True), RETRY, lambda: True)
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True), RETRY, lambda: True)
     outcome = endpoint.export(client_metrics().SerializeToString())
     assert outcome.abandoned and not outcome.delivered
 
@@ -117,7 +118,7 @@ def test_compression_setting_decides_what_goes_over_the_wire(collector, compress
     request = client_metrics().SerializeToString() * 200  # concatenated MetricsData: one larger, repetitive request
     proxy = _CountingProxy(collector.endpoint)
     try:
-        endpoint = Endpoint(EndpointConfig(endpoint=proxy.endpoint, insecure=True, compression=compression),
+        endpoint = open_endpoint(EndpointConfig(endpoint=proxy.endpoint, insecure=True, compression=compression),
                             RETRY, lambda: False)
         assert endpoint.export(request).delivered
         assert collector.exports[0].request.SerializeToString() == request

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from kcm_bridge import config as bridge_config
-from kcm_bridge.config import RetryConfig
+from kcm_common.otlp_export import RetryPolicy
 from kcm_bridge.health import KafkaHealth
 from kcm_sandbox.broker import free_port
 from test_bridge_pipeline import BACKENDS, running_bridge
@@ -29,7 +29,7 @@ class _Clock:
 
 def test_kafka_health_reports_once_per_backoff_period_and_recovers():
     clock = _Clock()
-    health = KafkaHealth(RetryConfig(initial_backoff_s=1, max_backoff_s=4, multiplier=2, jitter=0), clock)
+    health = KafkaHealth(RetryPolicy(initial_backoff_s=1, max_backoff_s=4, multiplier=2, jitter=0), clock)
     assert not health.ok and health.check_due()
     assert health.failed("rejected") == 1
     assert health.failed("rejected again") is None and not health.check_due()

@@ -29,6 +29,9 @@ COMPONENTS = {
     "kcm_sandbox": ("sandbox", "sandbox", {"kcm_common"}),
     "kcm_demo": ("demo", "demo", {"kcm_common", "kcm_sandbox", "kcm_operator", "kcm_bridge", "kcm_rollups"}),
 }
+# Shared modules that need more than the base install -> the extras of the components that use them. Each may import
+# what every one of those extras installs; whoever imports one must install what it imports.
+SHARED = {"kcm_common.otlp_export": ("bridge", "rollup")}
 
 
 def _imports(path: Path, top_level_only: bool) -> set[str]:
@@ -112,10 +115,40 @@ def test_each_component_imports_only_what_its_extra_installs(package):
     problems = {
         str(path.relative_to(ROOT)): found
         for path in sources
-        if (found := _violations(_imports(path, top_level_only=False), extra, kcm_allowed, package))
+        if (found := _violations(_imports(path, top_level_only=False), extra, kcm_allowed, package)
+            if _module_of(path) not in SHARED else _shared_violations(path, package, kcm_allowed))
     }
 
     assert problems == {}, f"imports outside kcm[{extra or 'base'}]: {problems}"
+
+
+def _module_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts[1:])
+
+
+def _shared_violations(path: Path, package: str, kcm_allowed: set[str]) -> list[str]:
+    imports = _imports(path, top_level_only=False)
+    found = set()
+    for extra in SHARED[_module_of(path)]:
+        found.update(_violations(imports, extra, kcm_allowed, package))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("shared", sorted(SHARED))
+def test_whoever_imports_a_shared_module_installs_what_it_imports(shared):
+    source = ROOT / "common" / (shared.replace(".", "/") + ".py")
+    needs = _imports(source, top_level_only=False)
+    importers = []
+    for package, (folder, extra, kcm_allowed) in COMPONENTS.items():
+        for path in sorted((ROOT / folder / package).rglob("*.py")):
+            if shared in _imports(path, top_level_only=False):
+                importers.append(package)
+                assert not _violations(needs, extra, kcm_allowed | {"kcm_common"}, "kcm_common"), \
+                    f"{path.relative_to(ROOT)} imports {shared}, whose imports kcm[{extra or 'base'}] lacks"
+    assert importers, f"nothing imports {shared}: move it back where it is used"
+    cli = [path for path in sorted((ROOT / "cli" / "kcm_cli").rglob("*.py"))
+           if shared in _imports(path, top_level_only=True)]
+    assert not cli, f"{cli} import {shared} at module level: kcm --help would need its extras"
 
 
 def test_the_kcm_command_imports_components_only_when_a_subcommand_runs():
@@ -136,6 +169,9 @@ def test_the_checker_notices_a_forbidden_import():
     assert not _violations({"pyspark.sql"}, "rollup", {"kcm_common"}, "kcm_rollups")
     assert _violations({"google.rpc.status_pb2"}, None, set(), "kcm_common")
     assert not _violations({"google.protobuf.json_format"}, None, set(), "kcm_common")
+    # The shared exporter needs gRPC: the operator's extra does not install it.
+    assert _violations({"grpc"}, "operator", {"kcm_common"}, "kcm_common")
+    assert not _violations({"grpc", "google.rpc.status_pb2"}, "rollup", {"kcm_common"}, "kcm_common")
 
 
 def test_there_is_no_top_level_operator_package_shadowing_the_standard_library():

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+import time
 
 import grpc
 import pytest
 
 from kcm_common.errors import UserError
+from kcm_common.otlp_export import RetryPolicy
 from kcm_common.points import attributes, metric_dicts
 from kcm_rollups.otlp import RESOLUTION_ATTRIBUTE, SCOPE_NAME, check_endpoint, export, export_requests
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
+FAST = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.5)
 START = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
 
 
@@ -53,10 +56,15 @@ def test_a_receiver_that_refuses_is_one_clear_error_and_partial_rejections_are_c
     collector.reject_partially_next(1)
     assert export([row("lat", count=1, min=1.0)], collector.endpoint) == (2, 1)
     collector.fail_next(code=grpc.StatusCode.UNAVAILABLE, times=2)  # restarting: retried
-    assert export([row("lat", count=1)], collector.endpoint, retry_delays_s=(0.01, 0.01)) == (1, 0)
-    collector.fail_next(code=grpc.StatusCode.UNAVAILABLE, times=2)
-    with pytest.raises(UserError, match="UNAVAILABLE"):
-        export([row("lat", count=1)], collector.endpoint, retry_delays_s=(0.01,))
+    assert export([row("lat", count=1)], collector.endpoint, retry=FAST) == (1, 0)
+    assert len(collector.exports) == 2
+    collector.throttle_next(0.3)  # RESOURCE_EXHAUSTED with RetryInfo: waits what the receiver asks
+    started = time.monotonic()
+    assert export([row("lat", count=1)], collector.endpoint, retry=FAST) == (1, 0)
+    assert time.monotonic() - started >= 0.3
+    collector.fail_next(code=grpc.StatusCode.UNAVAILABLE)
+    with pytest.raises(UserError, match="UNAVAILABLE"):  # still failing when the export gives up
+        export([row("lat", count=1)], collector.endpoint, retry=FAST, give_up_after_s=0)
     collector.fail_next(code=grpc.StatusCode.PERMISSION_DENIED)
     with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: "
                                         "PERMISSION_DENIED"):

@@ -21,6 +21,7 @@ import yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
+from kcm_common.otlp_export import RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
 
@@ -73,16 +74,6 @@ class BatchConfig:
 
 
 @dataclass(frozen=True)
-class RetryConfig:
-    """OTLP retries: exponential backoff with jitter up to a cap, or the server's RetryInfo delay."""
-
-    initial_backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-
-@dataclass(frozen=True)
 class AttributeRule:
     """drop, rename (to `to`) or hash (salted SHA-256) one resource attribute."""
 
@@ -124,7 +115,7 @@ class BridgeConfig:
     endpoints: list[EndpointConfig] = field(default_factory=list)
     routing: Literal["fanout", "hash"] = "fanout"
     batch: BatchConfig = field(default_factory=BatchConfig)
-    retry: RetryConfig = field(default_factory=RetryConfig)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     enrich: EnrichConfig = field(default_factory=EnrichConfig)
     temporality: TemporalityConfig = field(default_factory=TemporalityConfig)
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)

@@ -7,17 +7,16 @@ import random
 import time
 from collections.abc import Callable
 
-from kcm_bridge.config import RetryConfig
-from kcm_bridge.export import backoff_s
+from kcm_common.otlp_export import RetryPolicy, backoff_s
 
 # Reconnecting is librdkafka's and kafka-python's job; this paces the bridge's own checks and reports.
-KAFKA_RETRY = RetryConfig(initial_backoff_s=1.0, max_backoff_s=30.0, multiplier=2.0, jitter=0.2)
+KAFKA_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=30.0, multiplier=2.0, jitter=0.2)
 
 
 class KafkaHealth:
     """Not ok until the first check succeeds; a failure makes it not ok until a later check succeeds."""
 
-    def __init__(self, retry: RetryConfig = KAFKA_RETRY, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, retry: RetryPolicy = KAFKA_RETRY, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         self._retry = retry
         self._clock = clock

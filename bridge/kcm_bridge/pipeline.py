@@ -22,12 +22,13 @@ from kcm_common import contract
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
 from kcm_common.names import ATTRIBUTE_HEADERS
+from kcm_common.otlp_export import Endpoint, Outcome
 
 from kcm_bridge.config import BridgeConfig
 from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
                                  open_dead_letter_producer, split_properties)
 from kcm_bridge.enrich import Added, Enricher
-from kcm_bridge.export import Endpoint, Outcome
+from kcm_bridge.export import open_endpoint
 from kcm_bridge.health import KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
@@ -147,7 +148,7 @@ class Bridge:
         self._prepare = Preparer(Enricher(config.enrich), self._converter)
         self._stopping = threading.Event()
         self._drain_deadline = float("inf")
-        self._endpoints = [Endpoint(e, config.retry, self._give_up) for e in config.endpoints]
+        self._endpoints = [open_endpoint(e, config.retry, self._give_up) for e in config.endpoints]
         workers = sum(e.concurrency for e in config.endpoints)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcm-bridge-export")
         self._tracker = OffsetTracker()

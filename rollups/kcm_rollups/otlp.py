@@ -17,12 +17,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from kcm_common.errors import UserError
+from kcm_common.otlp_export import RetryPolicy
 
 STATISTICS: tuple[str, ...] = ("instances", "count", "nan_count", "min", "max", "sum", "avg", "last", "p50", "p95",
                                "p99", "increase", "rate")
 RESOURCE_COLUMNS: tuple[str, ...] = ("client_id", "client_software_name", "client_software_version")
 SCOPE_NAME = "kcm.rollup"
 RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
+# A receiver that is restarting gets a minute; one that asks for more time says how long with RetryInfo.
+EXPORT_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=15.0)
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
 
 
@@ -91,33 +94,28 @@ def export_rows(frame: Any, endpoint: str) -> tuple[int, int]:
 
 
 def export(rows: Iterable[Mapping[str, Any]], endpoint: str, timeout_s: float = 30.0,
-           retry_delays_s: tuple[float, ...] = (1.0, 2.0, 4.0)) -> tuple[int, int]:
+           retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0) -> tuple[int, int]:
     """Send rollup rows to the OTLP/gRPC receiver at `endpoint`; returns (points sent, points the receiver rejected).
-    A request the receiver cannot take right now is retried after each of `retry_delays_s`; then, or on any other
-    failure, raises UserError naming the endpoint."""
-    import grpc
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+    Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to `give_up_after_s`; a request
+    refused for good, or still failing then, raises UserError naming the endpoint."""
+    from kcm_common.otlp_export import Endpoint
 
-    # What OTLP calls retryable: the receiver is restarting or asks the client to slow down.
-    retryable = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+    deadline = 0.0
+    exporter = Endpoint(endpoint, retry, lambda: time.monotonic() >= deadline, insecure=True, timeout_s=timeout_s)
     sent = rejected = 0
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = MetricsServiceStub(channel)
+    try:
         for request in export_requests(rows):
-            for delay in (*retry_delays_s, None):
-                try:
-                    response = stub.Export(request, timeout=timeout_s)
-                    break
-                except grpc.RpcError as err:
-                    if delay is None or err.code() not in retryable:
-                        raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: "
-                                        f"{err.code().name} {err.details() or ''}".strip()
-                                        + "; the Parquet output is complete, re-run the range to export again"
-                                        ) from None
-                    time.sleep(delay)
+            deadline = time.monotonic() + give_up_after_s
+            outcome = exporter.export(request.SerializeToString())
+            if not outcome.delivered:
+                raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: "
+                                f"{outcome.error} {outcome.detail}".strip()
+                                + "; the Parquet output is complete, re-run the range to export again")
             sent += sum(len(m.gauge.data_points) for r in request.resource_metrics for s in r.scope_metrics
                         for m in s.metrics)
-            rejected += response.partial_success.rejected_data_points
+            rejected += outcome.rejected_points
+    finally:
+        exporter.close()
     return sent, rejected
 
 

@@ -1,0 +1,151 @@
+"""OTLP/gRPC export to one collector, with the retries the OTLP specification prescribes.
+
+One implementation for the bridge and the rollup job: retryable codes, the server's RetryInfo delay, otherwise
+exponential backoff with jitter up to a cap, until delivered, refused for good, or the caller gives up. Needs
+`grpcio` and `googleapis-common-protos` (the `bridge` and `rollup` extras).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+log = logging.getLogger("kcm.otlp")
+
+_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+# OTLP/gRPC: these codes are transient; RESOURCE_EXHAUSTED only when the server says when to come back.
+RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+                       grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """OTLP retries: exponential backoff with jitter up to a cap, or the server's RetryInfo delay."""
+
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one export ended: delivered (possibly with rejected points), rejected for good, or abandoned."""
+
+    delivered: bool
+    attempts: int
+    rejected_points: int = 0
+    error: str | None = None   # gRPC code name of the final failure
+    detail: str = ""           # the server's message with it
+    abandoned: bool = False    # stopped retrying because the caller gave up
+
+
+def backoff_s(attempt: int, retry: RetryPolicy, rng: random.Random) -> float:
+    """Exponential backoff with jitter, capped; `attempt` counts from 1."""
+    base = min(retry.max_backoff_s, retry.initial_backoff_s * retry.multiplier ** (attempt - 1))
+    return base * (1 - retry.jitter * rng.random())
+
+
+def retry_delay_s(error: grpc.RpcError) -> float | None:
+    """The google.rpc.RetryInfo delay a server attached to a failure, if any."""
+    for key, value in (error.trailing_metadata() or ()):
+        if key != "grpc-status-details-bin":
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            info = error_details_pb2.RetryInfo()
+            if detail.Unpack(info):
+                return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return None
+
+
+@dataclass(frozen=True)
+class Tls:
+    """PEM files: the CA to trust (system roots when absent), and a client certificate with its key."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+class Endpoint:
+    """One OTLP/gRPC collector: a channel, its call metadata, and the retry loop.
+
+    `give_up()` is asked before each wait: True abandons the export (the caller is shutting down or past its
+    deadline). `metadata` goes with every call and may hold tokens: it is never logged.
+    """
+
+    def __init__(self, endpoint: str, retry: RetryPolicy, give_up: Callable[[], bool], *, insecure: bool = False,
+                 tls: Tls = Tls(), metadata: Sequence[tuple[str, str]] = (),
+                 compression: Literal["gzip", "none"] = "gzip", timeout_s: float = 10.0) -> None:
+        self.name = endpoint
+        self._retry = retry
+        self._give_up = give_up
+        self._timeout_s = timeout_s
+        self._rng = random.Random()
+        if insecure:
+            self._channel = grpc.insecure_channel(endpoint)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls.ca_file), private_key=_read(tls.key_file),
+                certificate_chain=_read(tls.cert_file))
+            self._channel = grpc.secure_channel(endpoint, credentials)
+        # Raw bytes go out as they are: a serialised request, or concatenated MetricsData, which are one.
+        self._call = self._channel.unary_unary(_METHOD, request_serializer=None,
+                                               response_deserializer=ExportMetricsServiceResponse.FromString)
+        self._metadata = list(metadata)
+        self._compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
+
+    def export(self, request: bytes) -> Outcome:
+        """Send a serialised ExportMetricsServiceRequest until delivered, refused for good, or given up on."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._call(request, timeout=self._timeout_s, metadata=self._metadata,
+                                      compression=self._compression)
+            except grpc.RpcError as error:
+                code = error.code()
+                delay = retry_delay_s(error)
+                retryable = code in RETRYABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
+                if not retryable:
+                    log.error("export to %s rejected with %s: %s; dropping the batch (not retryable)",
+                              self.name, code.name, error.details())
+                    return Outcome(False, attempt, error=code.name, detail=error.details() or "")
+                wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
+                wait = min(wait, self._retry.max_backoff_s)
+                log.warning("export to %s failed with %s (attempt %d); retrying in %.2fs",
+                            self.name, code.name, attempt, wait)
+                if self._wait(wait):
+                    return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
+                continue
+            rejected = response.partial_success.rejected_data_points
+            if rejected or response.partial_success.error_message:
+                log.warning("export to %s partially rejected: %d points (%s)", self.name, rejected,
+                            response.partial_success.error_message)
+            return Outcome(True, attempt, rejected_points=rejected)
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep `seconds` in short steps; True when the caller gave up on pending work meanwhile."""
+        end = time.monotonic() + seconds
+        while (remaining := end - time.monotonic()) > 0:
+            if self._give_up():
+                return True
+            time.sleep(min(remaining, 0.1))
+        return self._give_up()
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
