@@ -237,6 +237,34 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
 
 
+def test_a_time_range_takes_predecessors_from_its_lookback_and_rolls_up_only_its_own_windows(spark, kafka, new_topic,
+                                                                                             tmp_path):
+    topic = new_topic()
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    t0 = int(hour.timestamp())
+    # (instance, seconds from the range's start, counter value); the range is [t0, t0 + 1h), the lookback 5 minutes.
+    points = [("i0", -400, 1),     # before the lookback: never read
+              ("i0", -120, 10),    # in the lookback: the predecessor of the first point in range
+              ("i0", 30, 25), ("i0", 90, 30),
+              ("i0", 3630, 100),   # after the range: not rolled up
+              ("i1", -400, 50),    # i1's only earlier point is outside the lookback
+              ("i1", 30, 70), ("i1", 100, 75)]
+    producer = KafkaProducer(**kafka.client_options())
+    for instance, offset_s, value in points:
+        headers = [("client_instance_id", instance.encode()), ("client_id", b"app")]
+        producer.send(topic, value=_cumulative_push(instance, value, 0), key=instance.encode(), headers=headers,
+                      timestamp_ms=(t0 + offset_s) * 1000).get(timeout=10)  # one record per batch: exact end offsets
+    producer.close()
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"), start=hour, end=hour + timedelta(hours=1))
+    result = run(spark, options)
+    assert "cumulative points" in result.stage_seconds
+    written = [r for r in _sorted_rows(spark.read.parquet(str(tmp_path / "out"))) if r["metric"] == "written.total"]
+    increases = {(r["resolution"], int(r["window_start"].timestamp()) - t0): r["increase"] for r in written}
+    # i0: 25 - 10 and 30 - 25; i1: its first point in range has no predecessor within the lookback, then 75 - 70.
+    assert increases == {("1m", 0): 15, ("1m", 60): 5 + 5, ("1h", 0): 25}
+
+
 def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_ended(spark, telemetry, tmp_path,
                                                                                     collector):
     # Run as if an hour later: every window has ended. The run at real time leaves the open windows out.
