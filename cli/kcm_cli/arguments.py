@@ -30,3 +30,12 @@ def seconds_from(minimum: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def kafka_connection(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool = True,
+                     servers: str = "Kafka bootstrap servers holding the metrics topic",
+                     properties: str = "client properties file for TLS/SASL (security.protocol, sasl.mechanism, ...)"
+                     ) -> None:
+    """`--bootstrap-server` and `--command-config`, as every subcommand that talks to Kafka spells them."""
+    parser.add_argument("--bootstrap-server", required=required, metavar="HOST:PORT[,HOST:PORT]", help=servers)
+    parser.add_argument("--command-config", metavar="FILE", help=properties)

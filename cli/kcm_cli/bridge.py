@@ -8,6 +8,7 @@ import os
 import signal
 from types import FrameType
 
+from kcm_cli.arguments import kafka_connection
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.bridge")
@@ -20,10 +21,8 @@ DESCRIPTION = ("Consume the metrics topic as a consumer group, add the contract 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="bridge configuration YAML (see docs/bridge.md)")
-    parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,HOST:PORT]",
-                        help="Kafka bootstrap servers holding the metrics topic")
-    parser.add_argument("--command-config", metavar="FILE",
-                        help="client properties file: TLS/SASL and consumer settings (session.timeout.ms, ...)")
+    kafka_connection(parser, required=False,
+                     properties="client properties file: TLS/SASL and consumer settings (session.timeout.ms, ...)")
     parser.add_argument("--topic", action="append", metavar="TOPIC",
                         help=f"topic to read (repeatable; default: {DEFAULT_METRICS_TOPIC})")
     parser.add_argument("--group-id", help="consumer group (default: kcm-bridge)")

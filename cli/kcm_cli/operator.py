@@ -7,7 +7,7 @@ import logging
 import random
 import socket
 
-from kcm_cli.arguments import seconds_from
+from kcm_cli.arguments import kafka_connection, seconds_from
 from kcm_common.errors import UserError
 
 HELP = "run the operator: ClientMetricsSubscription resources → CLIENT_METRICS in Kafka"
@@ -21,10 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("-n", "--namespace", action="append", metavar="NS",
                        help="watch this namespace (repeatable; globs such as 'team-*' allowed)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
-    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
-                        help="the default Kafka cluster (resources without spec.connection)")
-    parser.add_argument("--command-config", metavar="FILE",
-                        help="client properties file for TLS/SASL to the default cluster")
+    kafka_connection(parser, servers="the default Kafka cluster (resources without spec.connection)",
+                     properties="client properties file for TLS/SASL to the default cluster")
     parser.add_argument("--drift-interval", type=seconds_from(1), default=60.0, metavar="SECONDS",
                         help="how often each subscription is compared with Kafka (default 60)")
     parser.add_argument("--metrics-port", type=int, default=9090, metavar="PORT",

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import TextIO
 
+from kcm_cli.arguments import kafka_connection
 from kcm_common.errors import UserError
 
 HELP = "list, describe, apply or delete CLIENT_METRICS subscriptions"
@@ -18,10 +19,7 @@ _ACTIONS = ("list", "describe", "apply", "delete")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     connection = argparse.ArgumentParser(add_help=False)
-    connection.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
-                            help="Kafka bootstrap servers")
-    connection.add_argument("--command-config", metavar="FILE",
-                            help="client properties file for TLS/SASL (security.protocol, sasl.mechanism, ...)")
+    kafka_connection(connection, servers="Kafka bootstrap servers")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", parents=[connection], help="every subscription in the cluster")
     listing.add_argument("-o", "--output", choices=("table", "json"), default="table")

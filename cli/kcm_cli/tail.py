@@ -14,7 +14,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
-from kcm_cli.arguments import seconds
+from kcm_cli.arguments import kafka_connection, seconds
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
@@ -28,10 +28,7 @@ _COLUMNS = (("CLIENT ID", 24), ("INSTANCE", 8), ("METRIC", 52), ("ATTRIBUTES", 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT[,HOST:PORT]",
-                        help="Kafka bootstrap servers holding the metrics topic")
-    parser.add_argument("--command-config", metavar="FILE",
-                        help="client properties file for TLS/SASL (security.protocol, sasl.mechanism, ...)")
+    kafka_connection(parser)
     parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic (default: %(default)s)")
     parser.add_argument("--from-beginning", action="store_true",
                         help="start at the oldest record instead of only new ones")
