@@ -22,7 +22,7 @@ from kcm_rollups.aggregate import rollup
 from kcm_rollups.decode import decode_points
 from kcm_rollups.job import RollupOptions, read_points, read_records, read_state, run, state_of_records
 from kcm_rollups.partial import merge_batches
-from kcm_rollups.otlp import STATISTICS
+from kcm_rollups.otlp import STATISTICS, OtlpTarget
 from kcm_rollups.source import kafka_schema
 from kcm_rollups.windows import parse_resolutions
 from kcm_sandbox.java_clients import JavaClient
@@ -269,7 +269,7 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
                                                                                     collector):
     # Run as if an hour later: every window has ended. The run at real time leaves the open windows out.
     later = datetime.now(timezone.utc) + timedelta(hours=2)
-    result = run(spark, options_for(telemetry, tmp_path / "out", otlp_endpoint=collector.endpoint), now=later)
+    result = run(spark, options_for(telemetry, tmp_path / "out", otlp=OtlpTarget(collector.endpoint)), now=later)
     written = [r.asDict() for r in spark.read.parquet(str(tmp_path / "out")).collect()]
     assert not any(r["partial"] for r in written)
     statistics = sum(1 for r in written for name in STATISTICS if r[name] is not None and r[name] == r[name])
@@ -278,7 +278,7 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
                 for m in sm.metrics]
     assert sum(len(m.gauge.data_points) for m in received) == statistics
     assert f"exported {statistics} OTLP data points to {collector.endpoint}" in result.summary_lines()
-    now = run(spark, options_for(telemetry, tmp_path / "now", otlp_endpoint=collector.endpoint))
+    now = run(spark, options_for(telemetry, tmp_path / "now", otlp=OtlpTarget(collector.endpoint)))
     rows = [r.asDict() for r in spark.read.parquet(str(tmp_path / "now")).collect()]
     ended = sum(1 for r in rows if not r["partial"] for name in STATISTICS if r[name] is not None and r[name] == r[name])
     assert any(r["partial"] for r in rows) and now.exported == (collector.endpoint, ended, 0)
@@ -293,6 +293,10 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     (["--group-by", "hostname"], "cannot group by 'hostname'"),
     (["--from", "2026-01-02", "--to", "2026-01-01"], "is not before"),
     (["--otlp-endpoint", "http://otel:4317"], "is not HOST:PORT"),
+    (["--otlp-ca-file", "/etc/hostname"], "need --otlp-endpoint"),
+    (["--otlp-endpoint", "otel:4317", "--otlp-header-file", "authorization"], "is not NAME=FILE"),
+    (["--otlp-endpoint", "otel:4317", "--otlp-key-file", "/etc/hostname"], "go together"),
+    (["--otlp-endpoint", "otel:4317", "--otlp-ca-file", "/nonexistent/ca.pem"], "no such readable file"),
     (["--starting-offsets", "soon"], '--starting-offsets must be "earliest" or JSON'),
     (["--starting-offsets", "latest"], "--starting-offsets cannot be 'latest' in a batch read"),
     (["--starting-offsets", '{"kafka-client-metrics":{"0":-1}}'], "--starting-offsets cannot hold -1 (latest)"),

@@ -45,7 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, metavar="N",
                         help="print N rows of the latest coarsest window (default: %(default)s; 0 for none)")
     parser.add_argument("--otlp-endpoint", metavar="HOST:PORT",
-                        help="also send the rows written to this OTLP/gRPC receiver as gauges, after the write")
+                        help="also send the rows written to this OTLP/gRPC receiver as gauges, after the write "
+                             "(plaintext unless a TLS option below is given)")
+    parser.add_argument("--otlp-tls", action="store_true",
+                        help="connect to --otlp-endpoint with TLS, trusting the system's CA certificates")
+    parser.add_argument("--otlp-ca-file", metavar="FILE", help="TLS to --otlp-endpoint, trusting this PEM CA")
+    parser.add_argument("--otlp-cert-file", metavar="FILE",
+                        help="client certificate (PEM) for mutual TLS; needs --otlp-key-file")
+    parser.add_argument("--otlp-key-file", metavar="FILE", help="the client certificate's private key (PEM)")
+    parser.add_argument("--otlp-header-file", action="append", default=[], metavar="NAME=FILE",
+                        help="send gRPC metadata NAME with the content of FILE, e.g. a token from a mounted "
+                             "Secret (repeatable; never logged)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
@@ -66,8 +76,15 @@ def run(args: argparse.Namespace) -> int:
         options["min_partitions"] = args.min_partitions
     if args.top < 0:
         raise UserError("--top must be 0 or more")
+    tls_options = (args.otlp_tls, args.otlp_ca_file, args.otlp_cert_file, args.otlp_key_file, args.otlp_header_file)
     if args.otlp_endpoint:
-        options["otlp_endpoint"] = args.otlp_endpoint
+        from kcm_rollups.otlp import OtlpTarget, parse_header_file
+
+        options["otlp"] = OtlpTarget(args.otlp_endpoint, args.otlp_tls, args.otlp_ca_file, args.otlp_cert_file,
+                                     args.otlp_key_file, tuple(parse_header_file(h) for h in args.otlp_header_file))
+    elif any(tls_options):
+        raise UserError("--otlp-tls, --otlp-ca-file, --otlp-cert-file, --otlp-key-file and --otlp-header-file "
+                        "need --otlp-endpoint")
     result = run_rollup(
         args.bootstrap_server, args.topic, args.output,
         start=parse_time(args.start) if args.start else None,

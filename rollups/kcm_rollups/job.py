@@ -11,13 +11,16 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, rejected_message
 from kcm_common.librdkafka import librdkafka_config
 from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
 from kcm_rollups.windows import Resolution, parse_resolutions, widen
+
+if TYPE_CHECKING:
+    from kcm_rollups.otlp import OtlpTarget
 
 log = logging.getLogger("kcm.rollup")
 # The authentication check's librdkafka logger: failures reach its error callback and are reported once, by it.
@@ -45,7 +48,7 @@ class RollupOptions:
     lookback_seconds: int = DEFAULT_LOOKBACK_SECONDS
     min_partitions: int | None = None
     top: int = 10
-    otlp_endpoint: str | None = None
+    otlp: OtlpTarget | None = None   # also export the rows written (kcm_rollups.otlp)
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.dimensions if name not in GROUPABLE]
@@ -55,10 +58,6 @@ class RollupOptions:
             raise UserError(f"--from {self.start.isoformat()} is not before --to {self.end.isoformat()}")
         for flag, text in (("--starting-offsets", self.starting_offsets), ("--ending-offsets", self.ending_offsets)):
             _check_offsets(flag, text, self.topic)
-        if self.otlp_endpoint is not None:
-            from kcm_rollups.otlp import check_endpoint
-
-            check_endpoint(self.otlp_endpoint)
 
     def window_range(self) -> tuple[int, int] | None:
         """[start, end) in epoch seconds widened to whole windows of the coarsest resolution; None without times."""
@@ -313,10 +312,10 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     windows = {r.label: windows[r.label] for r in options.resolutions if r.label in windows}  # finest first
     finished("write")
     exported = None
-    if options.otlp_endpoint:
+    if options.otlp is not None:
         from kcm_rollups.otlp import export_rows
 
-        exported = (options.otlp_endpoint, *export_rows(rows, options.otlp_endpoint))
+        exported = (options.otlp.endpoint, *export_rows(rows, options.otlp))
         finished("OTLP export")
     top = top_rows(rows, options.resolutions[-1].label, options.top)
     finished("summary")

@@ -8,8 +8,11 @@ become resource attributes. Parquet stays the record: the export runs after the 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -26,6 +29,7 @@ SCOPE_NAME = "kcm.rollup"
 RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
 # A receiver that is restarting gets a minute; one that asks for more time says how long with RetryInfo.
 EXPORT_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=15.0)
+_HEADER_NAME = re.compile(r"[a-z0-9_.-]+")
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
 
 
@@ -35,6 +39,47 @@ def check_endpoint(endpoint: str) -> str:
     if found is None or not 0 < int(found.group(2)) < 65536:
         raise UserError(f"--otlp-endpoint {endpoint!r} is not HOST:PORT of an OTLP/gRPC receiver (e.g. otel:4317)")
     return endpoint.strip()
+
+
+@dataclass(frozen=True)
+class OtlpTarget:
+    """Where the rows go: plaintext unless `tls` (system roots) or a CA file; a client certificate with its key for
+    mutual TLS; call metadata (an authorization token, say) read from files when the export runs, never logged."""
+
+    endpoint: str
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    header_files: tuple[tuple[str, str], ...] = ()   # (gRPC metadata key, file holding its value)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoint", check_endpoint(self.endpoint))
+        for flag, path in (("--otlp-ca-file", self.ca_file), ("--otlp-cert-file", self.cert_file),
+                           ("--otlp-key-file", self.key_file), *(("--otlp-header-file", f) for _, f in self.header_files)):
+            if path is not None and not os.access(path, os.R_OK):
+                raise UserError(f"{flag} {path}: no such readable file")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise UserError("--otlp-cert-file and --otlp-key-file go together (a client certificate and its key)")
+        for name, _ in self.header_files:
+            if not _HEADER_NAME.fullmatch(name) or name.startswith("grpc-"):
+                raise UserError(f"--otlp-header-file {name!r}: the header name must be lower-case letters, digits, "
+                                "'-', '_' or '.', and not start with grpc-")
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or any((self.ca_file, self.cert_file, self.key_file))
+
+    def metadata(self) -> list[tuple[str, str]]:
+        return [(name, Path(path).read_text(encoding="utf-8").strip()) for name, path in self.header_files]
+
+
+def parse_header_file(text: str) -> tuple[str, str]:
+    """`NAME=FILE` of --otlp-header-file."""
+    name, equals, path = text.partition("=")
+    if not equals or not name.strip() or not path.strip():
+        raise UserError(f"--otlp-header-file {text!r} is not NAME=FILE (e.g. authorization=/var/run/secrets/token)")
+    return name.strip(), path.strip()
 
 
 def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -> Iterator[ExportMetricsServiceRequest]:
@@ -79,7 +124,7 @@ def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -
         yield request
 
 
-def export_rows(frame: Any, endpoint: str) -> tuple[int, int]:
+def export_rows(frame: Any, target: OtlpTarget) -> tuple[int, int]:
     """Send a DataFrame of rollup rows to `endpoint`, streamed to the driver partition by partition; see `export`.
     Windows still open (`partial`) are left out: their values are incomplete and their end lies in the future, where
     backends drop samples; the run that finds them ended exports them."""
@@ -90,18 +135,21 @@ def export_rows(frame: Any, endpoint: str) -> tuple[int, int]:
     columns = ["resolution", "metric", "attributes", *RESOURCE_COLUMNS, *STATISTICS]
     rows = frame.select(*columns, F.unix_micros("window_start").alias("start_micros"),
                         F.unix_micros("window_end").alias("end_micros")).toLocalIterator()
-    return export((row.asDict() for row in rows), endpoint)
+    return export((row.asDict() for row in rows), target)
 
 
-def export(rows: Iterable[Mapping[str, Any]], endpoint: str, timeout_s: float = 30.0,
+def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget | str, timeout_s: float = 30.0,
            retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0) -> tuple[int, int]:
-    """Send rollup rows to the OTLP/gRPC receiver at `endpoint`; returns (points sent, points the receiver rejected).
-    Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to `give_up_after_s`; a request
-    refused for good, or still failing then, raises UserError naming the endpoint."""
-    from kcm_common.otlp_export import Endpoint
+    """Send rollup rows to the OTLP/gRPC receiver `target` (a plaintext HOST:PORT as a string); returns (points sent,
+    points the receiver rejected). Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to
+    `give_up_after_s`; a request refused for good, or still failing then, raises UserError naming the endpoint."""
+    from kcm_common.otlp_export import Endpoint, Tls
 
-    deadline = 0.0
-    exporter = Endpoint(endpoint, retry, lambda: time.monotonic() >= deadline, insecure=True, timeout_s=timeout_s)
+    target = OtlpTarget(target) if isinstance(target, str) else target
+    endpoint, deadline = target.endpoint, 0.0
+    exporter = Endpoint(endpoint, retry, lambda: time.monotonic() >= deadline, insecure=not target.secure,
+                        tls=Tls(target.ca_file, target.cert_file, target.key_file), metadata=target.metadata(),
+                        timeout_s=timeout_s)
     sent = rejected = 0
     try:
         for request in export_requests(rows):

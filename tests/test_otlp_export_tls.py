@@ -1,0 +1,159 @@
+"""OTLP/gRPC export over TLS to a real gRPC server: a private CA, mutual TLS, and metadata tokens from files.
+
+The exporter is kcm_common's, shared by the bridge (`endpoints[].tls`) and the rollup job (`--otlp-ca-file`, ...).
+Certificates are made by openssl for each test module.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kcm_bridge.config import EndpointConfig, TlsConfig
+from kcm_bridge.export import open_endpoint
+from kcm_common.errors import UserError
+from kcm_common.otlp_export import Endpoint, RetryPolicy, Tls
+from kcm_rollups.otlp import OtlpTarget, export
+from payloads import client_metrics
+
+FAST = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05)
+SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+def _openssl(*arguments: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *arguments], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _signed(directory: Path, name: str, extensions: str) -> None:
+    """`name`.pem and `name`.key, signed by the CA in `directory`."""
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", cwd=directory)
+    (directory / f"{name}.ext").write_text(extensions)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext", cwd=directory)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days", "2",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=directory)
+    _signed(directory, "server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    _signed(directory, "client", "extendedKeyUsage=clientAuth\n")
+    (directory / "token").write_text("Bearer s3cret-token\n")
+    return directory
+
+
+class TlsCollector:
+    """A gRPC server on TLS that acknowledges every Export and keeps each call's metadata."""
+
+    def __init__(self, certificates: Path, require_client_certificate: bool) -> None:
+        self.calls: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        credentials = grpc.ssl_server_credentials(
+            [((certificates / "server.key").read_bytes(), (certificates / "server.pem").read_bytes())],
+            root_certificates=(certificates / "ca.pem").read_bytes(),
+            require_client_auth=require_client_certificate)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(self._export)}),))
+        self.endpoint = f"localhost:{self._server.add_secure_port('localhost:0', credentials)}"
+        self._server.start()
+
+    def _export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        with self._lock:
+            self.calls.append(dict(context.invocation_metadata()))
+        return b""  # an empty ExportMetricsServiceResponse: all accepted
+
+    def stop(self) -> None:
+        self._server.stop(0)
+
+
+@pytest.fixture
+def tls_collector(certificates):
+    collectors: list[TlsCollector] = []
+
+    def start(require_client_certificate: bool = False) -> TlsCollector:
+        collectors.append(TlsCollector(certificates, require_client_certificate))
+        return collectors[-1]
+
+    yield start
+    for collector in collectors:
+        collector.stop()
+
+
+def _within(seconds: float):
+    """A give_up callback: retry for `seconds`, so a failing handshake fails the test instead of hanging it."""
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() >= deadline
+
+
+def _send(endpoint: Endpoint) -> object:
+    try:
+        return endpoint.export(client_metrics().SerializeToString())
+    finally:
+        endpoint.close()
+
+
+def test_a_private_ca_is_trusted_and_the_token_from_a_file_goes_with_each_call(certificates, tls_collector):
+    collector = tls_collector()
+    config = EndpointConfig(endpoint=collector.endpoint, tls=TlsConfig(ca_file=str(certificates / "ca.pem")),
+                            headers_from_files={"authorization": str(certificates / "token")})
+    outcome = _send(open_endpoint(config, FAST, _within(10)))
+    assert outcome.delivered
+    assert [call["authorization"] for call in collector.calls] == ["Bearer s3cret-token"]
+
+
+def test_a_server_certificate_the_client_cannot_verify_is_not_delivered_to(tls_collector, caplog):
+    collector = tls_collector()
+    # System roots do not know the test CA: the handshake fails, which gRPC reports as UNAVAILABLE (retryable).
+    outcome = _send(Endpoint(collector.endpoint, FAST, lambda: True, timeout_s=5))
+    assert (outcome.delivered, outcome.error) == (False, "UNAVAILABLE")
+    assert collector.calls == []
+    plaintext = _send(Endpoint(collector.endpoint, FAST, lambda: True, insecure=True, timeout_s=5))
+    assert not plaintext.delivered and collector.calls == []
+
+
+def test_mutual_tls_sends_the_client_certificate_and_fails_without_it(certificates, tls_collector):
+    collector = tls_collector(require_client_certificate=True)
+    ca = str(certificates / "ca.pem")
+    without = _send(Endpoint(collector.endpoint, FAST, lambda: True, tls=Tls(ca_file=ca), timeout_s=5))
+    assert not without.delivered and collector.calls == []
+    mutual = Tls(ca, str(certificates / "client.pem"), str(certificates / "client.key"))
+    assert _send(Endpoint(collector.endpoint, FAST, _within(10), tls=mutual, timeout_s=5)).delivered
+    assert len(collector.calls) == 1
+
+
+def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificates, tls_collector, caplog):
+    collector = tls_collector(require_client_certificate=True)
+    target = OtlpTarget(collector.endpoint, ca_file=str(certificates / "ca.pem"),
+                        cert_file=str(certificates / "client.pem"), key_file=str(certificates / "client.key"),
+                        header_files=(("authorization", str(certificates / "token")),))
+    row = {"resolution": "1m", "metric": "lat", "attributes": "{}", "client_id": "orders", "count": 3,
+           "start_micros": 1_767_225_600_000_000, "end_micros": 1_767_225_660_000_000}
+    assert export([row], target, retry=FAST, give_up_after_s=10) == (1, 0)
+    assert collector.calls[0]["authorization"] == "Bearer s3cret-token"
+    assert "s3cret" not in repr(target) and "s3cret" not in caplog.text
+    # Plaintext against the TLS port fails, and says so in one line naming the receiver.
+    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: UNAVAILABLE"):
+        export([row], OtlpTarget(collector.endpoint), retry=FAST, give_up_after_s=0)
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({"cert_file": "ca.pem"}, "go together"),
+    ({"ca_file": "missing.pem"}, "--otlp-ca-file .*missing.pem: no such readable file"),
+    ({"header_files": (("Authorization", "token"),)}, "must be lower-case"),
+    ({"header_files": (("grpc-timeout", "token"),)}, "not start with grpc-"),
+])
+def test_rollup_tls_options_that_cannot_work_are_refused_up_front(certificates, arguments, message):
+    arguments = {key: (str(certificates / value) if isinstance(value, str) else
+                       tuple((name, str(certificates / path)) for name, path in value))
+                 for key, value in arguments.items()}
+    with pytest.raises(UserError, match=message):
+        OtlpTarget("otel:4317", **arguments)
