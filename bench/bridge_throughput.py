@@ -2,7 +2,8 @@
 
 Fills a topic with real librdkafka telemetry pushes (captured through the sandbox, then replayed with distinct
 client instance ids), then consumes it: with a bare confluent-kafka poll() loop (the baseline the ratio is
-against) and a bare consume() loop (batches of 500, the fastest way to read), then with the bridge
+against), a bare consume() loop (batches of 500, the fastest way to read) and a poll() loop that also reads each
+record's headers (as the bridge must), then with the bridge
 (each consumer backend, with delta → cumulative, and without gzip) exporting to an acknowledging OTLP/gRPC receiver
 in another process. Each run is its own process, so CPU and peak RSS are the run's own. A last run reads a second
 topic a tenth as large (ten times with --tenfold): the bridge's peak memory should not grow with the backlog.
@@ -114,8 +115,9 @@ def _usage() -> tuple[float, int]:
 
 
 def ceiling(bootstrap: str, records: int, mode: str, out: multiprocessing.Queue) -> None:
-    """A bare consumer reading every record's value: one poll() per record (the issue's baseline), or consume()
-    in batches of 500 (the fastest confluent-kafka reads)."""
+    """A bare consumer reading every record's value: one poll() per record (the issue's baseline), consume() in
+    batches of 500 (the fastest confluent-kafka reads), or poll() also reading each record's headers, which the
+    bridge must (the floor of any consumer that needs them: confluent-kafka builds a Python object per header)."""
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-ceiling-{mode}",
                                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                                          "session.timeout.ms": 6000})
@@ -129,10 +131,13 @@ def ceiling(bootstrap: str, records: int, mode: str, out: multiprocessing.Queue)
             if message.error() is None:
                 seen += 1
                 size += len(message.value())
+                if mode == "headers":
+                    size += len(message.headers() or ())
     elapsed = time.perf_counter() - started
     cpu, rss = _usage()
     consumer.close()
-    out.put({"name": f"confluent-kafka {mode}() ceiling", "seconds": elapsed, "records": seen, "points": 0,
+    name = "confluent-kafka poll() + headers()" if mode == "headers" else f"confluent-kafka {mode}() ceiling"
+    out.put({"name": name, "seconds": elapsed, "records": seen, "points": 0,
              "cpu_s": cpu - cpu0, "rss_kb": rss})
 
 
@@ -209,8 +214,8 @@ def main() -> None:
         collector.start()
         endpoint = f"127.0.0.1:{ports.get(timeout=30)}"
         try:
-            results = [_in_process(ceiling, broker.bootstrap, records, "poll"),
-                       _in_process(ceiling, broker.bootstrap, records, "consume")]
+            results = [_in_process(ceiling, broker.bootstrap, records, mode)
+                       for mode in ("poll", "consume", "headers")]
             bridges = [_in_process(bridge_run, broker.bootstrap, endpoint, TOPIC, records, run) for run in RUNS]
             results += bridges
             # The same bridge over another backlog: its peak memory should not depend on the backlog.

@@ -202,3 +202,23 @@ def test_sandbox_checks_its_options_before_probing_the_upstream(silent_server):
 
     _one_line_error(_kcm("sandbox", "--listen", "127.0.0.1:0", "--upstream", f"{host}:{port}", "--partitions", "0"),
                     "--partitions must be at least 1")
+
+
+@pytest.mark.parametrize(("command", "missing", "extra"), [
+    (["rollup", "--bootstrap-server", "k:9092", "--output", "/tmp/unused"], "google.rpc", "rollup"),
+    (["rollup", "--bootstrap-server", "k:9092", "--output", "/tmp/unused"], "grpc", "rollup"),
+    (["bridge"], "grpc", "bridge"),
+    (["tail", "--bootstrap-server", "k:9092"], "pyspark", "rollup"),   # not tail's: the module's own extra
+])
+def test_a_missing_package_names_the_extra_of_the_command_that_needs_it(monkeypatch, capsys, command, missing, extra):
+    import importlib
+
+    from kcm_cli.main import main
+
+    def lacking(args):
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    monkeypatch.setattr(importlib.import_module(f"kcm_cli.{command[0]}"), "run", lacking)
+    assert main(command) == 2
+    assert capsys.readouterr().err == (f"kcm {command[0]}: needs the '{extra}' extra (missing module {missing}): "
+                                       f"pip install 'kcm[{extra}]'\n")

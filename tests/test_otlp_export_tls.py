@@ -141,7 +141,7 @@ def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificate
     assert collector.calls[0]["authorization"] == "Bearer s3cret-token"
     assert "s3cret" not in repr(target) and "s3cret" not in caplog.text
     # Plaintext against the TLS port fails, and says so in one line naming the receiver.
-    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: UNAVAILABLE"):
+    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: still UNAVAILABLE"):
         export([row], OtlpTarget(collector.endpoint), retry=FAST, give_up_after_s=0)
 
 

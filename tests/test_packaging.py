@@ -43,6 +43,7 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from kcm_common import x`
     return found
 
 

@@ -243,7 +243,7 @@ def test_a_time_range_takes_predecessors_from_its_lookback_and_rolls_up_only_its
     hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
     t0 = int(hour.timestamp())
     # (instance, seconds from the range's start, counter value); the range is [t0, t0 + 1h), the lookback 5 minutes.
-    points = [("i0", -400, 1),     # before the lookback: never read
+    points = [("i0", -400, 1),     # before the lookback: never read (else i0's first increase would differ: see i1)
               ("i0", -120, 10),    # in the lookback: the predecessor of the first point in range
               ("i0", 30, 25), ("i0", 90, 30),
               ("i0", 3630, 100),   # after the range: not rolled up
@@ -259,8 +259,11 @@ def test_a_time_range_takes_predecessors_from_its_lookback_and_rolls_up_only_its
                             resolutions=parse_resolutions("1m,1h"), start=hour, end=hour + timedelta(hours=1))
     result = run(spark, options)
     assert "cumulative points" in result.stage_seconds
-    written = [r for r in _sorted_rows(spark.read.parquet(str(tmp_path / "out"))) if r["metric"] == "written.total"]
-    increases = {(r["resolution"], int(r["window_start"].timestamp()) - t0): r["increase"] for r in written}
+    rows = _sorted_rows(spark.read.parquet(str(tmp_path / "out")))
+    start = hour.replace(tzinfo=None)  # Spark reads timestamps back as naive UTC datetimes
+    assert {r["window_start"] for r in rows} <= {start + timedelta(minutes=m) for m in range(60)}
+    written = [r for r in rows if r["metric"] == "written.total"]
+    increases = {(r["resolution"], (r["window_start"] - start).total_seconds()): r["increase"] for r in written}
     # i0: 25 - 10 and 30 - 25; i1: its first point in range has no predecessor within the lookback, then 75 - 70.
     assert increases == {("1m", 0): 15, ("1m", 60): 5 + 5, ("1h", 0): 25}
 

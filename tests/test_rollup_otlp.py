@@ -57,18 +57,28 @@ def test_a_receiver_that_refuses_is_one_clear_error_and_partial_rejections_are_c
     assert export([row("lat", count=1, min=1.0)], collector.endpoint) == (2, 1)
     collector.fail_next(code=grpc.StatusCode.UNAVAILABLE, times=2)  # restarting: retried
     assert export([row("lat", count=1)], collector.endpoint, retry=FAST) == (1, 0)
-    assert len(collector.exports) == 2
+    assert len(collector.exports) == 2 and collector.rejected_calls == 2
     collector.throttle_next(0.3)  # RESOURCE_EXHAUSTED with RetryInfo: waits what the receiver asks
     started = time.monotonic()
     assert export([row("lat", count=1)], collector.endpoint, retry=FAST) == (1, 0)
     assert time.monotonic() - started >= 0.3
     collector.fail_next(code=grpc.StatusCode.UNAVAILABLE)
-    with pytest.raises(UserError, match="UNAVAILABLE"):  # still failing when the export gives up
+    with pytest.raises(UserError, match="still UNAVAILABLE injected failure after 1 attempts over 0 s"):
         export([row("lat", count=1)], collector.endpoint, retry=FAST, give_up_after_s=0)
-    collector.fail_next(code=grpc.StatusCode.PERMISSION_DENIED)
+    collector.fail_next(code=grpc.StatusCode.PERMISSION_DENIED, message="token expired")
     with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: "
-                                        "PERMISSION_DENIED"):
+                                        "PERMISSION_DENIED token expired; the Parquet output is complete"):
         export([row("lat", count=1)], collector.endpoint)
+
+
+def test_each_request_gets_its_own_minute_to_be_delivered(collector):
+    # Two requests, each throttled once for 0.4 s: within a 0.6 s limit per request, past it for both together.
+    collector.throttle_next(0.4)
+    collector.reject_partially_next(0, message="")  # the retry of the first request: accepted
+    collector.throttle_next(0.4)
+    rows = [row("a", count=1, min=1.0), row("b", count=1, min=1.0)]
+    assert export(rows, collector.endpoint, retry=FAST, give_up_after_s=0.6, max_points=2) == (4, 0)
+    assert len(collector.exports) == 2 and collector.rejected_calls == 2
 
 
 @pytest.mark.parametrize("endpoint", ["otel", "otel:", "http://otel:4317", "otel:70000"])

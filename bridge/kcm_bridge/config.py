@@ -21,7 +21,7 @@ import yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
-from kcm_common.otlp_export import RetryPolicy
+from kcm_common.retry import RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
 

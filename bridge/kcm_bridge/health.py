@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable
 
-from kcm_common.otlp_export import RetryPolicy, backoff_s
+from kcm_common.retry import RetryPolicy, backoff_s
 
 # Reconnecting is librdkafka's and kafka-python's job; this paces the bridge's own checks and reports.
 KAFKA_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=30.0, multiplier=2.0, jitter=0.2)

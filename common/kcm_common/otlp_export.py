@@ -19,22 +19,16 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
+from kcm_common.retry import RetryPolicy, backoff_s
+
+__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "retry_delay_s"]
+
 log = logging.getLogger("kcm.otlp")
 
 _METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 # OTLP/gRPC: these codes are transient; RESOURCE_EXHAUSTED only when the server says when to come back.
 RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                        grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """OTLP retries: exponential backoff with jitter up to a cap, or the server's RetryInfo delay."""
-
-    initial_backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -47,12 +41,6 @@ class Outcome:
     error: str | None = None   # gRPC code name of the final failure
     detail: str = ""           # the server's message with it
     abandoned: bool = False    # stopped retrying because the caller gave up
-
-
-def backoff_s(attempt: int, retry: RetryPolicy, rng: random.Random) -> float:
-    """Exponential backoff with jitter, capped; `attempt` counts from 1."""
-    base = min(retry.max_backoff_s, retry.initial_backoff_s * retry.multiplier ** (attempt - 1))
-    return base * (1 - retry.jitter * rng.random())
 
 
 def retry_delay_s(error: grpc.RpcError) -> float | None:
@@ -81,7 +69,8 @@ class Endpoint:
     """One OTLP/gRPC collector: a channel, its call metadata, and the retry loop.
 
     `give_up()` is asked before each wait: True abandons the export (the caller is shutting down or past its
-    deadline). `metadata` goes with every call and may hold tokens: it is never logged.
+    deadline). A server's RetryInfo delay is honoured up to `retry.max_backoff_s`. Each retry is logged as a warning;
+    a refusal for good is returned, not logged. `metadata` goes with every call and may hold tokens: never logged.
     """
 
     def __init__(self, endpoint: str, retry: RetryPolicy, give_up: Callable[[], bool], *, insecure: bool = False,
@@ -118,8 +107,7 @@ class Endpoint:
                 delay = retry_delay_s(error)
                 retryable = code in RETRYABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
                 if not retryable:
-                    log.error("export to %s rejected with %s: %s; dropping the batch (not retryable)",
-                              self.name, code.name, error.details())
+                    # What a refusal means is the caller's to say: the bridge drops the batch, the rollup stops.
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "")
                 wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
                 wait = min(wait, self._retry.max_backoff_s)

@@ -20,14 +20,14 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from kcm_common.errors import UserError
-from kcm_common.otlp_export import RetryPolicy
+from kcm_common.otlp_export import Endpoint, RetryPolicy, Tls
 
 STATISTICS: tuple[str, ...] = ("instances", "count", "nan_count", "min", "max", "sum", "avg", "last", "p50", "p95",
                                "p99", "increase", "rate")
 RESOURCE_COLUMNS: tuple[str, ...] = ("client_id", "client_software_name", "client_software_version")
 SCOPE_NAME = "kcm.rollup"
 RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
-# A receiver that is restarting gets a minute; one that asks for more time says how long with RetryInfo.
+# A receiver that is restarting gets a minute per request; a RetryInfo delay is honoured up to 15 s.
 EXPORT_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=15.0)
 _HEADER_NAME = re.compile(r"[a-z0-9_.-]+")
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
@@ -139,12 +139,11 @@ def export_rows(frame: Any, target: OtlpTarget) -> tuple[int, int]:
 
 
 def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget | str, timeout_s: float = 30.0,
-           retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0) -> tuple[int, int]:
+           retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0, max_points: int = 5000
+           ) -> tuple[int, int]:
     """Send rollup rows to the OTLP/gRPC receiver `target` (a plaintext HOST:PORT as a string); returns (points sent,
     points the receiver rejected). Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to
     `give_up_after_s`; a request refused for good, or still failing then, raises UserError naming the endpoint."""
-    from kcm_common.otlp_export import Endpoint, Tls
-
     target = OtlpTarget(target) if isinstance(target, str) else target
     endpoint, deadline = target.endpoint, 0.0
     exporter = Endpoint(endpoint, retry, lambda: time.monotonic() >= deadline, insecure=not target.secure,
@@ -152,13 +151,15 @@ def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget | str, timeout_
                         timeout_s=timeout_s)
     sent = rejected = 0
     try:
-        for request in export_requests(rows):
+        for request in export_requests(rows, max_points):
             deadline = time.monotonic() + give_up_after_s
             outcome = exporter.export(request.SerializeToString())
             if not outcome.delivered:
-                raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: "
-                                f"{outcome.error} {outcome.detail}".strip()
-                                + "; the Parquet output is complete, re-run the range to export again")
+                why = f"{outcome.error} {outcome.detail}".strip()
+                if outcome.abandoned:
+                    why = f"still {why} after {outcome.attempts} attempts over {give_up_after_s:g} s"
+                raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: {why}"
+                                "; the Parquet output is complete, re-run the range to export again")
             sent += sum(len(m.gauge.data_points) for r in request.resource_metrics for s in r.scope_metrics
                         for m in s.metrics)
             rejected += outcome.rejected_points

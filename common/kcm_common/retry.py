@@ -1,0 +1,22 @@
+"""Exponential backoff with jitter up to a cap: OTLP export retries and the bridge's Kafka health checks."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter up to a cap (an OTLP server's RetryInfo delay overrides it, within the cap)."""
+
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+
+def backoff_s(attempt: int, retry: RetryPolicy, rng: random.Random) -> float:
+    """Exponential backoff with jitter, capped; `attempt` counts from 1."""
+    base = min(retry.max_backoff_s, retry.initial_backoff_s * retry.multiplier ** (attempt - 1))
+    return base * (1 - retry.jitter * rng.random())
