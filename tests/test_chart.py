@@ -310,6 +310,15 @@ def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> Non
     # images/spark/rollup.py runs `kcm rollup ARGS`.
     parsed = build_parser().parse_args(["rollup", *arguments])
     assert (parsed.output, parsed.last, parsed.topic) == ("s3a://telemetry/kcm-rollups", "75m", "kafka-client-metrics")
+    # The OTLP export's CA and token come from Secrets mounted on the driver, where the export runs.
+    assert (parsed.otlp_ca_file, parsed.otlp_header_file) == ("/etc/kcm/secrets/otel-ca/ca.crt",
+                                                              ["authorization=/etc/kcm/secrets/otel-token/token"])
+    volumes = {v["name"]: v["secret"]["secretName"] for v in app["spec"]["template"]["volumes"] if "secret" in v}
+    assert volumes == {"secret-otel-ca": "otel-ca", "secret-otel-token": "otel-token"}
+    mounts = {m["name"]: m for m in app["spec"]["template"]["driver"]["volumeMounts"]}
+    assert mounts["secret-otel-token"] == {"name": "secret-otel-token", "mountPath": "/etc/kcm/secrets/otel-token",
+                                           "readOnly": True}
+    assert not [m for m in app["spec"]["template"]["executor"]["volumeMounts"] if m["name"].startswith("secret-")]
     assert one(everything, "Role", "-rollup-driver")
     # The toggles are on, but without the APIs nothing of theirs is rendered.
     without = render(helm, "ci/all-values.yaml", apis=())
