@@ -28,7 +28,7 @@ from kcm_rollups.windows import parse_resolutions
 from kcm_sandbox.java_clients import JavaClient
 from kcm_sandbox.runner import Sandbox, SandboxOptions
 from spark_support import spark  # noqa: F401  (the session-scoped fixture)
-from test_rollup_partial import comparable, reference_state
+from test_rollup_partial import close_values, comparable, ordering_key, reference_state
 
 PRODUCER = "rollup-producer"
 JAVA_PRODUCER = "rollup-java"
@@ -94,15 +94,11 @@ def options_for(sandbox: Sandbox, output, **overrides) -> RollupOptions:
                          resolutions=parse_resolutions("1m,1h"), **overrides)
 
 
-def _rounded(value):
-    # Spark sums doubles in whatever order partitions arrive: compare to 12 significant digits.
-    return float(f"{value:.12g}") if isinstance(value, float) else value
-
-
 def _sorted_rows(frame) -> list[dict]:
-    rows = [{k: _rounded(v) for k, v in r.asDict().items()}
+    # Spark sums doubles in whatever order partitions arrive: floats compare within a relative 1e-9.
+    rows = [{k: close_values(v) for k, v in r.asDict().items()}
             for r in frame.drop("kll_sketch", "instances_sketch").collect()]
-    return sorted(rows, key=lambda r: tuple(str(v) for v in r.values()))
+    return sorted(rows, key=lambda r: tuple(str(ordering_key(v)) for v in r.values()))
 
 
 def test_real_librdkafka_telemetry_rolls_up_and_corrupt_records_are_counted(spark, telemetry, tmp_path):
