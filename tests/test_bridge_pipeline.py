@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -97,6 +98,24 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout}s")
         time.sleep(0.05)
+
+
+def test_a_batch_the_collector_refuses_for_good_is_dropped_logged_and_counted_and_the_rest_flows(
+        broker, new_topic, collector, tmp_path, caplog):
+    topic = new_topic()
+    _produce(broker.bootstrap, topic, [_push("refused", "00000000-0000-0000-0000-000000000001")])
+    collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="bad request")
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka")
+    with caplog.at_level(logging.ERROR, logger="kcm.bridge"), running_bridge(config) as bridge:
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 1, 30, "commit past the refusal")
+        _produce(broker.bootstrap, topic, [_push("accepted", "00000000-0000-0000-0000-000000000002")])
+        assert collector.wait_for(lambda exports: "accepted" in _client_ids(exports), timeout=30)
+    assert _client_ids(collector.exports) == ["accepted"] and collector.rejected_calls == 1
+    assert bridge.metrics.value(bridge.metrics.export_failures, code="INVALID_ARGUMENT") == 1
+    assert bridge.metrics.value(bridge.metrics.retries) == 0
+    [refusal] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert refusal == (f"export to {collector.endpoint} rejected with INVALID_ARGUMENT: bad request; dropping the batch "
+                       "of 2 points (not retryable)")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -209,6 +209,7 @@ def test_sandbox_checks_its_options_before_probing_the_upstream(silent_server):
     (["rollup", "--bootstrap-server", "k:9092", "--output", "/tmp/unused"], "grpc", "rollup"),
     (["bridge"], "grpc", "bridge"),
     (["tail", "--bootstrap-server", "k:9092"], "pyspark", "rollup"),   # not tail's: the module's own extra
+    (["operator", "-A", "--bootstrap-server", "k:9092"], "kopf", "operator"),
 ])
 def test_a_missing_package_names_the_extra_of_the_command_that_needs_it(monkeypatch, capsys, command, missing, extra):
     import importlib
@@ -222,3 +223,17 @@ def test_a_missing_package_names_the_extra_of_the_command_that_needs_it(monkeypa
     assert main(command) == 2
     assert capsys.readouterr().err == (f"kcm {command[0]}: needs the '{extra}' extra (missing module {missing}): "
                                        f"pip install 'kcm[{extra}]'\n")
+
+
+@pytest.mark.parametrize("missing", ["yaml", "kcm_bridge.nonexistent", "google.protobuf.nonexistent"])
+def test_a_missing_module_no_extra_installs_is_a_bug_with_its_traceback(monkeypatch, missing):
+    import importlib
+
+    from kcm_cli.main import main
+
+    def broken(args):
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    monkeypatch.setattr(importlib.import_module("kcm_cli.rollup"), "run", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["rollup", "--bootstrap-server", "k:9092", "--output", "/tmp/unused"])

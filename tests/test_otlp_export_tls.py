@@ -6,6 +6,7 @@ Certificates are made by openssl for each test module.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 import time
@@ -43,6 +44,7 @@ def _signed(directory: Path, name: str, extensions: str) -> None:
 def certificates(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tls")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days", "2",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=directory)
     _signed(directory, "server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
     _signed(directory, "client", "extendedKeyUsage=clientAuth\n")
@@ -63,7 +65,8 @@ class TlsCollector:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(self._export)}),))
-        self.endpoint = f"localhost:{self._server.add_secure_port('localhost:0', credentials)}"
+        # The certificate names 127.0.0.1 as well: bound there only, no other process can answer on ::1.
+        self.endpoint = f"127.0.0.1:{self._server.add_secure_port('127.0.0.1:0', credentials)}"
         self._server.start()
 
     def _export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -131,6 +134,7 @@ def test_mutual_tls_sends_the_client_certificate_and_fails_without_it(certificat
 
 
 def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificates, tls_collector, caplog):
+    caplog.set_level(logging.DEBUG)
     collector = tls_collector(require_client_certificate=True)
     target = OtlpTarget(collector.endpoint, ca_file=str(certificates / "ca.pem"),
                         cert_file=str(certificates / "client.pem"), key_file=str(certificates / "client.key"),
@@ -140,20 +144,69 @@ def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificate
     assert export([row], target, retry=FAST, give_up_after_s=10) == (1, 0)
     assert collector.calls[0]["authorization"] == "Bearer s3cret-token"
     assert "s3cret" not in repr(target) and "s3cret" not in caplog.text
-    # Plaintext against the TLS port fails, and says so in one line naming the receiver.
-    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: still UNAVAILABLE"):
-        export([row], OtlpTarget(collector.endpoint), retry=FAST, give_up_after_s=0)
+    # Plaintext against the TLS port fails after retrying, and says so in one line naming the receiver; the token
+    # that would have gone in plaintext is warned about, and appears in no log line and no error.
+    plaintext = OtlpTarget(collector.endpoint, header_files=target.header_files)
+    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: "
+                                        "still UNAVAILABLE .* after 2 attempts") as failed:
+        export([row], plaintext, retry=FAST, give_up_after_s=0.02)
+    assert "--otlp-header-file values" in caplog.text and "retrying" in caplog.text
+    assert "s3cret" not in caplog.text and "s3cret" not in str(failed.value)
+
+
+BAD_FILES = {"two-lines": "Bearer a\nb\n", "empty": "\n", "latin-1": b"Bearer caf\xe9", "not-pem": "hello\n"}
+
+
+@pytest.fixture(scope="module")
+def bad_files(certificates) -> Path:
+    for name, content in BAD_FILES.items():
+        path = certificates / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    (certificates / "a-directory").mkdir(exist_ok=True)
+    return certificates
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
-    ({"cert_file": "ca.pem"}, "go together"),
-    ({"ca_file": "missing.pem"}, "--otlp-ca-file .*missing.pem: no such readable file"),
+    ({"cert_file": "client.pem"}, "go together"),
+    ({"ca_file": "missing.pem"}, "--otlp-ca-file .*missing.pem: No such file or directory"),
+    ({"ca_file": "a-directory"}, "--otlp-ca-file .*a-directory: Is a directory"),
+    ({"ca_file": "not-pem"}, "not a PEM file holding a certificate"),
+    ({"cert_file": "client.pem", "key_file": "client.pem"}, "--otlp-key-file .*not a PEM file holding a private key"),
     ({"header_files": (("Authorization", "token"),)}, "must be lower-case"),
     ({"header_files": (("grpc-timeout", "token"),)}, "not start with grpc-"),
+    ({"header_files": (("x-token-bin", "token"),)}, "names ending in -bin"),
+    ({"header_files": (("authorization", "token"), ("authorization", "ca.pem"))}, "names a header twice"),
+    ({"header_files": (("authorization", "two-lines"),)}, "printable ASCII on one line"),
+    ({"header_files": (("authorization", "empty"),)}, "empty value"),
+    ({"header_files": (("authorization", "latin-1"),)}, "latin-1: not UTF-8 text"),
+    ({"header_files": (("authorization", "a-directory"),)}, "a-directory: Is a directory"),
 ])
-def test_rollup_tls_options_that_cannot_work_are_refused_up_front(certificates, arguments, message):
-    arguments = {key: (str(certificates / value) if isinstance(value, str) else
-                       tuple((name, str(certificates / path)) for name, path in value))
+def test_rollup_tls_options_that_cannot_work_are_refused_up_front(bad_files, arguments, message):
+    arguments = {key: (str(bad_files / value) if isinstance(value, str) else
+                       tuple((name, str(bad_files / path)) for name, path in value))
                  for key, value in arguments.items()}
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(UserError, match=message) as refused:
         OtlpTarget("otel:4317", **arguments)
+    assert "Bearer" not in str(refused.value)  # a token file's content is never quoted
+
+
+@pytest.mark.parametrize(("endpoint", "message"), [
+    ({"headers_from_files": {"authorization": "two-lines"}}, "headers_from_files.authorization: header"),
+    ({"headers_from_files": {"authorization": "a-directory"}}, "a-directory: Is a directory"),
+    ({"headers": {"x-bin": "1"}}, "endpoints.0..headers.x-bin: header 'x-bin': names ending in -bin"),
+    ({"headers": {"authorization": "a"}, "headers_from_files": {"authorization": "token"}}, "more than once"),
+    ({"tls": {"ca_file": "not-pem"}}, "tls.ca_file: .*not a PEM file holding a certificate"),
+    ({"tls": {"ca_file": "a-directory"}}, "tls.ca_file: .*Is a directory"),
+])
+def test_the_bridge_refuses_the_same_endpoint_files_and_headers_at_start(bad_files, endpoint, message):
+    from kcm_bridge import config as bridge_config
+
+    def located(value):
+        if isinstance(value, dict):
+            return {k: located(v) for k, v in value.items()}
+        return str(bad_files / value) if (bad_files / value).exists() or value == "missing" else value
+
+    entry = {"endpoint": "otel:4317", **{k: (located(v) if k != "headers" else v) for k, v in endpoint.items()}}
+    with pytest.raises(bridge_config.ConfigError, match=message) as refused:
+        bridge_config.load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092", ("endpoints",): [entry]})
+    assert "Bearer" not in str(refused.value)

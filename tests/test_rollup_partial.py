@@ -107,7 +107,7 @@ class Close(float):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __hash__ = float.__hash__
+    __hash__ = None  # equal values may differ in their bits: never a set member or a key
 
 
 def close_values(value):

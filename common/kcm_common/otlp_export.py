@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from kcm_common.retry import RetryPolicy, backoff_s
 
-__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "retry_delay_s"]
+__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "metadata_problem", "pem_problem",
+           "read_metadata_value", "retry_delay_s"]
 
 log = logging.getLogger("kcm.otlp")
 
@@ -53,6 +55,45 @@ def retry_delay_s(error: grpc.RpcError) -> float | None:
             info = error_details_pb2.RetryInfo()
             if detail.Unpack(info):
                 return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return None
+
+
+_METADATA_KEY = re.compile(r"[a-z0-9_.-]+")
+_PEM_MARKERS = {"certificate": b"-----BEGIN CERTIFICATE-----", "key": b"PRIVATE KEY-----"}
+
+
+def metadata_problem(name: str, value: str | None = None) -> str | None:
+    """Why gRPC would refuse this call metadata (checked before anything is sent), or None. Never quotes the value."""
+    if not _METADATA_KEY.fullmatch(name) or name.startswith("grpc-"):
+        return f"header {name!r} must be lower-case letters, digits, '-', '_' or '.', and not start with grpc-"
+    if name.endswith("-bin"):
+        return f"header {name!r}: names ending in -bin carry binary values, which kcm does not send"
+    if value is not None and not value:
+        return f"header {name!r} has an empty value"
+    if value is not None and any(not " " <= c <= "~" for c in value):
+        return f"header {name!r} must have a value of printable ASCII on one line"
+    return None
+
+
+def read_metadata_value(path: str) -> str:
+    """A metadata value kept in a file (a token from a mounted Secret), without its surrounding whitespace; raises
+    ValueError saying why it cannot be read, never what it holds."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+
+
+def pem_problem(path: str, kind: Literal["certificate", "key"]) -> str | None:
+    """Why `path` is not a readable PEM file holding a `kind` (a CA or client certificate, a private key), or None."""
+    try:
+        content = Path(path).read_bytes()
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if _PEM_MARKERS[kind] not in content:
+        return f"{path}: not a PEM file holding a {'private key' if kind == 'key' else kind}"
     return None
 
 

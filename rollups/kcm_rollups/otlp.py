@@ -8,19 +8,20 @@ become resource attributes. Parquet stays the record: the export runs after the 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import re
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from kcm_common.errors import UserError
-from kcm_common.otlp_export import Endpoint, RetryPolicy, Tls
+from kcm_common.otlp_export import Endpoint, RetryPolicy, Tls, metadata_problem, pem_problem, read_metadata_value
+
+log = logging.getLogger("kcm.rollup.otlp")
 
 STATISTICS: tuple[str, ...] = ("instances", "count", "nan_count", "min", "max", "sum", "avg", "last", "p50", "p95",
                                "p99", "increase", "rate")
@@ -29,7 +30,6 @@ SCOPE_NAME = "kcm.rollup"
 RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
 # A receiver that is restarting gets a minute per request; a RetryInfo delay is honoured up to 15 s.
 EXPORT_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=15.0)
-_HEADER_NAME = re.compile(r"[a-z0-9_.-]+")
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
 
 
@@ -55,23 +55,36 @@ class OtlpTarget:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoint", check_endpoint(self.endpoint))
-        for flag, path in (("--otlp-ca-file", self.ca_file), ("--otlp-cert-file", self.cert_file),
-                           ("--otlp-key-file", self.key_file), *(("--otlp-header-file", f) for _, f in self.header_files)):
-            if path is not None and not os.access(path, os.R_OK):
-                raise UserError(f"{flag} {path}: no such readable file")
+        for flag, path, kind in (("--otlp-ca-file", self.ca_file, "certificate"),
+                                 ("--otlp-cert-file", self.cert_file, "certificate"),
+                                 ("--otlp-key-file", self.key_file, "key")):
+            problem = pem_problem(path, kind) if path is not None else None
+            if problem:
+                raise UserError(f"{flag} {problem}")
         if bool(self.cert_file) != bool(self.key_file):
             raise UserError("--otlp-cert-file and --otlp-key-file go together (a client certificate and its key)")
-        for name, _ in self.header_files:
-            if not _HEADER_NAME.fullmatch(name) or name.startswith("grpc-"):
-                raise UserError(f"--otlp-header-file {name!r}: the header name must be lower-case letters, digits, "
-                                "'-', '_' or '.', and not start with grpc-")
+        names = [name for name, _ in self.header_files]
+        if len(set(names)) < len(names):
+            raise UserError("--otlp-header-file names a header twice")
+        self.metadata()  # every file readable and every value sendable, before the job runs
 
     @property
     def secure(self) -> bool:
         return self.tls or any((self.ca_file, self.cert_file, self.key_file))
 
     def metadata(self) -> list[tuple[str, str]]:
-        return [(name, Path(path).read_text(encoding="utf-8").strip()) for name, path in self.header_files]
+        """The header values, read now (a rotated Secret is picked up); UserError naming the file, never the value."""
+        found = []
+        for name, path in self.header_files:
+            try:
+                value = read_metadata_value(path)
+            except ValueError as exc:
+                raise UserError(f"--otlp-header-file {name}={exc}") from None
+            problem = metadata_problem(name, value)
+            if problem:
+                raise UserError(f"--otlp-header-file {name}={path}: {problem}")
+            found.append((name, value))
+        return found
 
 
 def parse_header_file(text: str) -> tuple[str, str]:
@@ -146,9 +159,16 @@ def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget | str, timeout_
     `give_up_after_s`; a request refused for good, or still failing then, raises UserError naming the endpoint."""
     target = OtlpTarget(target) if isinstance(target, str) else target
     endpoint, deadline = target.endpoint, 0.0
-    exporter = Endpoint(endpoint, retry, lambda: time.monotonic() >= deadline, insecure=not target.secure,
-                        tls=Tls(target.ca_file, target.cert_file, target.key_file), metadata=target.metadata(),
-                        timeout_s=timeout_s)
+    metadata = target.metadata()
+    if metadata and not target.secure:
+        log.warning("sending the --otlp-header-file values to %s in plaintext: add --otlp-tls or --otlp-ca-file "
+                    "unless the network between them is trusted", endpoint)
+    try:
+        exporter = Endpoint(endpoint, retry, lambda: time.monotonic() >= deadline, insecure=not target.secure,
+                            tls=Tls(target.ca_file, target.cert_file, target.key_file), metadata=metadata,
+                            timeout_s=timeout_s)
+    except OSError as exc:  # a TLS file gone since the job started (a Secret rotated away)
+        raise UserError(f"OTLP export to {endpoint}: cannot read {exc.filename}: {exc.strerror}") from None
     sent = rejected = 0
     try:
         for request in export_requests(rows, max_points):
