@@ -433,6 +433,8 @@ def _merged(overrides: dict[str, Any]) -> dict[str, Any]:
     ({"operator": {"replicas": "one"}}, "'one' is not of type 'integer'"),
     ({"operator": {"watch": {"namespaces": ["Payments"]}}}, "'Payments' does not match"),
     ({"bridge": {"replica": 3}}, "'replica' was unexpected"),
+    ({"rollup": {"secretMounts": ["otel-ca", "otel-ca"]}}, "has non-unique elements"),
+    ({"bridge": {"secretMounts": ["otel-ca", "otel-ca"]}}, "has non-unique elements"),
     ({"kafka": {"bootstrapServers": "kafka"}}, "'kafka' does not match"),
     ({"operator": {"logLevel": "verbose"}}, "'verbose' is not one of"),
     ({"image": {"digest": "sha256:abc"}}, "'sha256:abc' does not match"),
