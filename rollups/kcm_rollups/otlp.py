@@ -138,7 +138,7 @@ def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -
 
 
 def export_rows(frame: Any, target: OtlpTarget) -> tuple[int, int]:
-    """Send a DataFrame of rollup rows to `endpoint`, streamed to the driver partition by partition; see `export`.
+    """Send a DataFrame of rollup rows to `target`, streamed to the driver partition by partition; see `export`.
     Windows still open (`partial`) are left out: their values are incomplete and their end lies in the future, where
     backends drop samples; the run that finds them ended exports them."""
     from pyspark.sql import functions as F
