@@ -55,14 +55,14 @@ class OtlpTarget:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoint", check_endpoint(self.endpoint))
+        if bool(self.cert_file) != bool(self.key_file):
+            raise UserError("--otlp-cert-file and --otlp-key-file go together (a client certificate and its key)")
         for flag, path, kind in (("--otlp-ca-file", self.ca_file, "certificate"),
                                  ("--otlp-cert-file", self.cert_file, "certificate"),
                                  ("--otlp-key-file", self.key_file, "key")):
             problem = pem_problem(path, kind) if path is not None else None
             if problem:
                 raise UserError(f"{flag} {problem}")
-        if bool(self.cert_file) != bool(self.key_file):
-            raise UserError("--otlp-cert-file and --otlp-key-file go together (a client certificate and its key)")
         names = [name for name, _ in self.header_files]
         if len(set(names)) < len(names):
             raise UserError("--otlp-header-file names a header twice")
