@@ -125,3 +125,22 @@ def test_compression_setting_decides_what_goes_over_the_wire(collector, compress
         assert (proxy.sent < len(request) / 4) == compressed, (proxy.sent, len(request))
     finally:
         proxy.close()
+
+
+def test_garbled_status_details_from_a_server_mean_no_retry_delay_not_a_crash():
+    from google.protobuf.duration_pb2 import Duration
+    from google.rpc import error_details_pb2, status_pb2
+
+    from kcm_common.otlp_export import retry_delay_s
+
+    class Failure(grpc.RpcError):
+        def __init__(self, details: bytes) -> None:
+            self._details = details
+
+        def trailing_metadata(self):
+            return (("grpc-status-details-bin", self._details),)
+
+    status = status_pb2.Status(code=8)
+    status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=Duration(seconds=2, nanos=500_000_000)))
+    assert retry_delay_s(Failure(status.SerializeToString())) == 2.5
+    assert retry_delay_s(Failure(b"\xff\xff not a status")) is None

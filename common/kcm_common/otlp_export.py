@@ -46,15 +46,19 @@ class Outcome:
 
 
 def retry_delay_s(error: grpc.RpcError) -> float | None:
-    """The google.rpc.RetryInfo delay a server attached to a failure, if any."""
+    """The google.rpc.RetryInfo delay a server attached to a failure, if any (none when the details are garbled:
+    a broken server must not break the retry loop)."""
     for key, value in (error.trailing_metadata() or ()):
         if key != "grpc-status-details-bin":
             continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            info = error_details_pb2.RetryInfo()
-            if detail.Unpack(info):
-                return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+        try:
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.RetryInfo()
+                if detail.Unpack(info):
+                    return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+        except Exception:  # protobuf's DecodeError: not a google.rpc.Status
+            return None
     return None
 
 
