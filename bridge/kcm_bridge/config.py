@@ -230,7 +230,8 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ConfigError(f"{where}.endpoint must be HOST:PORT (e.g. otel-collector:4317), not {endpoint.endpoint!r}")
     for name, path, kind in (("ca_file", endpoint.tls.ca_file, "certificate"),
-                             ("cert_file", endpoint.tls.cert_file, "certificate"), ("key_file", endpoint.tls.key_file, "key")):
+                             ("cert_file", endpoint.tls.cert_file, "certificate"),
+                             ("key_file", endpoint.tls.key_file, "key")):
         problem = pem_problem(path, kind) if path else None
         if problem:
             raise ConfigError(f"{where}.tls.{name}: {problem}")
@@ -238,7 +239,15 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
         raise ConfigError(f"{where}: insecure (plaintext) contradicts the tls files given; drop one")
     if bool(endpoint.tls.cert_file) != bool(endpoint.tls.key_file):
         raise ConfigError(f"{where}.tls: cert_file and key_file go together (client certificate and its key)")
-    values: dict[str, tuple[str, str]] = {}   # header name -> (where it comes from, its value); values never shown
+    endpoint_metadata(endpoint, where)
+    _positive(endpoint.timeout_s, f"{where}.timeout_s")
+    _positive(endpoint.concurrency, f"{where}.concurrency")
+
+
+def endpoint_metadata(endpoint: EndpointConfig, where: str = "endpoints") -> list[tuple[str, str]]:
+    """The call metadata of an endpoint: inline headers, values read from files now, from the environment; raises
+    ConfigError naming the setting (never a value) for one gRPC would refuse or that is given twice."""
+    values: dict[str, tuple[str, str]] = {}   # header name -> (where it comes from, its value)
     for name, value in endpoint.headers.items():
         values[name] = (f"{where}.headers.{name}", value)
     for name, path in endpoint.headers_from_files.items():
@@ -257,8 +266,7 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
         problem = metadata_problem(name, value)
         if problem:
             raise ConfigError(f"{source}: {problem}")
-    _positive(endpoint.timeout_s, f"{where}.timeout_s")
-    _positive(endpoint.concurrency, f"{where}.concurrency")
+    return sorted((name, value) for name, (_, value) in values.items())
 
 
 def _validate_rule(rule: AttributeRule, where: str) -> None:
