@@ -11,7 +11,7 @@ import pytest
 from kcm_common.errors import UserError
 from kcm_common.otlp_export import RetryPolicy
 from kcm_common.points import attributes, metric_dicts
-from kcm_rollups.otlp import RESOLUTION_ATTRIBUTE, SCOPE_NAME, check_endpoint, export, export_requests
+from kcm_rollups.otlp import RESOLUTION_ATTRIBUTE, SCOPE_NAME, OtlpTarget, check_endpoint, export, export_requests
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 FAST = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.5)
@@ -54,21 +54,21 @@ def test_requests_are_split_to_bound_their_size():
 
 def test_a_receiver_that_refuses_is_one_clear_error_and_partial_rejections_are_counted(collector):
     collector.reject_partially_next(1)
-    assert export([row("lat", count=1, min=1.0)], collector.endpoint) == (2, 1)
+    assert export([row("lat", count=1, min=1.0)], OtlpTarget(collector.endpoint)) == (2, 1)
     collector.fail_next(code=grpc.StatusCode.UNAVAILABLE, times=2)  # restarting: retried
-    assert export([row("lat", count=1)], collector.endpoint, retry=FAST) == (1, 0)
+    assert export([row("lat", count=1)], OtlpTarget(collector.endpoint), retry=FAST) == (1, 0)
     assert len(collector.exports) == 2 and collector.rejected_calls == 2
     collector.throttle_next(0.3)  # RESOURCE_EXHAUSTED with RetryInfo: waits what the receiver asks
     started = time.monotonic()
-    assert export([row("lat", count=1)], collector.endpoint, retry=FAST) == (1, 0)
+    assert export([row("lat", count=1)], OtlpTarget(collector.endpoint), retry=FAST) == (1, 0)
     assert time.monotonic() - started >= 0.3
     collector.fail_next(code=grpc.StatusCode.UNAVAILABLE)
     with pytest.raises(UserError, match="still UNAVAILABLE injected failure after 1 attempts over 0 s"):
-        export([row("lat", count=1)], collector.endpoint, retry=FAST, give_up_after_s=0)
+        export([row("lat", count=1)], OtlpTarget(collector.endpoint), retry=FAST, give_up_after_s=0)
     collector.fail_next(code=grpc.StatusCode.PERMISSION_DENIED, message="token expired")
     with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: "
                                         "PERMISSION_DENIED token expired; the Parquet output is complete"):
-        export([row("lat", count=1)], collector.endpoint)
+        export([row("lat", count=1)], OtlpTarget(collector.endpoint))
 
 
 def test_each_request_gets_its_own_minute_to_be_delivered(collector):
@@ -79,7 +79,7 @@ def test_each_request_gets_its_own_minute_to_be_delivered(collector):
     collector.throttle_next(1.0)
     rows = [row("a", count=1, min=1.0), row("b", count=1, min=1.0)]
     patient = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=2.0)  # honours the receiver's 1 s
-    assert export(rows, collector.endpoint, retry=patient, give_up_after_s=1.9, max_points=2) == (4, 0)
+    assert export(rows, OtlpTarget(collector.endpoint), retry=patient, give_up_after_s=1.9, max_points=2) == (4, 0)
     assert len(collector.exports) == 2 and collector.rejected_calls == 2
 
 

@@ -151,13 +151,12 @@ def export_rows(frame: Any, target: OtlpTarget) -> tuple[int, int]:
     return export((row.asDict() for row in rows), target)
 
 
-def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget | str, timeout_s: float = 30.0,
+def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget, timeout_s: float = 30.0,
            retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0, max_points: int = 5000
            ) -> tuple[int, int]:
-    """Send rollup rows to the OTLP/gRPC receiver `target` (a plaintext HOST:PORT as a string); returns (points sent,
-    points the receiver rejected). Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to
-    `give_up_after_s`; a request refused for good, or still failing then, raises UserError naming the endpoint."""
-    target = OtlpTarget(target) if isinstance(target, str) else target
+    """Send rollup rows to the OTLP/gRPC receiver `target`; returns (points sent, points the receiver rejected).
+    Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to `give_up_after_s`; a request refused
+    for good, or still failing then, raises UserError naming the endpoint."""
     endpoint, deadline = target.endpoint, 0.0
     metadata = target.metadata()
     if metadata and not target.secure:
