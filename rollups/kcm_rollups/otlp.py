@@ -138,13 +138,9 @@ def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -
 
 
 def export_rows(frame: Any, target: OtlpTarget) -> tuple[int, int]:
-    """Send a DataFrame of rollup rows to `target`, streamed to the driver partition by partition; see `export`.
-    Windows still open (`partial`) are left out: their values are incomplete and their end lies in the future, where
-    backends drop samples; the run that finds them ended exports them."""
+    """Send a DataFrame of rollup rows to `target`, streamed to the driver partition by partition; see `export`."""
     from pyspark.sql import functions as F
 
-    if "partial" in frame.columns:
-        frame = frame.filter(~F.col("partial"))
     columns = ["resolution", "metric", "attributes", *RESOURCE_COLUMNS, *STATISTICS]
     rows = frame.select(*columns, F.unix_micros("window_start").alias("start_micros"),
                         F.unix_micros("window_end").alias("end_micros")).toLocalIterator()
