@@ -7,29 +7,24 @@ import math
 from collections.abc import Callable
 
 
-def seconds(text: str) -> float:
-    """A finite number of seconds above zero (`nan`, `inf` and negatives are refused)."""
+def _seconds(text: str, fits: Callable[[float], bool], wanted: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
+    if not math.isfinite(value) or not fits(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, not {text}")
     return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds above zero (`nan`, `inf` and negatives are refused)."""
+    return _seconds(text, lambda value: value > 0, "above 0")
 
 
 def seconds_from(minimum: float) -> Callable[[str], float]:
     """An argparse type: a finite number of seconds of at least `minimum`."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not math.isfinite(value) or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a finite number of seconds of at least {minimum:g}, not {text}")
-        return value
-
-    return parse
+    return lambda text: _seconds(text, lambda value: value >= minimum, f"of at least {minimum:g}")
 
 
 def kafka_connection(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool = True,
