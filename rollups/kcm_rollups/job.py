@@ -371,7 +371,7 @@ def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros
     if since_micros is not None:
         cumulative = cumulative.filter(F.col("record_micros") >= F.lit(since_micros))
     both = state.unionByName(partial_state(cumulative, finest, options.dimensions))
-    return merge_state(both, finest, options.dimensions).localCheckpoint(eager=True)
+    return merge_state(both, None, options.dimensions).localCheckpoint(eager=True)  # both in finest windows already
 
 
 def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
