@@ -108,7 +108,8 @@ def test_offsets_json_partitions_are_read_as_numbers_as_spark_reads_them():
     assert offset_spec("startingOffsets", " Earliest ", EARLIEST) == EARLIEST
 
 
-def test_state_mode_reads_only_records_in_its_time_range_and_decodes_nothing_else(spark, kafka, new_topic):
+@pytest.mark.parametrize("mode", ["state", "points"])
+def test_decoding_modes_read_only_records_in_their_time_range_and_decode_nothing_else(spark, kafka, new_topic, mode):
     """Records outside [kcm.sinceMicros, kcm.untilMicros) are dropped before decoding: not counted at all."""
     topic = new_topic()
     base_ms = 1_767_225_600_000
@@ -116,7 +117,10 @@ def test_state_mode_reads_only_records_in_its_time_range_and_decodes_nothing_els
     for i in range(10):   # undecodable values: each becomes one error row, counted as a record
         producer.send(topic, value=b"not a payload", timestamp_ms=base_ms + i * 1000).get(timeout=10)
     producer.close()
-    state = read(spark, kafka, topic, includeHeaders="true", **{
-        "kcm.decode": "state", "kcm.sinceMicros": str((base_ms + 3000) * 1000),
+    rows = read(spark, kafka, topic, includeHeaders="true", **{
+        "kcm.decode": mode, "kcm.sinceMicros": str((base_ms + 3000) * 1000),
         "kcm.untilMicros": str((base_ms + 7000) * 1000)})
-    assert state.groupBy().sum("records").first()[0] == 4   # timestamps +3 s .. +6 s
+    if mode == "state":
+        assert rows.groupBy().sum("records").first()[0] == 4   # timestamps +3 s .. +6 s
+    else:
+        assert sorted(r.record_micros // 1000 - base_ms for r in rows.collect()) == [3000, 4000, 5000, 6000]

@@ -129,12 +129,17 @@ def read_points(spark: Any, options: RollupOptions, read_from_s: int | None = No
 
     from kcm_rollups.decode import decode_points
     from kcm_rollups.session import kafka_format
-    from kcm_rollups.source import COLUMNS_OPTION, DECODE_OPTION, SOURCE_NAME
+    from kcm_rollups.source import COLUMNS_OPTION, DECODE_OPTION, SINCE_OPTION, SOURCE_NAME, UNTIL_OPTION
 
     source = kafka_format(spark)
     if source == SOURCE_NAME:
-        points = (_reader(spark, source, options, read_from_s).option(DECODE_OPTION, "points")
-                  .option(COLUMNS_OPTION, ",".join(columns)).load())
+        reader = (_reader(spark, source, options, read_from_s).option(DECODE_OPTION, "points")
+                  .option(COLUMNS_OPTION, ",".join(columns)))
+        # Records outside the range are dropped before they are decoded; the filters below keep the contract.
+        for option, seconds in ((SINCE_OPTION, read_from_s), (UNTIL_OPTION, until_s)):
+            if seconds is not None:
+                reader = reader.option(option, str(seconds * 1_000_000))
+        points = reader.load()
         micros = F.col("record_micros")
     else:
         points = _reader(spark, source, options, read_from_s).load()

@@ -7,8 +7,9 @@ raises rather than returning fewer records than its range holds.
 With the kcm option `kcm.decode=points` it yields decoded points (`decode.POINTS_SCHEMA`) instead, decoded in the
 same Python worker that read them: the same rows as `decode.decode_points` over the records, without carrying every
 record value through the JVM and back. With `kcm.decode=state` it goes one step further and yields the rollup state
-of the finest windows per batch (`partial.state_schema`, options `kcm.window`, `kcm.dimensions`, `kcm.sinceMicros`,
-`kcm.untilMicros`), for `partial.merge_batches` to merge.
+of the finest windows per batch (`partial.state_schema`, options `kcm.window` and `kcm.dimensions`), for
+`partial.merge_batches` to merge. In both decode modes `kcm.sinceMicros`/`kcm.untilMicros` drop records outside
+that time range before they are decoded.
 """
 
 from __future__ import annotations
@@ -391,7 +392,7 @@ class KafkaReader(DataSourceReader):
             from kcm_rollups.decode import flatten
 
             columns = list(self._options.columns) or None
-            for records in read_range(self._options, partition):
+            for records in self._in_time(read_range(self._options, partition)):
                 points = flatten(records_to_decode_input(records))
                 yield points.select(columns) if columns else points
             return
