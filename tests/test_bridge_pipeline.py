@@ -381,3 +381,192 @@ def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothi
             assert back.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=90)
             _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == total, 30, "final commit")
     assert bridge.metrics.value(bridge.metrics.paused) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shutdown_while_kafka_is_down_is_bounded_and_commits_nothing_it_cannot(
+        backend, broker, new_topic, tmp_path, caplog):
+    """Kafka gone: exports still finish, but a commit would wait for the group coordinator up to the session timeout
+    (20 s here); the loop does not try, and SIGTERM's drain ends within its own bound."""
+    topic = new_topic()
+    total = 10
+    _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
+                                       for i in range(total)])
+    down = FakeCollector()
+    down.start()
+    port = down.port
+    down.stop()
+    config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
+                     {("delivery", "shutdown_timeout_s"): 3, ("kafka", "connect_timeout_s"): 2})
+    (tmp_path / "consumer.properties").write_text(
+        "session.timeout.ms=20000\nheartbeat.interval.ms=2000\nauto.offset.reset=earliest\n")
+    caplog.set_level(logging.INFO)
+    with running_bridge(config) as bridge:
+        _wait(lambda: bridge.metrics.value(bridge.metrics.records) == total, 60, "consuming every record")
+        broker.stop()
+        _wait(lambda: not bridge.ready, 30, "noticing that Kafka is down")
+        with FakeCollector(port=port) as back:
+            assert back.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=30)
+            time.sleep(2 * config.delivery.commit_interval_s)   # commits fall due meanwhile
+            stopping = time.monotonic()
+    took = time.monotonic() - stopping
+    assert took < 10, f"shutdown took {took:.1f}s with Kafka down"
+    assert any("cannot be reached: exported records are left uncommitted" in r.getMessage()
+               for r in caplog.records if r.name == "kcm.bridge")
+    assert bridge.metrics.value(bridge.metrics.committed, topic=topic, partition="0") == 0
+
+
+def test_a_record_that_fails_in_an_unforeseen_way_costs_that_record_only(tmp_path, monkeypatch):
+    """Whatever preparing one record raises, the record is counted (reason `unprocessable`) and skipped, and the
+    records around it are batched as usual; nothing escapes into the consuming thread."""
+    from kcm_bridge import pipeline
+    from kcm_bridge.consumer import Record
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka")
+    bridge = Bridge(config)
+    real = bridge._prepare
+
+    def prepare(record):
+        if record.offset == 1:
+            raise OverflowError("cannot convert float infinity to integer")
+        return real(record)
+
+    monkeypatch.setattr(bridge, "_prepare", prepare)
+    key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
+    try:
+        bridge._add([Record("metrics", 0, offset, key, value, headers) for offset in range(3)])
+        assert bridge.metrics.value(bridge.metrics.decode_failures, reason=pipeline.UNPROCESSABLE) == 1
+        assert len(bridge._batch.parts) == 2
+    finally:
+        bridge._pool.shutdown()
+        for endpoint in bridge._endpoints:
+            endpoint.close()
+
+
+def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_finishes_the_batch(
+        tmp_path, collector):
+    """Partial success with a count beyond the batch (or below zero) is the server's error: the batch still counts as
+    exported, so its records can be committed."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
+    bridge = Bridge(config)
+    payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
+    try:
+        request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
+        collector.reject_partially_next(10**6)
+        assert bridge._export(bridge._endpoints[0], request, 12).delivered
+        collector.reject_partially_next(-5)
+        assert bridge._export(bridge._endpoints[0], request, 12).rejected_points == 0
+        assert bridge.metrics.value(bridge.metrics.rejected) == 12
+        assert bridge.metrics.value(bridge.metrics.points) == 12
+    finally:
+        bridge._pool.shutdown()
+        for endpoint in bridge._endpoints:
+            endpoint.close()
+
+
+class _PausingConsumer:
+    """Keeps each partition's pause flag across revoke and re-assign, as librdkafka does."""
+
+    def __init__(self, assignment):
+        self.assigned, self.paused = list(assignment), set()
+
+    def assignment(self):
+        return list(self.assigned)
+
+    def pause(self, partitions):
+        self.paused |= set(partitions)
+
+    def resume(self, partitions):
+        self.paused -= set(partitions)
+
+
+def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp_path):
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("delivery", "max_inflight_bytes"): 1000})
+    bridge = Bridge(config)
+    partition = ("metrics", 0)
+    consumer = bridge._consumer = _PausingConsumer([partition])
+    try:
+        bridge._batch.size = 5000            # export is behind: pause
+        bridge._backpressure()
+        assert consumer.paused == {partition} and bridge.metrics.value(bridge.metrics.paused) == 1
+        consumer.assigned = []               # a rebalance revokes everything...
+        bridge._on_revoke([partition])
+        bridge._batch.size = 0               # ...while the exports catch up
+        bridge._backpressure()
+        assert bridge.metrics.value(bridge.metrics.paused) == 0
+        consumer.assigned = [partition]      # the partition comes back, still paused inside the client
+        bridge._on_assign([partition])
+        bridge._backpressure()
+        assert consumer.paused == set()
+    finally:
+        bridge._pool.shutdown()
+        for endpoint in bridge._endpoints:
+            endpoint.close()
+
+
+class _FlakyDeadLetters:
+    """A dead-letter producer whose first `failures` writes fail."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.written = failures, []
+
+    def send(self, topic, record, reason, on_done):
+        if self.failures:
+            self.failures -= 1
+            on_done(False)
+        else:
+            self.written.append((topic, record.offset, reason))
+            on_done(True)
+
+    def flush(self, timeout_s):
+        pass
+
+    def close(self, timeout_s):
+        pass
+
+
+def test_a_failed_dead_letter_write_is_retried_and_its_record_committed_only_once_written(tmp_path, monkeypatch):
+    from kcm_bridge import pipeline
+    from kcm_bridge.consumer import Record
+    from kcm_common.retry import RetryPolicy
+
+    monkeypatch.setattr(pipeline, "KAFKA_RETRY", RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.1,
+                                                            multiplier=2.0, jitter=0.0))
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq"})
+    bridge = Bridge(config)
+    dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=2)
+    partition = ("metrics", 0)
+    try:
+        bridge._add([Record("metrics", 0, 0, b"k", b"\xff not a payload", [])])
+        assert bridge._tracker.to_commit().get(partition, 0) == 0 and bridge._inflight_bytes() > 0
+        _wait(lambda: (bridge._retry_dead_letters(), dead_letters.written)[1], 5, "the dead letter written")
+        assert dead_letters.written == [("metrics-dlq", 0, "invalid-protobuf")]
+        assert bridge.metrics.value(bridge.metrics.dead_letter_failures) == 2
+        assert bridge.metrics.value(bridge.metrics.dead_lettered) == 1
+        assert bridge._tracker.to_commit() == {partition: 1} and bridge._inflight_bytes() == 0
+    finally:
+        bridge._pool.shutdown()
+        for endpoint in bridge._endpoints:
+            endpoint.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shutdown_with_exports_outstanding_ends_within_its_own_timeout(backend, broker, new_topic, tmp_path):
+    """Closing the consumer revokes its partitions: that revoke must not wait `revoke_timeout_s` again for exports
+    the shutdown already gave up on."""
+    topic = new_topic()
+    _produce(broker.bootstrap, topic, [_push("client-0", "00000000-0000-0000-0000-000000000000")])
+    down = FakeCollector()
+    down.start()
+    port = down.port
+    down.stop()
+    config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
+                     {("delivery", "shutdown_timeout_s"): 1, ("delivery", "revoke_timeout_s"): 6})
+    with running_bridge(config) as bridge:
+        _wait(lambda: bridge.metrics.value(bridge.metrics.records) == 1, 60, "consuming the record")
+        stopping = time.monotonic()
+    took = time.monotonic() - stopping
+    assert took < 4, f"shutdown took {took:.1f}s with shutdown_timeout_s 1"
+    assert _committed(broker.bootstrap, config.kafka.group_id, topic) in (None, 0)   # nothing past the record

@@ -77,3 +77,25 @@ def test_state_is_bounded_by_evicting_the_least_recently_updated_stream():
     for i in range(10):
         converter.convert(_push(1, T0), f"instance-{i}", P0, now_s=i)
     assert len(converter) == 3 and converter.evicted_streams == 7
+
+
+def test_a_total_past_int64_starts_the_series_again_instead_of_failing_the_record():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    converter.convert(_push(2**63 - 1, T0), "a", P0, now_s=0)
+    over = _push(5, T0 + SECOND)
+    converter.convert(over, "a", P0, now_s=1)
+    assert (_sum_point(over)[1].start_time_unix_nano, _sum_point(over)[1].as_int) == (T0, 5)
+    after = _push(1, T0 + 2 * SECOND)
+    converter.convert(after, "a", P0, now_s=2)
+    assert (_sum_point(after)[1].start_time_unix_nano, _sum_point(after)[1].as_int) == (T0, 6)
+
+
+def test_an_infinite_double_delta_then_an_int_one_starts_the_series_again():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    infinite = _push(0, T0)
+    _sum_point(infinite)[1].as_double = float("inf")
+    converter.convert(infinite, "a", P0, now_s=0)
+    assert _sum_point(infinite)[1].as_double == float("inf")
+    whole = _push(3, T0 + SECOND)
+    converter.convert(whole, "a", P0, now_s=1)
+    assert (_sum_point(whole)[1].start_time_unix_nano, _sum_point(whole)[1].as_int) == (T0, 3)

@@ -8,6 +8,7 @@ answering as KafkaUnavailableError, from `poll` and `check`, and keep retrying: 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -74,7 +75,7 @@ class Consumer(Protocol):
 class DeadLetterProducer(Protocol):
     def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None: ...
     def flush(self, timeout_s: float) -> None: ...
-    def close(self) -> None: ...
+    def close(self, timeout_s: float) -> None: ...
 
 
 def split_properties(properties: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -235,8 +236,11 @@ class KafkaPythonConsumer:
                 on_assign([(p.topic, p.partition) for p in assigned])
 
         self._listener = Listener()
+        self._timeout_s = 10.0
+        self._coordinator_lost_since: float | None = None
 
     def check(self, timeout_s: float) -> None:
+        self._timeout_s, self._coordinator_lost_since = timeout_s, None
         if self._consumer is not None:
             return
         from kafka import KafkaConsumer
@@ -267,8 +271,25 @@ class KafkaPythonConsumer:
             if isinstance(exc, SaslAuthenticationFailedError):
                 raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
             raise KafkaUnavailableError(str(diagnose_failure(self._settings, exc))) from None
+        if not batches:
+            self._check_coordinator()
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
                 for records in batches.values() for r in records]
+
+    def _check_coordinator(self) -> None:
+        # kafka-python's poll keeps reconnecting in silence while the brokers are down: the group coordinator staying
+        # unknown is what tells (and a commit could not succeed without it).
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if coordinator is None or not coordinator.coordinator_unknown():
+            self._coordinator_lost_since = None
+            return
+        now = time.monotonic()
+        if self._coordinator_lost_since is None:
+            self._coordinator_lost_since = now
+        elif now - self._coordinator_lost_since >= self._timeout_s:
+            raise KafkaUnavailableError(
+                f"cannot reach Kafka's group coordinator via {self._settings.bootstrap_servers} for "
+                f"{now - self._coordinator_lost_since:.0f}s: check that the brokers are up and reachable from here")
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         if self._consumer is None:
@@ -303,23 +324,38 @@ _LIBRDKAFKA_LOG = logging.getLogger("kcm.bridge.librdkafka")
 _LIBRDKAFKA_LOG.addFilter(_drop_connection_failures)
 
 
+_DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _dead_letter_failed(record: Record, topic: str, why: str) -> None:
+    log.error("dead-lettering %s/%d@%d to %s failed: %s; retrying with backoff, the partition is not committed past "
+              "it (a record too large for the topic needs a larger max.message.bytes there)", record.topic,
+              record.partition, record.offset, topic, why)
+
+
 class ConfluentDeadLetters:
     def __init__(self, settings: KafkaSettings) -> None:
         import confluent_kafka
 
+        self._exception = confluent_kafka.KafkaException
+        # A dead letter carries a record as large as the metrics topic holds, plus headers: the topic decides.
         self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
                                                    "linger.ms": 20, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
+                                                   "message.max.bytes": _DEAD_LETTER_MAX_BYTES,
                                                    "logger": _LIBRDKAFKA_LOG})
 
     def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None:
         def delivered(error: Any, _: Any) -> None:
             if error is not None:
-                log.error("dead-lettering %s/%d@%d to %s failed: %s", record.topic, record.partition,
-                          record.offset, topic, error.str())
+                _dead_letter_failed(record, topic, error.str())
             on_done(error is None)
 
-        self._producer.produce(topic, value=record.value, key=record.key,
-                               headers=dead_letter_headers(record, reason), on_delivery=delivered)
+        try:
+            self._producer.produce(topic, value=record.value, key=record.key,
+                                   headers=dead_letter_headers(record, reason), on_delivery=delivered)
+        except (BufferError, self._exception) as exc:   # a full local queue, or a record the client refuses
+            _dead_letter_failed(record, topic, exc.args[0].str() if isinstance(exc, self._exception) else str(exc))
+            on_done(False)
         self._producer.poll(0)
 
     def flush(self, timeout_s: float) -> None:
@@ -327,8 +363,8 @@ class ConfluentDeadLetters:
         if timeout_s > 0:
             self._producer.flush(timeout_s)
 
-    def close(self) -> None:
-        self._producer.flush(5)
+    def close(self, timeout_s: float) -> None:
+        self._producer.flush(timeout_s)
 
 
 class KafkaPythonDeadLetters:
@@ -344,20 +380,21 @@ class KafkaPythonDeadLetters:
 
         try:
             if self._producer is None:
-                self._producer = KafkaProducer(linger_ms=20, **self._options)
-        except KafkaError as exc:
-            log.error("dead-lettering to %s failed: %s", topic, exc)
+                self._producer = KafkaProducer(linger_ms=20, max_request_size=_DEAD_LETTER_MAX_BYTES,
+                                               max_block_ms=1000, **self._options)
+            future = self._producer.send(topic, value=record.value, key=record.key,
+                                         headers=dead_letter_headers(record, reason))
+        except KafkaError as exc:   # cannot connect, a record too large, no metadata within max_block_ms
+            _dead_letter_failed(record, topic, str(exc))
             on_done(False)
             return
-        future = self._producer.send(topic, value=record.value, key=record.key,
-                                     headers=dead_letter_headers(record, reason))
         future.add_callback(lambda _: on_done(True))
-        future.add_errback(lambda error: (log.error("dead-lettering to %s failed: %s", topic, error), on_done(False)))
+        future.add_errback(lambda error: (_dead_letter_failed(record, topic, str(error)), on_done(False)))
 
     def flush(self, timeout_s: float) -> None:
         if timeout_s > 0 and self._producer is not None:
             self._producer.flush(timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float) -> None:
         if self._producer is not None:
-            self._producer.close(timeout=5)
+            self._producer.close(timeout=timeout_s)

@@ -20,6 +20,8 @@ class BridgeMetrics:
         self.decode_failures = Counter("kcm_bridge_decode_failures", "Undecodable records", ["reason"], registry=r)
         self.dead_lettered = Counter("kcm_bridge_dead_lettered", "Records written to the dead-letter topic",
                                      registry=r)
+        self.dead_letter_failures = Counter("kcm_bridge_dead_letter_failures",
+                                            "Failed dead-letter writes (each is retried with backoff)", registry=r)
         self.points = Counter("kcm_bridge_points_exported", "Data points delivered", ["endpoint"], registry=r)
         self.rejected = Counter("kcm_bridge_points_rejected", "Data points an endpoint rejected (partial success)",
                                 ["endpoint"], registry=r)

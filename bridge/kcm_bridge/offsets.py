@@ -88,6 +88,10 @@ class OffsetTracker:
             self._consumed.pop(partition, None)
             self._committed.pop(partition, None)
 
+    def holds(self, partition: Partition, ticket: Ticket) -> bool:
+        """Whether `ticket` still finishes records of `partition` (the partition was not forgotten since)."""
+        return any(span.ticket is ticket for span in self._spans.get(partition, ()))
+
     def pending(self, partitions: list[Partition] | None = None) -> int:
         """Unfinished spans (of `partitions`, or all)."""
         keys = self._spans if partitions is None else [p for p in partitions if p in self._spans]

@@ -8,6 +8,7 @@ dead-lettered (see offsets.py).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import zlib
@@ -23,13 +24,14 @@ from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
 from kcm_common.names import ATTRIBUTE_HEADERS
 from kcm_common.otlp_export import Endpoint, Outcome
+from kcm_common.retry import backoff_s
 
 from kcm_bridge.config import BridgeConfig
 from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
                                  open_dead_letter_producer, split_properties)
 from kcm_bridge.enrich import Added, Enricher
 from kcm_bridge.export import open_endpoint
-from kcm_bridge.health import KafkaHealth
+from kcm_bridge.health import KAFKA_RETRY, KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
 from kcm_bridge.temporality import DeltaToCumulative
@@ -38,6 +40,8 @@ from kcm_bridge.wire import count_points
 log = logging.getLogger("kcm.bridge")
 
 _POLL_RECORDS = 500
+# The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
+UNPROCESSABLE = "unprocessable"
 # What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
@@ -126,6 +130,15 @@ def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record,
 
 
 @dataclass
+class _DeadLetter:
+    record: Record
+    reason: str
+    ticket: Ticket
+    attempts: int = 1
+    due: float = 0.0
+
+
+@dataclass
 class _Batch:
     ticket: Ticket = field(default_factory=Ticket)
     parts: list[tuple[bytes, int, bytes]] = field(default_factory=list)   # (payload, points, routing key)
@@ -154,6 +167,8 @@ class Bridge:
         self._tracker = OffsetTracker()
         self._batch = _Batch()
         self._inflight: deque[Ticket] = deque()
+        self._dead_letter_retries: deque[_DeadLetter] = deque()   # appended from producer threads
+        self._rng = random.Random()
         self._paused = False
         self._average_size = 1024.0
         self._assignment_changed = False
@@ -210,6 +225,7 @@ class Bridge:
                 self._backpressure()
                 if self._dead_letters is not None:
                     self._dead_letters.flush(0)
+                    self._retry_dead_letters()
                 if time.monotonic() - last_commit >= config.delivery.commit_interval_s:
                     self._commit()
                     last_commit = time.monotonic()
@@ -254,7 +270,12 @@ class Bridge:
             try:
                 payload, points = prepare(record)
             except contract.DecodeError as err:
-                self._reject(record, (record.topic, record.partition), err)
+                self._reject(record, (record.topic, record.partition), err.reason, str(err))
+                continue
+            except Exception as err:  # an input nobody foresaw must cost that record, never the bridge
+                log.debug("preparing %s/%d@%d failed", record.topic, record.partition, record.offset, exc_info=True)
+                self._reject(record, (record.topic, record.partition), UNPROCESSABLE,
+                             f"{type(err).__name__}: {err}")
                 continue
             size = len(payload)
             if batch.parts and (batch.points + points > max_points or batch.size + size > max_bytes):
@@ -273,25 +294,50 @@ class Bridge:
             # Enriched bytes per record, for sizing fetches to the in-flight budget.
             self._average_size += (added / len(records) - self._average_size) / 4
 
-    def _reject(self, record: Record, partition: Partition, err: contract.DecodeError) -> None:
-        self.metrics.decode_failures.labels(err.reason).inc()
+    def _reject(self, record: Record, partition: Partition, reason: str, message: str) -> None:
+        """Dead-letter (or count and skip) a record the bridge cannot export; `reason` is a contract decode reason
+        or UNPROCESSABLE."""
+        self.metrics.decode_failures.labels(reason).inc()
         where = f"{record.topic}/{record.partition}@{record.offset}"
         topic = self.config.delivery.dead_letter_topic
         if self._dead_letters is None or topic is None:
-            log.warning("skipping undecodable record %s (%s): %s", where, err.reason, err)
+            log.warning("skipping undecodable record %s (%s): %s", where, reason, message)
             self._tracker.add(partition, record.offset, None)
             return
-        log.warning("dead-lettering undecodable record %s to %s (%s): %s", where, topic, err.reason, err)
-        ticket = Ticket()
+        log.warning("dead-lettering undecodable record %s to %s (%s): %s", where, topic, reason, message)
+        # Held (and counted against the in-flight budget) until written: a dead-letter topic that refuses the
+        # record is retried with backoff, so its partition is never committed past it.
+        ticket = Ticket(size=len(record.value or b""))
+        self._inflight.append(ticket)
+        self._tracker.add(partition, record.offset, ticket)
+        self._dead_letter(_DeadLetter(record, reason, ticket))
 
-        def done(ok: bool) -> None:
-            # A failed dead-letter write leaves the ticket open: the record is not committed past.
+    def _dead_letter(self, letter: _DeadLetter) -> None:
+        assert self._dead_letters is not None and self.config.delivery.dead_letter_topic is not None
+
+        def done(ok: bool) -> None:   # from the producer's thread or poll
             if ok:
                 self.metrics.dead_lettered.inc()
-                ticket.finish_part()
+                letter.ticket.finish_part()
+                return
+            self.metrics.dead_letter_failures.inc()
+            letter.due = time.monotonic() + backoff_s(letter.attempts, KAFKA_RETRY, self._rng)
+            letter.attempts += 1
+            self._dead_letter_retries.append(letter)
 
-        self._tracker.add(partition, record.offset, ticket)
-        self._dead_letters.send(topic, record, err.reason, done)
+        self._dead_letters.send(self.config.delivery.dead_letter_topic, letter.record, letter.reason, done)
+
+    def _retry_dead_letters(self) -> None:
+        """Send again the dead letters whose backoff has passed (the consuming thread's turn)."""
+        now = time.monotonic()
+        for _ in range(len(self._dead_letter_retries)):
+            letter = self._dead_letter_retries.popleft()
+            if letter.due > now:
+                self._dead_letter_retries.append(letter)
+            elif self._tracker.holds((letter.record.topic, letter.record.partition), letter.ticket):
+                self._dead_letter(letter)
+            else:
+                letter.ticket.finish_part()   # its partition was revoked: the next owner reads the record again
 
     def _flush(self) -> None:
         """Hand the open batch to the exporters: every endpoint (fanout) or each key's endpoint (hash)."""
@@ -329,8 +375,9 @@ class Bridge:
                 log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)",
                           endpoint.name, outcome.error, outcome.detail, points)
         if outcome.delivered:
-            self.metrics.points.labels(**labels).inc(points - outcome.rejected_points)
-            self.metrics.rejected.labels(**labels).inc(outcome.rejected_points)
+            rejected = min(outcome.rejected_points, points)   # a server claiming more counts as rejecting all
+            self.metrics.points.labels(**labels).inc(points - rejected)
+            self.metrics.rejected.labels(**labels).inc(rejected)
         return outcome
 
     def _exported(self, future: Future[Outcome], ticket: Ticket) -> None:
@@ -362,10 +409,13 @@ class Bridge:
                      inflight, limit)
         elif self._paused and inflight <= limit // 2:
             self._paused = False
-            self._consumer.resume(self._consumer.assignment())
+            self._assignment_changed = True
             log.info("endpoints caught up: resuming consumption")
-        if self._paused and self._assignment_changed:
-            self._consumer.pause(self._consumer.assignment())
+        if self._assignment_changed:
+            # Every assigned partition follows the bridge's state, new ones too: librdkafka keeps a partition's pause
+            # across a rebalance, so one paused before a revoke would come back paused and never be resumed.
+            assignment = self._consumer.assignment()
+            (self._consumer.pause if self._paused else self._consumer.resume)(assignment)
             self._assignment_changed = False
         self.metrics.paused.set(1 if self._paused else 0)
 
@@ -375,6 +425,11 @@ class Bridge:
         if only is not None:
             positions = {p: o for p, o in positions.items() if p in only}
         if not positions:
+            return
+        if not self._kafka.ok:
+            # Known unreachable: librdkafka would wait for the group coordinator up to the session timeout (45 s by
+            # default), stalling this loop and the shutdown bound. Nothing is lost: the records stay uncommitted.
+            log.debug("Kafka unreachable: not committing %s yet", _describe(positions))
             return
         try:
             self._consumer.commit(positions)
@@ -396,7 +451,8 @@ class Bridge:
         """Export what is open, wait a bounded time for those partitions' exports, commit them, forget them."""
         log.info("revoking %s", ", ".join(f"{t}/{p}" for t, p in partitions) or "nothing")
         self._flush()
-        deadline = time.monotonic() + self.config.delivery.revoke_timeout_s
+        # Closing the consumer at shutdown revokes too: that wait stays within the shutdown's own deadline.
+        deadline = min(time.monotonic() + self.config.delivery.revoke_timeout_s, self._drain_deadline)
         while self._tracker.pending(partitions) and time.monotonic() < deadline:
             if self._dead_letters is not None:
                 self._dead_letters.flush(0.05)
@@ -422,13 +478,18 @@ class Bridge:
             if left:
                 log.warning("shutdown timeout: %d batches not exported; they stay uncommitted and will be re-read",
                             left)
+            if not self._kafka.ok and self._tracker.to_commit():
+                log.warning("Kafka at %s cannot be reached: exported records are left uncommitted and will be "
+                            "read again", self._settings.bootstrap_servers)
             self._commit()
             self._consumer.close()
         if self._dead_letters is not None:
-            self._dead_letters.close()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+            self._dead_letters.close(max(0.0, self._drain_deadline - time.monotonic()))
+        # Closing the channels ends exports still running past the deadline; they give up rather than retry.
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for endpoint in self._endpoints:
             endpoint.close()
+        self._pool.shutdown(wait=True)
         log.info("bridge stopped")
 
 

@@ -80,14 +80,21 @@ class DeltaToCumulative:
             return False
         else:
             self._streams.move_to_end(key)
-        stream.total += delta
+        total = stream.total + delta
+        whole = _int64(total) if is_int else None
+        if is_int and whole is None:
+            # Past int64 (or infinite after double deltas of the same stream): the series starts again, as after a
+            # counter reset, rather than failing the record.
+            stream.start_ns = point.start_time_unix_nano or point.time_unix_nano
+            total = whole = delta
+        stream.total = total
         stream.last_ns = point.time_unix_nano
         stream.seen_s = now_s
         point.start_time_unix_nano = stream.start_ns
-        if is_int:
-            point.as_int = int(stream.total)
+        if whole is not None:
+            point.as_int = whole
         else:
-            point.as_double = float(stream.total)
+            point.as_double = float(total)
         return True
 
     def _remember(self, key: StreamKey, stream: _Stream) -> None:
@@ -109,6 +116,14 @@ class DeltaToCumulative:
         gone = set(partitions)
         for key in [k for k, s in self._streams.items() if s.partition in gone]:
             del self._streams[key]
+
+
+def _int64(total: float | int) -> int | None:
+    try:
+        whole = int(total)
+    except (OverflowError, ValueError):   # inf, NaN
+        return None
+    return whole if -2**63 <= whole < 2**63 else None
 
 
 def _attribute_key(attributes: Sequence[KeyValue]) -> tuple[tuple[str, bytes], ...]:

@@ -161,7 +161,8 @@ class Endpoint:
                 if self._wait(wait):
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 continue
-            rejected = response.partial_success.rejected_data_points
+            # A count below zero is the server's error; it must not turn into points delivered twice.
+            rejected = max(0, response.partial_success.rejected_data_points)
             if rejected or response.partial_success.error_message:
                 log.warning("export to %s partially rejected: %d points (%s)", self.name, rejected,
                             response.partial_success.error_message)

@@ -175,9 +175,10 @@ def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget, timeout_s: flo
                     why = f"still {why} after {outcome.attempts} attempts over {give_up_after_s:g} s"
                 raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: {why}"
                                 "; the Parquet output is complete, re-run the range to export again")
-            sent += sum(len(m.gauge.data_points) for r in request.resource_metrics for s in r.scope_metrics
-                        for m in s.metrics)
-            rejected += outcome.rejected_points
+            points = sum(len(m.gauge.data_points) for r in request.resource_metrics for s in r.scope_metrics
+                         for m in s.metrics)
+            sent += points
+            rejected += min(outcome.rejected_points, points)   # a server claiming more counts as rejecting all
     finally:
         exporter.close()
     return sent, rejected
