@@ -22,7 +22,6 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 from kcm_bridge import config as bridge_config
 from kcm_bridge.pipeline import Bridge
 from kcm_common import contract, points
-from kcm_common.kafka import KafkaSettings, ensure_topic
 from fake_collector import FakeCollector
 from payloads import client_metrics
 from test_sandbox_clients import _subscribe, running_producer

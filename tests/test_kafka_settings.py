@@ -111,3 +111,12 @@ def test_an_error_without_a_message_is_named_once():
     message = str(diagnose_failure(KafkaSettings("b:9092"), KafkaTimeoutError()))
 
     assert message.count("KafkaTimeoutError") == 1, message
+
+
+@pytest.mark.parametrize("line", ["sasl.passwordS3cr3tPW", "= S3cr3tPW", "=S3cr3tPW"])
+def test_an_unreadable_property_line_is_named_by_number_never_quoted(line):
+    text = f"# client settings\nsecurity.protocol=SASL_SSL\n\\\n{line}\n"
+    with pytest.raises(KafkaConfigError) as raised:
+        parse_properties(text)
+    assert str(raised.value) == "cannot read the property on line 3: expected key=value"
+    assert "S3cr3t" not in str(raised.value)

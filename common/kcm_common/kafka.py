@@ -66,10 +66,12 @@ def parse_properties(text: str) -> dict[str, str]:
     """Parse Java-style `key=value` lines (`#`/`!` comments, `:` separators, trailing-backslash continuations)."""
     properties: dict[str, str] = {}
     logical: list[str] = []
-    for raw in text.splitlines():
+    first = 0
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not logical and (not line or line[0] in "#!"):
             continue
+        first = first if logical else number
         if line.endswith("\\") and not line.endswith("\\\\"):
             logical.append(line[:-1])
             continue
@@ -77,7 +79,8 @@ def parse_properties(text: str) -> dict[str, str]:
         joined, logical = "".join(logical), []
         match = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", joined)
         if match is None:
-            raise KafkaConfigError(f"cannot read the property line {joined!r}: expected key=value")
+            # The line is not quoted: a mistyped one may well be a password.
+            raise KafkaConfigError(f"cannot read the property on line {first}: expected key=value")
         properties[match.group(1)] = match.group(2)
     return properties
 
