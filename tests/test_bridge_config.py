@@ -124,6 +124,20 @@ def test_a_duration_in_the_file_must_be_a_finite_number_above_zero(tmp_path, sec
     assert str(error.value) == f"{section}.{name} must be a finite number > 0, not {value}"
 
 
+@pytest.mark.parametrize(("section", "name"), [("kafka", "connect_timeout_s"), ("endpoints[0]", "timeout_s"),
+                                              ("delivery", "commit_interval_s"), ("delivery", "revoke_timeout_s"),
+                                              ("temporality", "idle_expiry_s")])
+def test_a_duration_beyond_a_year_is_refused_before_it_overflows_a_clock(tmp_path, section, name):
+    document = {"kafka": {"bootstrap_servers": "k:9092"}, "endpoints": [{"endpoint": "c:4317"}]}
+    target = document["endpoints"][0] if section == "endpoints[0]" else document.setdefault(section, {})
+    target[name] = 1e12
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    assert str(error.value) == f"{section}.{name} must be at most 31536000 seconds (a year), not 1000000000000.0"
+
+
 @pytest.mark.parametrize(("env", "overrides", "field"), [
     ({"KCM_BRIDGE_SHUTDOWN_TIMEOUT_S": "nan"}, {}, "delivery.shutdown_timeout_s"),
     ({"KCM_BRIDGE_SHUTDOWN_TIMEOUT_S": "inf"}, {}, "delivery.shutdown_timeout_s"),

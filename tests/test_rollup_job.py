@@ -307,6 +307,12 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     (["--ending-offsets", '{"kafka-client-metrics":{"zero":5}}'], '--ending-offsets must be "latest" or JSON'),
     (["--starting-offsets", '{"kafka-client-metrics":{"0":-3}}'], "--starting-offsets must be"),
     (["--starting-offsets", '{"other":{"0":1}}'], "--starting-offsets names the topics other, but the job reads"),
+    (["--starting-offsets", '{"kafka-client-metrics":{"0":10}}', "--ending-offsets",
+      '{"kafka-client-metrics":{"0":5}}'], "starts partition 0 at 10, after where --ending-offsets ends it (5)"),
+    (["--last", "999999d"], "is longer than a century (36500d)"),
+    (["--resolution", "1m,99999999999999d"], "is longer than a century"),
+    (["--lookback", "99999999999999d"], "is longer than a century"),
+    (["--from", "9999-12-31T00:00:00Z"], "is in the future: nothing to roll up yet"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])

@@ -83,7 +83,11 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
     for args, message in [(["--compression", "brotli"], "unknown compression 'brotli'"),
                           (["--listen", "nowhere"], "--listen must be HOST:PORT"),
                           (["--listen", "127.0.0.1:0", "--connections-max-idle-ms", "0"],
-                           "--connections-max-idle-ms must be at least 1"),
+                           "--connections-max-idle-ms must be from 1 to 31536000000 (a year), not 0"),
+                          (["--listen", "127.0.0.1:0", "--partitions", "99999999999"],
+                           "--partitions must be from 1 to 10000, not 99999999999"),
+                          (["--listen", "127.0.0.1:0", "--telemetry-max-bytes", "99999999999999999999"],
+                           "--telemetry-max-bytes must be from 1 to 2147483647"),
                           (["--listen", "127.0.0.1:0", "--state", str(corrupt)], "state")]:
         result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "sandbox", *args],
                                 capture_output=True, text=True, timeout=60)
@@ -95,6 +99,6 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
 def test_a_non_positive_idle_timeout_is_refused_before_anything_starts():
     sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", 0), connections_max_idle_ms=0))
 
-    with pytest.raises(SandboxError, match="--connections-max-idle-ms must be at least 1"):
+    with pytest.raises(SandboxError, match="--connections-max-idle-ms must be from 1 to"):
         sandbox.start()
     assert sandbox.broker is None and sandbox.gateway is None

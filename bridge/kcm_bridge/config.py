@@ -200,9 +200,12 @@ def validate(config: BridgeConfig) -> None:
     _positive(config.batch.max_bytes, "batch.max_bytes")
     if config.batch.linger_ms < 0:
         raise ConfigError(f"batch.linger_ms must be 0 or more, not {config.batch.linger_ms}")
-    _positive(config.kafka.connect_timeout_s, "kafka.connect_timeout_s")
-    _positive(config.retry.initial_backoff_s, "retry.initial_backoff_s")
-    _positive(config.retry.max_backoff_s, "retry.max_backoff_s")
+    if config.batch.linger_ms > _LONGEST_SECONDS * 1000:
+        raise ConfigError(f"batch.linger_ms must be at most {_LONGEST_SECONDS * 1000} (a year), not "
+                          f"{config.batch.linger_ms}")
+    _seconds(config.kafka.connect_timeout_s, "kafka.connect_timeout_s")
+    _seconds(config.retry.initial_backoff_s, "retry.initial_backoff_s")
+    _seconds(config.retry.max_backoff_s, "retry.max_backoff_s")
     if config.retry.max_backoff_s < config.retry.initial_backoff_s:
         raise ConfigError("retry.max_backoff_s must be at least retry.initial_backoff_s")
     if not (math.isfinite(config.retry.multiplier) and config.retry.multiplier >= 1):
@@ -212,13 +215,11 @@ def validate(config: BridgeConfig) -> None:
     for index, rule in enumerate(config.enrich.rules):
         _validate_rule(rule, f"enrich.rules[{index}]")
     _positive(config.temporality.max_streams, "temporality.max_streams")
-    _positive(config.temporality.idle_expiry_s, "temporality.idle_expiry_s")
+    _seconds(config.temporality.idle_expiry_s, "temporality.idle_expiry_s")
     _positive(config.delivery.max_inflight_bytes, "delivery.max_inflight_bytes")
-    _positive(config.delivery.commit_interval_s, "delivery.commit_interval_s")
-    _positive(config.delivery.shutdown_timeout_s, "delivery.shutdown_timeout_s")
-    if not (math.isfinite(config.delivery.revoke_timeout_s) and config.delivery.revoke_timeout_s >= 0):
-        raise ConfigError(f"delivery.revoke_timeout_s must be a finite number, 0 or more, not "
-                          f"{config.delivery.revoke_timeout_s}")
+    _seconds(config.delivery.commit_interval_s, "delivery.commit_interval_s")
+    _seconds(config.delivery.shutdown_timeout_s, "delivery.shutdown_timeout_s")
+    _seconds(config.delivery.revoke_timeout_s, "delivery.revoke_timeout_s", allow_zero=True)
     if config.delivery.dead_letter_topic is not None and config.delivery.dead_letter_topic in config.kafka.topics:
         raise ConfigError("delivery.dead_letter_topic must not be one of kafka.topics (the bridge would read it back)")
     if config.metrics_port is not None and not 0 <= config.metrics_port <= 65535:
@@ -240,7 +241,7 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
     if bool(endpoint.tls.cert_file) != bool(endpoint.tls.key_file):
         raise ConfigError(f"{where}.tls: cert_file and key_file go together (client certificate and its key)")
     endpoint_metadata(endpoint, where)
-    _positive(endpoint.timeout_s, f"{where}.timeout_s")
+    _seconds(endpoint.timeout_s, f"{where}.timeout_s")
     _positive(endpoint.concurrency, f"{where}.concurrency")
 
 
@@ -288,12 +289,23 @@ def _validate_rule(rule: AttributeRule, where: str) -> None:
         raise ConfigError(f"{where}.salt_env: environment variable {rule.salt_env} is not set")
 
 
+_LONGEST_SECONDS = 365 * 86400
+
+
 def _positive(value: float, where: str) -> None:
     # NaN compares false with everything and an infinite timeout never fires: neither is a usable setting.
     if isinstance(value, float) and not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{where} must be a finite number > 0, not {value}")
     if value <= 0:
         raise ConfigError(f"{where} must be positive, not {value}")
+
+
+def _seconds(value: float, where: str, allow_zero: bool = False) -> None:
+    """A duration: finite, above 0 (or 0 when allowed), at most a year (beyond it only overflows clocks)."""
+    if not (math.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
+        raise ConfigError(f"{where} must be a finite number{', 0 or more' if allow_zero else ' > 0'}, not {value}")
+    if value > _LONGEST_SECONDS:
+        raise ConfigError(f"{where} must be at most {_LONGEST_SECONDS} seconds (a year), not {value}")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -7,13 +7,18 @@ import math
 from collections.abc import Callable
 
 
+# Longer than any timeout or interval means anything; and it keeps `now + value` within the clock's range.
+LONGEST_SECONDS = 365 * 86400
+
+
 def _seconds(text: str, fits: Callable[[float], bool], wanted: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not fits(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, not {text}")
+    if not math.isfinite(value) or not fits(value) or value > LONGEST_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {LONGEST_SECONDS} "
+                                         f"(a year), not {text}")
     return value
 
 

@@ -56,8 +56,15 @@ class RollupOptions:
             raise UserError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPABLE)}")
         if self.start and self.end and self.start >= self.end:
             raise UserError(f"--from {self.start.isoformat()} is not before --to {self.end.isoformat()}")
-        for flag, text in (("--starting-offsets", self.starting_offsets), ("--ending-offsets", self.ending_offsets)):
-            _check_offsets(flag, text, self.topic)
+        if self.start and not self.end and self.start >= datetime.now(timezone.utc):
+            raise UserError(f"--from {self.start.isoformat()} is in the future: nothing to roll up yet")
+        starting, ending = (_check_offsets(flag, text, self.topic) for flag, text in (
+            ("--starting-offsets", self.starting_offsets), ("--ending-offsets", self.ending_offsets)))
+        for partition, start in (starting.get(self.topic, {}) if isinstance(starting, dict) else {}).items():
+            end = ending.get(self.topic, {}).get(partition) if isinstance(ending, dict) else None
+            if end is not None and end >= 0 and start >= 0 and start > end:
+                raise UserError(f"--starting-offsets starts partition {partition} at {start}, after where "
+                                f"--ending-offsets ends it ({end})")
 
     def window_range(self) -> tuple[int, int] | None:
         """[start, end) in epoch seconds widened to whole windows of the coarsest resolution; None without times."""
@@ -67,7 +74,7 @@ class RollupOptions:
         return widen(self.start.timestamp(), end.timestamp(), self.resolutions[-1].seconds)
 
 
-def _check_offsets(flag: str, text: str, topic: str) -> None:
+def _check_offsets(flag: str, text: str, topic: str) -> int | dict[str, dict[str, int]]:
     """Spark's offsets syntax, checked before a Spark session starts; raises UserError naming the flag."""
     from kcm_rollups.source import EARLIEST, LATEST, KafkaSourceError, offset_spec
 
@@ -78,6 +85,7 @@ def _check_offsets(flag: str, text: str, topic: str) -> None:
         raise UserError(str(err)) from None
     if isinstance(spec, dict) and set(spec) != {topic}:
         raise UserError(f"{flag} names the topics {', '.join(sorted(spec)) or '(none)'}, but the job reads {topic!r}")
+    return spec
 
 
 @dataclass

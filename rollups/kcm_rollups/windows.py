@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from kcm_common.errors import UserError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+LONGEST_DURATION_S = 36500 * 86400   # beyond a century `now - duration` leaves what dates can hold
 _DURATION = re.compile(r"(\d+)([smhd])")
 
 
@@ -29,6 +30,8 @@ def parse_duration(text: str, what: str = "duration") -> int:
     seconds = sum(int(number) * _UNITS[unit] for number, unit in parts)
     if seconds <= 0:
         raise UserError(f"{what} {text!r} must be longer than zero")
+    if seconds > LONGEST_DURATION_S:
+        raise UserError(f"{what} {text!r} is longer than a century ({LONGEST_DURATION_S // 86400}d)")
     return seconds
 
 

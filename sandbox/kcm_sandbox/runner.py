@@ -54,6 +54,11 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_INT32_MAX = 2**31 - 1
+_MAX_PARTITIONS = 10_000
+_MAX_IDLE_MS = 365 * 86_400_000
+
+
 @dataclass
 class SandboxOptions:
     listen: tuple[str, int] = ("127.0.0.1", 9092)   # port 0: pick a free one
@@ -69,12 +74,14 @@ class SandboxOptions:
 
     def validate(self) -> None:
         """Raise SandboxError naming the first option out of range."""
-        if self.partitions < 1:
-            raise SandboxError("--partitions must be at least 1")
-        if self.telemetry_max_bytes < 1:
-            raise SandboxError("--telemetry-max-bytes must be at least 1")
-        if self.connections_max_idle_ms < 1:
-            raise SandboxError("--connections-max-idle-ms must be at least 1")
+        # Partition counts and telemetry.max.bytes are INT32 on the wire; the idle time fits a broker's long.
+        if not 1 <= self.partitions <= _MAX_PARTITIONS:
+            raise SandboxError(f"--partitions must be from 1 to {_MAX_PARTITIONS}, not {self.partitions}")
+        if not 1 <= self.telemetry_max_bytes <= _INT32_MAX:
+            raise SandboxError(f"--telemetry-max-bytes must be from 1 to {_INT32_MAX}, not {self.telemetry_max_bytes}")
+        if not 1 <= self.connections_max_idle_ms <= _MAX_IDLE_MS:
+            raise SandboxError(f"--connections-max-idle-ms must be from 1 to {_MAX_IDLE_MS} (a year), not "
+                               f"{self.connections_max_idle_ms}")
 
 
 class Sandbox:
