@@ -168,3 +168,30 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_pat
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "<unicode string>" not in error
     assert error.startswith(f"kcm bridge: config file {path}: invalid YAML at line 4, column 1: expected ',' or ']'")
+
+
+@pytest.mark.parametrize(("rule", "env", "message"), [
+    ("salt_file: EMPTY", {}, "enrich.rules[0].salt_file '{EMPTY}' is empty: an unsalted hash"),
+    ("salt_file: DIRECTORY", {}, "enrich.rules[0].salt_file names '{DIRECTORY}', which is not a readable file"),
+    ("salt_env: KCM_SALT", {"KCM_SALT": ""}, "enrich.rules[0].salt_env KCM_SALT is empty: an unsalted hash"),
+])
+def test_a_hash_salt_is_read_at_start_and_must_hold_something(tmp_path, monkeypatch, rule, env, message):
+    empty = tmp_path / "empty-salt"
+    empty.write_text("  \n")
+    paths = {"EMPTY": str(empty), "DIRECTORY": str(tmp_path)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for placeholder, path in paths.items():
+        rule = rule.replace(placeholder, path)
+    path = tmp_path / "bridge.yaml"
+    path.write_text("kafka: {bootstrap_servers: 'k:9092'}\nendpoints: [{endpoint: 'c:4317'}]\n"
+                    f"enrich: {{rules: [{{action: hash, attribute: principal, {rule}}}]}}\n")
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    assert str(error.value).startswith(message.format(**paths))
+
+
+def test_a_topic_named_twice_is_refused_naming_it():
+    with pytest.raises(ConfigError, match="^kafka.topics names 'a' more than once$"):
+        load(env={"KCM_BRIDGE_TOPICS": "a,b,a"}, overrides={("kafka", "bootstrap_servers"): "k:9092"},
+             endpoints=["c:4317"])

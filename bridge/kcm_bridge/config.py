@@ -190,6 +190,9 @@ def validate(config: BridgeConfig) -> None:
         raise ConfigError(f"kafka.command_config names {config.kafka.command_config!r}, which is not a readable file")
     if not config.kafka.topics or any(not t for t in config.kafka.topics):
         raise ConfigError("kafka.topics must name at least one topic")
+    twice = sorted({t for t in config.kafka.topics if config.kafka.topics.count(t) > 1})
+    if twice:
+        raise ConfigError(f"kafka.topics names {twice[0]!r} more than once")
     if not config.kafka.group_id:
         raise ConfigError("kafka.group_id must not be empty")
     if not config.endpoints:
@@ -283,10 +286,29 @@ def _validate_rule(rule: AttributeRule, where: str) -> None:
                           "(an unsalted hash of an address or principal is easy to reverse)")
     if rule.action != "hash" and salts:
         raise ConfigError(f"{where}: salts only apply to hash rules")
-    if rule.salt_file and not Path(rule.salt_file).is_file():
-        raise ConfigError(f"{where}.salt_file names {rule.salt_file!r}, which is not a readable file")
-    if rule.salt_env and rule.salt_env not in os.environ:
-        raise ConfigError(f"{where}.salt_env: environment variable {rule.salt_env} is not set")
+    if rule.action == "hash":
+        rule_salt(rule, where)
+
+
+def rule_salt(rule: AttributeRule, where: str = "enrich.rules") -> bytes:
+    """The salt of a hash rule, read now from where it is kept; raises ConfigError (never quoting it) when that
+    cannot be read or holds nothing: an empty salt is an unsalted hash."""
+    if rule.salt_file:
+        try:
+            salt = Path(rule.salt_file).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"{where}.salt_file names {rule.salt_file!r}, which is not a readable file "
+                              f"({exc.strerror or exc})") from None
+        source = f"{where}.salt_file {rule.salt_file!r}"
+    elif rule.salt_env:
+        if rule.salt_env not in os.environ:
+            raise ConfigError(f"{where}.salt_env: environment variable {rule.salt_env} is not set")
+        salt, source = os.environ[rule.salt_env].encode(), f"{where}.salt_env {rule.salt_env}"
+    else:
+        salt, source = (rule.salt or "").encode(), f"{where}.salt"
+    if not salt:
+        raise ConfigError(f"{source} is empty: an unsalted hash of an address or principal is easy to reverse")
+    return salt
 
 
 _LONGEST_SECONDS = 365 * 86400

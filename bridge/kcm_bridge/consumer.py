@@ -141,7 +141,7 @@ class ConfluentConsumer:
         try:
             self._consumer = confluent_kafka.Consumer(config)
         except confluent_kafka.KafkaException as exc:
-            raise UserError(f"the Kafka consumer rejected its settings: {exc.args[0].str()}") from None
+            raise UserError(f"the Kafka consumer rejected its settings: {exc.args[0].str().strip()}") from None
 
         def assigned(_: Any, partitions: list[Any]) -> None:
             on_assign([(p.topic, p.partition) for p in partitions])

@@ -7,15 +7,13 @@ decoded again, which is what keeps the bridge near the Kafka client's own speed.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from kcm_bridge.config import AttributeRule, EnrichConfig
+from kcm_bridge.config import AttributeRule, EnrichConfig, rule_salt
 from kcm_bridge.wire import LEN, RESOURCE_METRICS, field, fields, varint
 
 # ResourceMetrics.resource, Resource.attributes, KeyValue.key, KeyValue.value
@@ -47,13 +45,7 @@ class Rules:
 
 
 def _salt(rule: AttributeRule) -> bytes:
-    if rule.salt is not None:
-        return rule.salt.encode()
-    if rule.salt_file:
-        return Path(rule.salt_file).read_bytes().strip()
-    if rule.salt_env:
-        return os.environ[rule.salt_env].encode()
-    return b""
+    return rule_salt(rule) if rule.action == "hash" else b""
 
 
 class Added(NamedTuple):
