@@ -158,3 +158,10 @@ def test_schemas_are_structural_every_node_typed_and_defaults_valid(kind):
         for rule in node.get("x-kubernetes-validations") or ():
             schema.compile_rule(rule["rule"])  # compiles with cel-python: no Kubernetes-only extension functions
             assert rule.get("message"), f"{kind}{path}: a rule needs a message people understand"
+
+
+@pytest.mark.parametrize("base", [SUBSCRIPTION, CONNECTION], ids=["subscription", "connection"])
+def test_a_resource_without_a_spec_is_refused(base):
+    obj = {key: value for key, value in copy.deepcopy(base).items() if key != "spec"}
+
+    assert schema.validate(obj, crds=CRDS) == ["<root>: 'spec' is a required property"]
