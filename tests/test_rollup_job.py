@@ -332,3 +332,8 @@ def test_credentials_kafka_refuses_are_one_line_naming_the_user_before_spark_sta
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "Kafka rejected the SASL credentials for user alice" in err and "hunter2" not in err
     assert time.monotonic() - started < 30, "the refusal is found by a metadata request, not a Spark task timing out"
+
+
+def test_a_local_master_listens_on_loopback_only(spark):
+    """Not on whatever address the host name resolves to: a local run serves nobody else."""
+    assert spark.sparkContext.getConf().get("spark.driver.host") == "127.0.0.1"

@@ -26,6 +26,9 @@ def spark_session(master: str | None = None, app_name: str = "kcm-rollup",
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             # A terminal run prints kcm's summary; Spark's progress bars would interleave with it.
             builder = builder.config("spark.ui.showConsoleProgress", "false")
+            # Everything of a local master runs in this process: it listens on loopback only (the UI too), not on
+            # whatever address the host name resolves to. Read when the JVM starts.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     for key, value in (config or {}).items():
         builder = builder.config(key, value)
     # Windows are computed and written in UTC whatever the machine's zone; plans and the UI show data source
