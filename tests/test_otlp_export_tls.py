@@ -154,7 +154,9 @@ def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificate
     assert "s3cret" not in caplog.text and "s3cret" not in str(failed.value)
 
 
-BAD_FILES = {"two-lines": "Bearer a\nb\n", "empty": "\n", "latin-1": b"Bearer caf\xe9", "not-pem": "hello\n"}
+BAD_FILES = {"two-lines": "Bearer a\nb\n", "empty": "\n", "latin-1": b"Bearer caf\xe9", "not-pem": "hello\n",
+             "garbled-cert.pem": "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+             "garbled-key.pem": "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n"}
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +174,10 @@ def bad_files(certificates) -> Path:
     ({"ca_file": "a-directory"}, "--otlp-ca-file .*a-directory: Is a directory"),
     ({"ca_file": "not-pem"}, "not a PEM file holding a certificate"),
     ({"cert_file": "client.pem", "key_file": "client.pem"}, "--otlp-key-file .*not a PEM file holding a private key"),
+    ({"ca_file": "garbled-cert.pem"}, "--otlp-ca-file .*garbled-cert.pem holds no usable certificate"),
+    ({"cert_file": "client.pem", "key_file": "garbled-key.pem"}, "--otlp-cert-file .*client.pem does not load with"),
+    ({"cert_file": "client.pem", "key_file": "server.key"}, "--otlp-cert-file .*client.pem does not load with"),
+    ({"cert_file": "garbled-cert.pem", "key_file": "client.key"}, "--otlp-cert-file .*garbled-cert.pem does not load"),
     ({"header_files": (("Authorization", "token"),)}, "must be lower-case"),
     ({"header_files": (("grpc-timeout", "token"),)}, "not start with grpc-"),
     ({"header_files": (("x-token-bin", "token"),)}, "names ending in -bin"),
@@ -197,6 +203,9 @@ def test_rollup_tls_options_that_cannot_work_are_refused_up_front(bad_files, arg
     ({"headers": {"authorization": "a"}, "headers_from_files": {"authorization": "token"}}, "more than once"),
     ({"tls": {"ca_file": "not-pem"}}, "tls.ca_file: .*not a PEM file holding a certificate"),
     ({"tls": {"ca_file": "a-directory"}}, "tls.ca_file: .*Is a directory"),
+    ({"tls": {"ca_file": "garbled-cert.pem"}}, "tls.ca_file: .*garbled-cert.pem holds no usable certificate"),
+    ({"tls": {"cert_file": "client.pem", "key_file": "server.key"}}, "tls.cert_file: .*client.pem does not load with"),
+    ({"tls": {"cert_file": "client.pem", "key_file": "garbled-key.pem"}}, "tls.cert_file: .*does not load with"),
 ])
 def test_the_bridge_refuses_the_same_endpoint_files_and_headers_at_start(bad_files, endpoint, message):
     from kcm_bridge import config as bridge_config

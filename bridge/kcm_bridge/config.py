@@ -21,7 +21,7 @@ import yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
-from kcm_common.otlp_export import metadata_problem, pem_problem, read_metadata_value
+from kcm_common.otlp_export import Tls, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
@@ -243,6 +243,10 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
         raise ConfigError(f"{where}: insecure (plaintext) contradicts the tls files given; drop one")
     if bool(endpoint.tls.cert_file) != bool(endpoint.tls.key_file):
         raise ConfigError(f"{where}.tls: cert_file and key_file go together (client certificate and its key)")
+    unusable = tls_problem(Tls(endpoint.tls.ca_file, endpoint.tls.cert_file, endpoint.tls.key_file))
+    if unusable:
+        name = "ca_file" if unusable[0] == endpoint.tls.ca_file else "cert_file"
+        raise ConfigError(f"{where}.tls.{name}: {unusable[0]} {unusable[1]}")
     endpoint_metadata(endpoint, where)
     _seconds(endpoint.timeout_s, f"{where}.timeout_s")
     _positive(endpoint.concurrency, f"{where}.concurrency")

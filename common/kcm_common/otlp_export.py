@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from kcm_common.retry import RetryPolicy, backoff_s
 
-__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "metadata_problem", "pem_problem",
+__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "metadata_problem", "pem_problem", "tls_problem",
            "read_metadata_value", "retry_delay_s"]
 
 log = logging.getLogger("kcm.otlp")
@@ -108,6 +109,25 @@ class Tls:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+
+
+def tls_problem(tls: Tls) -> tuple[str, str] | None:
+    """(the file, why) when files that each look like PEM still would not work: a garbled body, or a key that is
+    not the certificate's. Loaded with OpenSSL before gRPC sees them, since gRPC only fails at the first export."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if tls.ca_file:
+        try:
+            context.load_verify_locations(cafile=tls.ca_file)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            return tls.ca_file, f"holds no usable certificate ({getattr(exc, 'reason', None) or exc})"
+    if tls.cert_file and tls.key_file:
+        try:
+            # gRPC takes no key password: an encrypted key fails here rather than prompting for one.
+            context.load_cert_chain(tls.cert_file, tls.key_file, password=lambda: b"")
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            return tls.cert_file, (f"does not load with {tls.key_file} ({getattr(exc, 'reason', None) or exc}): check "
+                                   "both are PEM, belong together, and the key is not encrypted")
+    return None
 
 
 class Endpoint:

@@ -19,7 +19,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from kcm_common.errors import UserError
-from kcm_common.otlp_export import Endpoint, RetryPolicy, Tls, metadata_problem, pem_problem, read_metadata_value
+from kcm_common.otlp_export import (Endpoint, RetryPolicy, Tls, metadata_problem, pem_problem, read_metadata_value,
+                                     tls_problem)
 
 log = logging.getLogger("kcm.rollup.otlp")
 
@@ -63,6 +64,10 @@ class OtlpTarget:
             problem = pem_problem(path, kind) if path is not None else None
             if problem:
                 raise UserError(f"{flag} {problem}")
+        unusable = tls_problem(Tls(self.ca_file, self.cert_file, self.key_file))
+        if unusable:
+            flag = "--otlp-ca-file" if unusable[0] == self.ca_file else "--otlp-cert-file"
+            raise UserError(f"{flag} {unusable[0]} {unusable[1]}")
         names = [name for name, _ in self.header_files]
         if len(set(names)) < len(names):
             raise UserError("--otlp-header-file names a header twice")
