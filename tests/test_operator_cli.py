@@ -124,6 +124,18 @@ def test_a_kubeconfig_that_is_not_yaml_is_a_one_line_error(tmp_path):
     _one_line(_operator(tmp_path, kubeconfig="clusters: [unclosed\n  - {\n"), "the kubeconfig")
 
 
+def test_a_kubeconfig_that_is_not_text_is_a_one_line_error(tmp_path):
+    (tmp_path / "kubeconfig").write_bytes(bytes(range(0xf9, 0xff)) * 100)
+    _one_line(_operator(tmp_path), "the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte 0)")
+
+
+def test_a_kubeconfig_server_that_is_not_a_url_is_a_one_line_error_without_the_password(tmp_path):
+    result = _operator(tmp_path, kubeconfig=_KUBECONFIG.replace('"https://127.0.0.1:1"', '"not a url"').replace(
+        "{token: t}", "{username: alice, password: S3cr3tPW}"))
+    _one_line(result, "the kubeconfig's cluster server is not an https:// URL of the Kubernetes API ('not a url')")
+    assert "S3cr3tPW" not in result.stderr + result.stdout
+
+
 @pytest.mark.parametrize("option", ["--metrics-port", "--liveness-port"])
 def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
     import socket
@@ -139,4 +151,5 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0.5"])
 def test_a_drift_interval_that_is_not_a_finite_number_of_at_least_a_second_is_refused(tmp_path, value):
     _one_line(_operator(tmp_path, "--drift-interval", value),
-              f"argument --drift-interval: must be a finite number of seconds of at least 1, not {value}")
+              f"argument --drift-interval: must be a finite number of seconds of at least 1, at most 31536000 (a year), "
+              f"not {value}")

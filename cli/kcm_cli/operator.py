@@ -6,6 +6,7 @@ import argparse
 import logging
 import random
 import socket
+import urllib.parse
 
 from kcm_cli.arguments import kafka_connection, seconds_from
 from kcm_common.errors import UserError
@@ -75,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as exc:
         raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not valid YAML: "
                         f"{' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte {exc.start})") from None
+    server = urllib.parse.urlsplit(client.Configuration.get_default_copy().host or "")
+    if server.scheme not in ("http", "https") or not server.hostname:
+        raise UserError("the kubeconfig's cluster server is not an https:// URL of the Kubernetes API "
+                        f"({client.Configuration.get_default_copy().host!r}); check its current context")
     operator_config = OperatorConfig(settings, args.drift_interval,
                                      resolve=ConnectionResolver(client.ApiClient()).resolve)
     if args.liveness_port:
