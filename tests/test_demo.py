@@ -129,3 +129,20 @@ def test_live_view_renders_each_client_in_a_terminal(tmp_path):
         assert client_id in text, text[-3000:]
     assert "confluent-kafka-python" in text
     assert left == []
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "holds no .yaml, .yml or .json files"),
+    ("apiVersion: kcm.dev/v1alpha1\nkind: ClientMetricsSubscription\nmetadata: {name: x}\n"
+     "spec: {metrics: ['*'], intervalMs: -1}\n", "spec.intervalMs: -1 is less than the minimum of 100"),
+    ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "holds no ClientMetricsSubscription"),
+])
+def test_demo_subscriptions_are_checked_before_anything_starts(tmp_path, content, message):
+    directory = tmp_path / "subscriptions"
+    directory.mkdir()
+    if content is not None:
+        (directory / "s.yaml").write_text(content)
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "demo", "--subscriptions", str(directory),
+                             "--duration", "5"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr   # nothing started, nothing logged

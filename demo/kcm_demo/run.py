@@ -106,6 +106,11 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
     if not options.subscriptions.exists():
         raise UserError(f"no subscriptions at {options.subscriptions}; pass --subscriptions DIR with "
                         "ClientMetricsSubscription YAML")
+    from kcm_operator import manifests
+
+    # Checked before anything starts: a mistake in them is one line, not a half-started pipeline.
+    if not manifests.subscriptions(manifests.load([options.subscriptions])):
+        raise UserError(f"{options.subscriptions} holds no ClientMetricsSubscription")
     interrupted = interrupted or threading.Event()
     use_java = _want_java(options.java)
     fleet = Fleet()
