@@ -55,6 +55,8 @@ def test_flags_alone_run_it_with_defaults():
     ("batch: {max_points: 0}", "batch.max_points"),
     ("batch: {max_points: lots}", "batch.max_points"),
     ("endpoints: [{endpoint: nocolon}]", "endpoints[0].endpoint"),
+    ("endpoints: [{endpoint: 'http://127.0.0.1:4317'}]", "endpoints[0].endpoint"),
+    ("endpoints: [{endpoint: 'dns:///otel:4317'}]", "endpoints[0].endpoint"),
     ("routing: random", "routing"),
     ("kafka: {client: franz}", "kafka.client"),
     ("enrich: {rules: [{action: hash, attribute: principal}]}", "enrich.rules[0]"),

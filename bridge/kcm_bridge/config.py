@@ -21,7 +21,7 @@ import yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
-from kcm_common.otlp_export import Tls, metadata_problem, pem_problem, read_metadata_value, tls_problem
+from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
@@ -230,8 +230,7 @@ def validate(config: BridgeConfig) -> None:
 
 
 def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
-    host, _, port = endpoint.endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not is_endpoint(endpoint.endpoint):
         raise ConfigError(f"{where}.endpoint must be HOST:PORT (e.g. otel-collector:4317), not {endpoint.endpoint!r}")
     for name, path, kind in (("ca_file", endpoint.tls.ca_file, "certificate"),
                              ("cert_file", endpoint.tls.cert_file, "certificate"),

@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from kcm_common.retry import RetryPolicy, backoff_s
 
-__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "metadata_problem", "pem_problem", "tls_problem",
+__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "is_endpoint", "metadata_problem", "pem_problem", "tls_problem",
            "read_metadata_value", "retry_delay_s"]
 
 log = logging.getLogger("kcm.otlp")
@@ -65,6 +65,16 @@ def retry_delay_s(error: grpc.RpcError) -> float | None:
 
 _METADATA_KEY = re.compile(r"[a-z0-9_.-]+")
 _PEM_MARKERS = {"certificate": b"-----BEGIN CERTIFICATE-----", "key": b"PRIVATE KEY-----"}
+
+
+_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
+
+
+def is_endpoint(text: str) -> bool:
+    """Whether `text` is HOST:PORT (IPv6 in brackets) as kcm's exporters take it: no scheme, path or gRPC resolver
+    prefix (http://, dns:///, unix:), which gRPC would read as something else."""
+    found = _ENDPOINT.fullmatch(text)
+    return found is not None and 0 < int(found.group(2)) < 65536
 
 
 def metadata_problem(name: str, value: str | None = None) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from kcm_common.errors import UserError
-from kcm_common.otlp_export import (Endpoint, RetryPolicy, Tls, metadata_problem, pem_problem, read_metadata_value,
+from kcm_common.otlp_export import (Endpoint, RetryPolicy, Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value,
                                      tls_problem)
 
 log = logging.getLogger("kcm.rollup.otlp")
@@ -31,13 +30,11 @@ SCOPE_NAME = "kcm.rollup"
 RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
 # A receiver that is restarting gets a minute per request; a RetryInfo delay is honoured up to 15 s.
 EXPORT_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=15.0)
-_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
 
 
 def check_endpoint(endpoint: str) -> str:
     """`HOST:PORT` of an OTLP/gRPC receiver, else UserError."""
-    found = _ENDPOINT.fullmatch(endpoint.strip())
-    if found is None or not 0 < int(found.group(2)) < 65536:
+    if not is_endpoint(endpoint.strip()):
         raise UserError(f"--otlp-endpoint {endpoint!r} is not HOST:PORT of an OTLP/gRPC receiver (e.g. otel:4317)")
     return endpoint.strip()
 
