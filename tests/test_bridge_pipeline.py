@@ -569,3 +569,42 @@ def test_shutdown_with_exports_outstanding_ends_within_its_own_timeout(backend, 
     took = time.monotonic() - stopping
     assert took < 4, f"shutdown took {took:.1f}s with shutdown_timeout_s 1"
     assert _committed(broker.bootstrap, config.kafka.group_id, topic) in (None, 0)   # nothing past the record
+
+
+def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetching_pauses(tmp_path, collector):
+    """Small compressed records may decompress a thousandfold: one poll's worth must not all be held decoded. They
+    are prepared as the budget allows, the rest wait undecoded, in order, and every one is exported in the end."""
+    from kcm_bridge.consumer import Record
+
+    key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
+    probe = Bridge(_config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka"))
+    size = len(probe._prepare(Record("metrics", 0, 0, key, value, headers))[0])
+    probe._pool.shutdown()
+    for endpoint in probe._endpoints:
+        endpoint.close()
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "max_inflight_bytes"): 3 * size, ("batch", "max_points"): 10**6})
+    bridge = Bridge(config)
+    bridge._consumer = _PausingConsumer([("metrics", 0)])
+    records = [Record("metrics", 0, offset, key, value, headers) for offset in range(20)]
+    try:
+        bridge._take(records)
+        assert bridge._inflight_bytes() <= 3 * size and len(bridge._held) == 17
+        bridge._backpressure()
+        assert bridge._consumer.paused == {("metrics", 0)}
+        peak = 0
+        deadline = time.monotonic() + 30
+        while (bridge._held or bridge._batch.parts or bridge._tracker.pending()) and time.monotonic() < deadline:
+            bridge._flush()
+            time.sleep(0.05)
+            bridge._take([])
+            peak = max(peak, bridge._inflight_bytes())
+        assert peak <= 4 * size and not bridge._held
+        assert bridge._tracker.to_commit() == {("metrics", 0): 20}
+        bridge._backpressure()
+        assert bridge._consumer.paused == set()
+        assert len(_client_ids(collector.exports)) == 20
+    finally:
+        bridge._pool.shutdown()
+        for endpoint in bridge._endpoints:
+            endpoint.close()

@@ -168,6 +168,7 @@ class Bridge:
         self._batch = _Batch()
         self._inflight: deque[Ticket] = deque()
         self._dead_letter_retries: deque[_DeadLetter] = deque()   # appended from producer threads
+        self._held: list[Record] = []   # fetched, not yet prepared: the in-flight budget was spent
         self._rng = random.Random()
         self._paused = False
         self._average_size = 1024.0
@@ -217,9 +218,7 @@ class Bridge:
                 linger = config.batch.linger_ms / 1000
                 timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
                                                                          - time.monotonic()))
-                records = self._poll(timeout)
-                if records:
-                    self._add(records)
+                self._take(self._poll(timeout))
                 if self._batch.parts and time.monotonic() - self._batch.opened >= linger:
                     self._flush()
                 self._backpressure()
@@ -260,12 +259,27 @@ class Bridge:
         budget = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
         return max(1, min(_POLL_RECORDS, int(budget // self._average_size)))
 
+    def _take(self, polled: list[Record]) -> None:
+        """Records held back earlier, then the polled ones, in order, as far as the in-flight budget goes."""
+        records = self._held + polled if self._held else polled
+        self._held = []
+        if records:
+            self._add(records)
+
     def _add(self, records: list[Record]) -> None:
-        """Prepare and batch one poll's records; the hot loop, so it keeps what it uses in locals."""
+        """Prepare and batch records in order until the in-flight budget is spent; the rest wait in `_held` (and
+        fetching pauses) until exports free it: small compressed records may expand a thousandfold. The hot loop, so
+        it keeps what it uses in locals."""
         prepare, track = self._prepare, self._tracker.add
         max_points, max_bytes = self.config.batch.max_points, self.config.batch.max_bytes
         batch, consumed, added = self._batch, 0, 0
-        for record in records:
+        room = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
+        busy = bool(self._inflight)   # with nothing in flight one record always goes, however large
+        for index, record in enumerate(records):
+            if added >= room and (index or busy):
+                self._held = records[index:]
+                records = records[:index]
+                break
             consumed += len(record.value or b"")
             try:
                 payload, points = prepare(record)
@@ -290,7 +304,7 @@ class Bridge:
             track((record.topic, record.partition), record.offset, batch.ticket)
         self.metrics.records.inc(len(records))
         self.metrics.bytes.inc(consumed)
-        if added:
+        if added and records:
             # Enriched bytes per record, for sizing fetches to the in-flight budget.
             self._average_size += (added / len(records) - self._average_size) / 4
 
@@ -401,13 +415,13 @@ class Bridge:
         inflight = self._inflight_bytes()
         self.metrics.inflight_bytes.set(inflight)
         limit = self.config.delivery.max_inflight_bytes
-        if not self._paused and inflight > limit:
+        if not self._paused and (inflight > limit or self._held):
             self._paused = True
             self._assignment_changed = True
             # Flow control whenever export is the slower side; a failing endpoint logs its own retries as warnings.
             log.info("%d bytes await export (limit %d): pausing consumption until endpoints catch up",
                      inflight, limit)
-        elif self._paused and inflight <= limit // 2:
+        elif self._paused and inflight <= limit // 2 and not self._held:
             self._paused = False
             self._assignment_changed = True
             log.info("endpoints caught up: resuming consumption")
@@ -459,6 +473,8 @@ class Bridge:
             time.sleep(0.02)
         self._commit(only=partitions)
         self._tracker.forget(partitions)
+        gone = set(partitions)
+        self._held = [r for r in self._held if (r.topic, r.partition) not in gone]   # the next owner reads them
         if self._converter is not None:
             self._converter.forget(partitions)
         self._assignment_changed = True
