@@ -237,3 +237,20 @@ def test_a_missing_module_no_extra_installs_is_a_bug_with_its_traceback(monkeypa
     monkeypatch.setattr(importlib.import_module("kcm_cli.rollup"), "run", broken)
     with pytest.raises(ModuleNotFoundError):
         main(["rollup", "--bootstrap-server", "k:9092", "--output", "/tmp/unused"])
+
+
+@pytest.mark.parametrize("arguments", [
+    ["bridge", "--config", ""],
+    ["subscriptions", "apply", "-f", "", "--bootstrap-server", "127.0.0.1:1"],
+    ["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", "--from", " "],
+    ["operator", "-n", "", "--bootstrap-server", "127.0.0.1:1"],
+    ["tail", "--bootstrap-server", ""],
+])
+def test_an_empty_option_value_is_a_one_line_mistake_not_a_default(arguments, capsys):
+    from kcm_cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(arguments)
+    error = capsys.readouterr().err
+    assert exited.value.code == 2 and len(error.strip().splitlines()) == 1, error
+    assert "needs a value, not an empty string" in error

@@ -99,6 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    chosen = _chosen(parser, args)
+    for action in chosen._actions:
+        value = getattr(args, action.dest, None)
+        if action.option_strings and any(isinstance(v, str) and not v.strip()
+                                         for v in (value if isinstance(value, list) else [value])):
+            # No kcm option means anything empty: `--config ''` must not quietly read no file, nor `-f ''` this
+            # directory.
+            chosen.error(f"argument {'/'.join(action.option_strings)}: needs a value, not an empty string")
     _configure_logging(args.log_level)
     try:
         return args.run(args)
