@@ -165,3 +165,12 @@ def test_a_resource_without_a_spec_is_refused(base):
     obj = {key: value for key, value in copy.deepcopy(base).items() if key != "spec"}
 
     assert schema.validate(obj, crds=CRDS) == ["<root>: 'spec' is a required property"]
+
+
+@pytest.mark.parametrize("name", ["Bad Name!", "a" * 254, "-leading", "trailing.", "UPPER"])
+def test_a_name_the_api_server_would_refuse_is_refused(name):
+    obj = copy.deepcopy(SUBSCRIPTION)
+    obj["metadata"]["name"] = name
+
+    (problem,) = schema.validate(obj, crds=CRDS)
+    assert problem.startswith("metadata.name: Invalid value: ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -62,6 +63,9 @@ def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     return value
 
 
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
              crds: Mapping[str, Crd] | None = None) -> list[str]:
     """Why the API server would refuse `obj` (after defaulting); [] when it would accept it."""
@@ -72,8 +76,14 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
                 f"not {obj.get('apiVersion')}/{kind}"]
     schema = crds[kind].schema
     problems = []
-    if not (obj.get("metadata") or {}).get("name"):
+    name = (obj.get("metadata") or {}).get("name")
+    if not name:
         problems.append("metadata.name: Required value")
+    elif not (isinstance(name, str) and len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name)):
+        # The API server's rule for object names (RFC 1123 subdomain).
+        problems.append(f"metadata.name: Invalid value: {str(name)[:80]!r}: a lowercase RFC 1123 subdomain must "
+                        "consist of lower case alphanumeric characters, '-' or '.', and must start and end with an "
+                        "alphanumeric character")
     problems += [f"{path}: unknown field" for path in _unknown_fields(schema, obj, "")]
     defaulted = apply_defaults(schema, obj)
     problems += [f"{path}: Duplicate value: {item!r}" for path, item in _duplicates(schema, defaulted, "")]
