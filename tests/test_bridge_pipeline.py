@@ -91,6 +91,32 @@ def running_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
     assert result == [0]
 
 
+@contextmanager
+def _unstarted_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
+    """A bridge whose steps a test drives itself (no consuming loop); its export pool and channels closed after."""
+    bridge = Bridge(config)
+    try:
+        yield bridge
+    finally:
+        bridge._pool.shutdown()
+        for endpoint in bridge._endpoints:
+            endpoint.close()
+
+
+def _closed_port() -> int:
+    """A loopback port a collector just left: exports to it fail until one starts there again."""
+    down = FakeCollector()
+    down.start()
+    port = down.port
+    down.stop()
+    return port
+
+
+def _produce_pushes(bootstrap: str, topic: str, total: int) -> None:
+    """`total` pushes of as many clients, one record each."""
+    _produce(bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(total)])
+
+
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -204,8 +230,7 @@ def test_sigkill_mid_stream_and_restart_delivers_every_point_at_least_once(
         backend, broker, new_topic, collector, tmp_path):
     topic = new_topic()
     total = 300
-    _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
-                                       for i in range(total)])
+    _produce_pushes(broker.bootstrap, topic, total)
     properties = tmp_path / "consumer.properties"
     properties.write_text(CONSUMER_PROPERTIES)
     config_path = tmp_path / "bridge.yaml"
@@ -362,12 +387,8 @@ def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothi
         backend, broker, new_topic, tmp_path):
     topic = new_topic()
     total = 120
-    _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
-                                       for i in range(total)])
-    down = FakeCollector()
-    down.start()
-    port = down.port
-    down.stop()
+    _produce_pushes(broker.bootstrap, topic, total)
+    port = _closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
                      {("batch", "max_points"): 4, ("delivery", "max_inflight_bytes"): 3000})
     with running_bridge(config) as bridge:
@@ -389,12 +410,8 @@ def test_shutdown_while_kafka_is_down_is_bounded_and_commits_nothing_it_cannot(
     (20 s here); the loop does not try, and SIGTERM's drain ends within its own bound."""
     topic = new_topic()
     total = 10
-    _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
-                                       for i in range(total)])
-    down = FakeCollector()
-    down.start()
-    port = down.port
-    down.stop()
+    _produce_pushes(broker.bootstrap, topic, total)
+    port = _closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
                      {("delivery", "shutdown_timeout_s"): 3, ("kafka", "connect_timeout_s"): 2})
     (tmp_path / "consumer.properties").write_text(
@@ -422,24 +439,19 @@ def test_a_record_that_fails_in_an_unforeseen_way_costs_that_record_only(tmp_pat
     from kcm_bridge.consumer import Record
 
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka")
-    bridge = Bridge(config)
-    real = bridge._prepare
+    with _unstarted_bridge(config) as bridge:
+        real = bridge._prepare
 
-    def prepare(record):
-        if record.offset == 1:
-            raise OverflowError("cannot convert float infinity to integer")
-        return real(record)
+        def prepare(record):
+            if record.offset == 1:
+                raise OverflowError("cannot convert float infinity to integer")
+            return real(record)
 
-    monkeypatch.setattr(bridge, "_prepare", prepare)
-    key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
-    try:
+        monkeypatch.setattr(bridge, "_prepare", prepare)
+        key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
         bridge._add([Record("metrics", 0, offset, key, value, headers) for offset in range(3)])
         assert bridge.metrics.value(bridge.metrics.decode_failures, reason=pipeline.UNPROCESSABLE) == 1
         assert len(bridge._batch.parts) == 2
-    finally:
-        bridge._pool.shutdown()
-        for endpoint in bridge._endpoints:
-            endpoint.close()
 
 
 def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_finishes_the_batch(
@@ -447,9 +459,8 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
     """Partial success with a count beyond the batch (or below zero) is the server's error: the batch still counts as
     exported, so its records can be committed."""
     config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
-    bridge = Bridge(config)
-    payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
-    try:
+    with _unstarted_bridge(config) as bridge:
+        payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
         request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
         collector.reject_partially_next(10**6)
         assert bridge._export(bridge._endpoints[0], request, 12).delivered
@@ -457,10 +468,6 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
         assert bridge._export(bridge._endpoints[0], request, 12).rejected_points == 0
         assert bridge.metrics.value(bridge.metrics.rejected) == 12
         assert bridge.metrics.value(bridge.metrics.points) == 12
-    finally:
-        bridge._pool.shutdown()
-        for endpoint in bridge._endpoints:
-            endpoint.close()
 
 
 class _PausingConsumer:
@@ -482,10 +489,9 @@ class _PausingConsumer:
 def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp_path):
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
                      {("delivery", "max_inflight_bytes"): 1000})
-    bridge = Bridge(config)
-    partition = ("metrics", 0)
-    consumer = bridge._consumer = _PausingConsumer([partition])
-    try:
+    with _unstarted_bridge(config) as bridge:
+        partition = ("metrics", 0)
+        consumer = bridge._consumer = _PausingConsumer([partition])
         bridge._batch.size = 5000            # export is behind: pause
         bridge._backpressure()
         assert consumer.paused == {partition} and bridge.metrics.value(bridge.metrics.paused) == 1
@@ -498,10 +504,6 @@ def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp
         bridge._on_assign([partition])
         bridge._backpressure()
         assert consumer.paused == set()
-    finally:
-        bridge._pool.shutdown()
-        for endpoint in bridge._endpoints:
-            endpoint.close()
 
 
 class _FlakyDeadLetters:
@@ -534,10 +536,9 @@ def test_a_failed_dead_letter_write_is_retried_and_its_record_committed_only_onc
                                                             multiplier=2.0, jitter=0.0))
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
                      {("delivery", "dead_letter_topic"): "metrics-dlq"})
-    bridge = Bridge(config)
-    dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=2)
-    partition = ("metrics", 0)
-    try:
+    with _unstarted_bridge(config) as bridge:
+        dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=2)
+        partition = ("metrics", 0)
         bridge._add([Record("metrics", 0, 0, b"k", b"\xff not a payload", [])])
         assert bridge._tracker.to_commit().get(partition, 0) == 0 and bridge._inflight_bytes() > 0
         _wait(lambda: (bridge._retry_dead_letters(), dead_letters.written)[1], 5, "the dead letter written")
@@ -545,10 +546,6 @@ def test_a_failed_dead_letter_write_is_retried_and_its_record_committed_only_onc
         assert bridge.metrics.value(bridge.metrics.dead_letter_failures) == 2
         assert bridge.metrics.value(bridge.metrics.dead_lettered) == 1
         assert bridge._tracker.to_commit() == {partition: 1} and bridge._inflight_bytes() == 0
-    finally:
-        bridge._pool.shutdown()
-        for endpoint in bridge._endpoints:
-            endpoint.close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -557,10 +554,7 @@ def test_shutdown_with_exports_outstanding_ends_within_its_own_timeout(backend, 
     the shutdown already gave up on."""
     topic = new_topic()
     _produce(broker.bootstrap, topic, [_push("client-0", "00000000-0000-0000-0000-000000000000")])
-    down = FakeCollector()
-    down.start()
-    port = down.port
-    down.stop()
+    port = _closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
                      {("delivery", "shutdown_timeout_s"): 1, ("delivery", "revoke_timeout_s"): 6})
     with running_bridge(config) as bridge:
@@ -577,17 +571,13 @@ def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetch
     from kcm_bridge.consumer import Record
 
     key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
-    probe = Bridge(_config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka"))
-    size = len(probe._prepare(Record("metrics", 0, 0, key, value, headers))[0])
-    probe._pool.shutdown()
-    for endpoint in probe._endpoints:
-        endpoint.close()
+    with _unstarted_bridge(_config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")) as probe:
+        size = len(probe._prepare(Record("metrics", 0, 0, key, value, headers))[0])
     config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
                      {("delivery", "max_inflight_bytes"): 3 * size, ("batch", "max_points"): 10**6})
-    bridge = Bridge(config)
-    bridge._consumer = _PausingConsumer([("metrics", 0)])
-    records = [Record("metrics", 0, offset, key, value, headers) for offset in range(20)]
-    try:
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _PausingConsumer([("metrics", 0)])
+        records = [Record("metrics", 0, offset, key, value, headers) for offset in range(20)]
         bridge._take(records)
         assert bridge._inflight_bytes() <= 3 * size and len(bridge._held) == 17
         bridge._backpressure()
@@ -604,7 +594,3 @@ def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetch
         bridge._backpressure()
         assert bridge._consumer.paused == set()
         assert len(_client_ids(collector.exports)) == 20
-    finally:
-        bridge._pool.shutdown()
-        for endpoint in bridge._endpoints:
-            endpoint.close()
