@@ -22,6 +22,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 from kcm_bridge import config as bridge_config
 from kcm_bridge.pipeline import Bridge
 from kcm_common import contract, points
+from kcm_common.kafka import KafkaSettings
 from fake_collector import FakeCollector
 from payloads import client_metrics
 from test_sandbox_clients import _subscribe, running_producer
@@ -594,3 +595,22 @@ def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetch
         bridge._backpressure()
         assert bridge._consumer.paused == set()
         assert len(_client_ids(collector.exports)) == 20
+
+
+def test_kafka_python_dead_letters_with_writes_still_out_flush_and_close_without_raising():
+    """kafka-python raises from flush/close while a write is out: at shutdown or on a revoke that must not escape."""
+    from kafka.errors import KafkaTimeoutError
+
+    from kcm_bridge.consumer import KafkaPythonDeadLetters
+
+    class _Stuck:
+        def flush(self, timeout=None):
+            raise KafkaTimeoutError("Timeout waiting for future")
+
+        def close(self, timeout=None):
+            self.flush(timeout)
+
+    letters = KafkaPythonDeadLetters(KafkaSettings("127.0.0.1:9"))
+    letters._producer = _Stuck()
+    letters.flush(0.05)
+    letters.close(0)

@@ -245,6 +245,8 @@ def test_a_missing_module_no_extra_installs_is_a_bug_with_its_traceback(monkeypa
     ["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", "--from", " "],
     ["operator", "-n", "", "--bootstrap-server", "127.0.0.1:1"],
     ["tail", "--bootstrap-server", ""],
+    ["demo", "--subscriptions", ""],
+    ["sandbox", "--state", " "],
 ])
 def test_an_empty_option_value_is_a_one_line_mistake_not_a_default(arguments, capsys):
     from kcm_cli.main import main

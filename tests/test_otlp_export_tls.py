@@ -49,6 +49,9 @@ def certificates(tmp_path_factory) -> Path:
     _signed(directory, "server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
     _signed(directory, "client", "extendedKeyUsage=clientAuth\n")
     (directory / "token").write_text("Bearer s3cret-token\n")
+    # Old but valid for gRPC's BoringSSL: a 1024-bit key, which OpenSSL's default security level refuses.
+    _openssl("req", "-x509", "-newkey", "rsa:1024", "-nodes", "-subj", "/CN=small", "-days", "2",
+             "-keyout", "small.key", "-out", "small.pem", cwd=directory)
     return directory
 
 
@@ -219,3 +222,11 @@ def test_the_bridge_refuses_the_same_endpoint_files_and_headers_at_start(bad_fil
     with pytest.raises(bridge_config.ConfigError, match=message) as refused:
         bridge_config.load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092", ("endpoints",): [entry]})
     assert "Bearer" not in str(refused.value)
+
+
+def test_files_grpc_would_load_pass_the_start_check_even_below_openssls_security_level(certificates):
+    from kcm_common.otlp_export import Tls, tls_problem
+
+    small = Tls(ca_file=str(certificates / "ca.pem"), cert_file=str(certificates / "small.pem"),
+                key_file=str(certificates / "small.key"))
+    assert tls_problem(small) is None

@@ -380,8 +380,9 @@ class KafkaPythonDeadLetters:
 
         try:
             if self._producer is None:
+                # A short block: a missing topic must not hold the consuming thread; the write is retried later.
                 self._producer = KafkaProducer(linger_ms=20, max_request_size=_DEAD_LETTER_MAX_BYTES,
-                                               max_block_ms=1000, **self._options)
+                                               max_block_ms=200, **self._options)
             future = self._producer.send(topic, value=record.value, key=record.key,
                                          headers=dead_letter_headers(record, reason))
         except KafkaError as exc:   # cannot connect, a record too large, no metadata within max_block_ms
@@ -392,9 +393,19 @@ class KafkaPythonDeadLetters:
         future.add_errback(lambda error: (_dead_letter_failed(record, topic, str(error)), on_done(False)))
 
     def flush(self, timeout_s: float) -> None:
+        from kafka.errors import KafkaError
+
         if timeout_s > 0 and self._producer is not None:
-            self._producer.flush(timeout_s)
+            try:
+                self._producer.flush(timeout_s)
+            except KafkaError:   # kafka-python raises when a write is still out: that write reports on its own
+                pass
 
     def close(self, timeout_s: float) -> None:
+        from kafka.errors import KafkaError
+
         if self._producer is not None:
-            self._producer.close(timeout=timeout_s)
+            try:
+                self._producer.close(timeout=timeout_s)
+            except KafkaError:   # writes still out stay unwritten, and their records uncommitted
+                pass

@@ -13,7 +13,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -42,6 +42,7 @@ log = logging.getLogger("kcm.bridge")
 _POLL_RECORDS = 500
 # The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
 UNPROCESSABLE = "unprocessable"
+_DEAD_LETTER_RETRIES_PER_TURN = 16
 # What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
@@ -342,14 +343,16 @@ class Bridge:
         self._dead_letters.send(self.config.delivery.dead_letter_topic, letter.record, letter.reason, done)
 
     def _retry_dead_letters(self) -> None:
-        """Send again the dead letters whose backoff has passed (the consuming thread's turn)."""
-        now = time.monotonic()
+        """Send again the dead letters whose backoff has passed (the consuming thread's turn; a few per turn, so a
+        failing dead-letter topic cannot hold the loop)."""
+        now, sent = time.monotonic(), 0
         for _ in range(len(self._dead_letter_retries)):
             letter = self._dead_letter_retries.popleft()
-            if letter.due > now:
+            if letter.due > now or sent >= _DEAD_LETTER_RETRIES_PER_TURN:
                 self._dead_letter_retries.append(letter)
             elif self._tracker.holds((letter.record.topic, letter.record.partition), letter.ticket):
                 self._dead_letter(letter)
+                sent += 1
             else:
                 letter.ticket.finish_part()   # its partition was revoked: the next owner reads the record again
 
@@ -397,7 +400,11 @@ class Bridge:
     def _exported(self, future: Future[Outcome], ticket: Ticket) -> None:
         try:
             outcome = future.result()
+        except CancelledError:   # never started: the shutdown deadline passed first
+            return
         except Exception:
+            if self._give_up():   # a channel closed under it at the shutdown deadline
+                return
             log.exception("export failed unexpectedly; its records stay uncommitted")
             return
         # An abandoned export (shutdown deadline) leaves its records uncommitted for the next owner.
@@ -419,8 +426,8 @@ class Bridge:
             self._paused = True
             self._assignment_changed = True
             # Flow control whenever export is the slower side; a failing endpoint logs its own retries as warnings.
-            log.info("%d bytes await export (limit %d): pausing consumption until endpoints catch up",
-                     inflight, limit)
+            log.info("%d bytes await export (limit %d)%s: pausing consumption until endpoints catch up",
+                     inflight, limit, f", {len(self._held)} records wait to be decoded" if self._held else "")
         elif self._paused and inflight <= limit // 2 and not self._held:
             self._paused = False
             self._assignment_changed = True

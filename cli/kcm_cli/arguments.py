@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 
 # Longer than any timeout or interval means anything; and it keeps `now + value` within the clock's range.
@@ -20,6 +21,13 @@ def _seconds(text: str, fits: Callable[[float], bool], wanted: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {LONGEST_SECONDS} "
                                          f"(a year), not {text}")
     return value
+
+
+def path(text: str) -> Path:
+    """A file or directory path; an empty one is refused (Path('') would quietly mean the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a value, not an empty string")
+    return Path(text)
 
 
 def seconds(text: str) -> float:

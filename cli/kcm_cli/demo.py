@@ -6,9 +6,8 @@ import argparse
 import signal
 import sys
 import threading
-from pathlib import Path
 
-from kcm_cli.arguments import seconds
+from kcm_cli.arguments import path, seconds
 from kcm_common.errors import UserError
 
 HELP = "run the whole pipeline on this machine with real clients"
@@ -36,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--java", choices=("auto", "yes", "no"), default="auto",
                         help="Java clients and the Java receiver plugin: auto uses them when `java` and the built "
                              "receiver are here (default: %(default)s)")
-    parser.add_argument("--subscriptions", type=Path, metavar="DIR",
+    parser.add_argument("--subscriptions", type=path, metavar="DIR",
                         help="ClientMetricsSubscription YAML to apply (default: examples/demo in the repository)")
 
 

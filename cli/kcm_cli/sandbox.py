@@ -7,9 +7,9 @@ import logging
 import signal
 import socket
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kcm_cli.arguments import path
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, check_reachable
 from kcm_common.names import DEFAULT_METRICS_TOPIC
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections-max-idle-ms", type=int, metavar="MS",
                         help="close a connection idle this long, or this slow to send one request "
                              "(connections.max.idle.ms; default: Kafka's, 600000)")
-    parser.add_argument("--state", type=Path, metavar="FILE",
+    parser.add_argument("--state", type=path, metavar="FILE",
                         help="JSON file keeping CLIENT_METRICS subscriptions across restarts")
     parser.add_argument("--receiver", choices=("python", "java"), default="python",
                         help="what writes accepted pushes to the metrics topic: the built-in Python receiver, or "
