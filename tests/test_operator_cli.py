@@ -132,7 +132,7 @@ def test_a_kubeconfig_that_is_not_text_is_a_one_line_error(tmp_path):
 def test_a_kubeconfig_server_that_is_not_a_url_is_a_one_line_error_without_the_password(tmp_path):
     result = _operator(tmp_path, kubeconfig=_KUBECONFIG.replace('"https://127.0.0.1:1"', '"not a url"').replace(
         "{token: t}", "{username: alice, password: S3cr3tPW}"))
-    _one_line(result, "the kubeconfig's cluster server is not an https:// URL of the Kubernetes API ('not a url')")
+    _one_line(result, "the kubeconfig's cluster server is not an https:// URL of the Kubernetes API; check its")
     assert "S3cr3tPW" not in result.stderr + result.stdout
 
 

@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte {exc.start})") from None
     server = urllib.parse.urlsplit(client.Configuration.get_default_copy().host or "")
     if server.scheme not in ("http", "https") or not server.hostname:
-        raise UserError("the kubeconfig's cluster server is not an https:// URL of the Kubernetes API "
-                        f"({client.Configuration.get_default_copy().host!r}); check its current context")
+        # Not quoted: a server written as user:password@host would show its password.
+        raise UserError("the kubeconfig's cluster server is not an https:// URL of the Kubernetes API; "
+                        "check its current context")
     operator_config = OperatorConfig(settings, args.drift_interval,
                                      resolve=ConnectionResolver(client.ApiClient()).resolve)
     if args.liveness_port:
