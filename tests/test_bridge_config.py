@@ -65,8 +65,11 @@ def test_flags_alone_run_it_with_defaults():
     ("endpoints: [{endpoint: 'c:4317', tls: {ca_file: /nonexistent/ca.pem}}]", "endpoints[0].tls.ca_file"),
 ])
 def test_a_bad_setting_is_an_error_naming_its_field(tmp_path, yaml_text, field):
+    document = {"kafka": {"bootstrap_servers": "k:9092"}, "endpoints": [{"endpoint": "c:4317"}]}
+    for section, value in yaml.safe_load(yaml_text).items():   # a bad section replaces or extends the good one
+        document[section] = {**document[section], **value} if isinstance(document.get(section), dict) else value
     path = tmp_path / "bridge.yaml"
-    path.write_text("kafka: {bootstrap_servers: 'k:9092'}\nendpoints: [{endpoint: 'c:4317'}]\n" + yaml_text)
+    path.write_text(yaml.safe_dump(document))
     with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         load(path, env={})
 
@@ -159,6 +162,16 @@ def test_the_command_reports_a_non_finite_timeout_from_the_environment_in_one_li
     assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317"]) == 2
     error = capsys.readouterr().err
     assert error == "kcm bridge: delivery.shutdown_timeout_s must be a finite number > 0, not nan\n"
+
+
+def test_a_key_given_twice_is_refused_naming_where_not_silently_replaced(tmp_path):
+    path = tmp_path / "bridge.yaml"
+    path.write_text("kafka: {bootstrap_servers: 'k:9092'}\nendpoints: [{endpoint: 'c:4317'}]\n"
+                    "kafka: {client: kafka-python}\n")
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    assert str(error.value) == (f"config file {path}: invalid YAML at line 3, column 1: the key 'kafka' is given twice "
+                                "in one mapping")
 
 
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path, capsys):
