@@ -614,3 +614,20 @@ def test_kafka_python_dead_letters_with_writes_still_out_flush_and_close_without
     letters._producer = _Stuck()
     letters.flush(0.05)
     letters.close(0)
+
+
+def test_failed_dead_letter_writes_are_reported_once_per_period_with_a_count(caplog, monkeypatch):
+    from kcm_bridge import consumer
+    from kcm_bridge.consumer import Record
+
+    monkeypatch.setattr(consumer, "_dead_letter_reports", {"next": 0.0, "held_back": 0})
+    now = [100.0]
+    record = Record("metrics", 0, 7, b"k", b"v", [])
+    caplog.set_level(logging.ERROR)
+    for _ in range(50):
+        consumer._dead_letter_failed(record, "metrics-dlq", "Broker: Topic authorization failed", lambda: now[0])
+    now[0] += consumer._DEAD_LETTER_REPORT_PERIOD_S
+    consumer._dead_letter_failed(record, "metrics-dlq", "Broker: Topic authorization failed", lambda: now[0])
+    lines = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge.consumer"]
+    assert len(lines) == 2 and "metrics/0@7 to metrics-dlq failed: Broker: Topic authorization failed" in lines[0]
+    assert lines[1].endswith("; 49 more dead-letter writes failed since the last report")
