@@ -99,6 +99,12 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
         noisy = [r.getMessage() for r in caplog.records
                  if r.name.startswith("kcm.bridge") and r.levelno == logging.WARNING]
         assert noisy == [], noisy
+        # Errors: only the bridge's own report, once per backoff period (1, 2, 4 s...), never a line per attempt.
+        errors = [(r.name, r.getMessage()) for r in caplog.records
+                  if r.name.startswith("kcm.bridge") and r.levelno >= logging.ERROR]
+        assert errors and all(name == "kcm.bridge" and message.startswith("cannot reach Kafka")
+                              for name, message in errors)
+        assert len(errors) <= 4, errors
         assert not bridge.ready
         sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", port)))
         sandbox.start()
