@@ -198,3 +198,13 @@ def test_every_problem_of_every_file_is_on_one_line_and_a_resource_without_a_nam
     assert len(err.strip().splitlines()) == 1, err
     assert "spec.intervalMs" in err and "ClientMetricsSubscription team/(no name)" in err, err
     assert sandbox.store.names() == []
+
+
+def test_a_key_given_twice_in_a_manifest_is_refused_as_kubectl_does(tmp_path, capsys):
+    path = tmp_path / "twice.yaml"
+    path.write_text(_subscription("twice", "metrics: [org.apache.kafka.producer.]\nmetrics: [x.]\n"))
+
+    code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
+
+    assert code == 2
+    assert err == f"kcm subscriptions: {path} line 8: not valid YAML (the key 'metrics' is given twice in one mapping)\n"

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from kcm_common import strict_yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
@@ -333,24 +334,9 @@ def _seconds(value: float, where: str, allow_zero: bool = False) -> None:
         raise ConfigError(f"{where} must be at most {_LONGEST_SECONDS} seconds (a year), not {value}")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently, so a
-    repeated `kafka:` section would quietly drop the first)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one mapping",
-                                                        key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+        document = strict_yaml.load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:

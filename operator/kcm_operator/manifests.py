@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from kcm_common import strict_yaml
 from kcm_common.errors import UserError
 from kcm_operator import schema
 from kcm_operator.errors import InvalidSpecError
@@ -79,7 +80,7 @@ def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired
 
 def _documents(file: Path) -> list[Manifest]:
     try:
-        documents = list(yaml.safe_load_all(file.read_text(encoding="utf-8")))
+        documents = strict_yaml.load_all(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UserError(f"cannot read {file}: {exc.strerror}") from None
     except UnicodeDecodeError:
