@@ -616,18 +616,18 @@ def test_kafka_python_dead_letters_with_writes_still_out_flush_and_close_without
     letters.close(0)
 
 
-def test_failed_dead_letter_writes_are_reported_once_per_period_with_a_count(caplog, monkeypatch):
-    from kcm_bridge import consumer
-    from kcm_bridge.consumer import Record
+def test_a_flood_of_one_kind_of_event_is_logged_once_per_period_with_a_count(caplog):
+    """A refusing dead-letter topic or a corrupt stream: one line per period, then how many were held back."""
+    from kcm_bridge.pacing import PacedLog
 
-    monkeypatch.setattr(consumer, "_dead_letter_reports", {"next": 0.0, "held_back": 0})
     now = [100.0]
-    record = Record("metrics", 0, 7, b"k", b"v", [])
+    paced = PacedLog(logging.getLogger("kcm.bridge.test"), logging.ERROR, period_s=10, clock=lambda: now[0])
     caplog.set_level(logging.ERROR)
-    for _ in range(50):
-        consumer._dead_letter_failed(record, "metrics-dlq", "Broker: Topic authorization failed", lambda: now[0])
-    now[0] += consumer._DEAD_LETTER_REPORT_PERIOD_S
-    consumer._dead_letter_failed(record, "metrics-dlq", "Broker: Topic authorization failed", lambda: now[0])
-    lines = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge.consumer"]
-    assert len(lines) == 2 and "metrics/0@7 to metrics-dlq failed: Broker: Topic authorization failed" in lines[0]
-    assert lines[1].endswith("; 49 more dead-letter writes failed since the last report")
+    for offset in range(50):
+        paced("dead-lettering metrics/0@%d failed: %s", offset, "Broker: Topic authorization failed")
+    now[0] += 10
+    paced("dead-lettering metrics/0@%d failed: %s", 50, "Broker: Topic authorization failed")
+    lines = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge.test"]
+    assert lines == ["dead-lettering metrics/0@0 failed: Broker: Topic authorization failed",
+                     "dead-lettering metrics/0@50 failed: Broker: Topic authorization failed "
+                     "(49 more like it in the last 10s)"]

@@ -8,7 +8,6 @@ answering as KafkaUnavailableError, from `poll` and `check`, and keep retrying: 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
@@ -16,6 +15,8 @@ from typing import Any, NamedTuple, Protocol
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, diagnose_failure, rejected_message
 from kcm_common.librdkafka import librdkafka_config
+
+from kcm_bridge.pacing import PacedLog
 
 log = logging.getLogger("kcm.bridge.consumer")
 
@@ -328,25 +329,14 @@ _LIBRDKAFKA_LOG.addFilter(_drop_connection_failures)
 _DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
 
 
-_DEAD_LETTER_REPORT_PERIOD_S = 10.0
-_dead_letter_reports = {"next": 0.0, "held_back": 0}   # failures are counted by a metric; the log is paced
-_dead_letter_lock = threading.Lock()
+# A refusing dead-letter topic fails every letter on every retry: one line per period, the metric counts each.
+_dead_letter_failure = PacedLog(log, logging.ERROR)
 
 
-def _dead_letter_failed(record: Record, topic: str, why: str, clock: Callable[[], float] = time.monotonic) -> None:
-    """Report a failed dead-letter write: at most one line per period (a refusing topic fails every letter on every
-    retry), saying how many failed since the last line."""
-    with _dead_letter_lock:
-        now = clock()
-        if now < _dead_letter_reports["next"]:
-            _dead_letter_reports["held_back"] += 1
-            return
-        held_back, _dead_letter_reports["held_back"] = _dead_letter_reports["held_back"], 0
-        _dead_letter_reports["next"] = now + _DEAD_LETTER_REPORT_PERIOD_S
-    log.error("dead-lettering %s/%d@%d to %s failed: %s; retrying with backoff, the partition is not committed past "
-              "it (a record too large for the topic needs a larger max.message.bytes there)%s", record.topic,
-              record.partition, record.offset, topic, why,
-              f"; {held_back} more dead-letter writes failed since the last report" if held_back else "")
+def _dead_letter_failed(record: Record, topic: str, why: str) -> None:
+    _dead_letter_failure("dead-lettering %s/%d@%d to %s failed: %s; retrying with backoff, the partition is not "
+                         "committed past it (a record too large for the topic needs a larger max.message.bytes there)",
+                         record.topic, record.partition, record.offset, topic, why)
 
 
 class ConfluentDeadLetters:

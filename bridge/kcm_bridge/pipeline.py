@@ -34,6 +34,7 @@ from kcm_bridge.export import open_endpoint
 from kcm_bridge.health import KAFKA_RETRY, KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
+from kcm_bridge.pacing import PacedLog
 from kcm_bridge.temporality import DeltaToCumulative
 from kcm_bridge.wire import count_points
 
@@ -171,6 +172,7 @@ class Bridge:
         self._dead_letter_retries: deque[_DeadLetter] = deque()   # appended from producer threads
         self._held: list[Record] = []   # fetched, not yet prepared: the in-flight budget was spent
         self._rng = random.Random()
+        self._rejected_log = PacedLog(log, logging.WARNING)   # a corrupt stream is counted per record, logged paced
         self._paused = False
         self._average_size = 1024.0
         self._assignment_changed = False
@@ -316,10 +318,10 @@ class Bridge:
         where = f"{record.topic}/{record.partition}@{record.offset}"
         topic = self.config.delivery.dead_letter_topic
         if self._dead_letters is None or topic is None:
-            log.warning("skipping undecodable record %s (%s): %s", where, reason, message)
+            self._rejected_log("skipping undecodable record %s (%s): %s", where, reason, message)
             self._tracker.add(partition, record.offset, None)
             return
-        log.warning("dead-lettering undecodable record %s to %s (%s): %s", where, topic, reason, message)
+        self._rejected_log("dead-lettering undecodable record %s to %s (%s): %s", where, topic, reason, message)
         # Held (and counted against the in-flight budget) until written: a dead-letter topic that refuses the
         # record is retried with backoff, so its partition is never committed past it.
         ticket = Ticket(size=len(record.value or b""))
