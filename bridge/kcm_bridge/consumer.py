@@ -296,7 +296,9 @@ class KafkaPythonConsumer:
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         if self._consumer is None:
             raise KafkaUnavailableError("not connected to Kafka")
-        self._consumer.commit({self._tp(t, p): self._offset(o, "", -1) for (t, p), o in offsets.items()})
+        # Bounded by connect_timeout_s, not kafka-python's request_timeout_ms (30 s): it waits on this thread.
+        self._consumer.commit({self._tp(t, p): self._offset(o, "", -1) for (t, p), o in offsets.items()},
+                              timeout_ms=int(self._timeout_s * 1000))
 
     def pause(self, partitions: list[Partition]) -> None:
         if self._consumer is not None:
