@@ -23,7 +23,7 @@ from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
-from kcm_common.retry import RetryPolicy
+from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
 
@@ -204,8 +204,8 @@ def validate(config: BridgeConfig) -> None:
     _positive(config.batch.max_bytes, "batch.max_bytes")
     if config.batch.linger_ms < 0:
         raise ConfigError(f"batch.linger_ms must be 0 or more, not {config.batch.linger_ms}")
-    if config.batch.linger_ms > _LONGEST_SECONDS * 1000:
-        raise ConfigError(f"batch.linger_ms must be at most {_LONGEST_SECONDS * 1000} (a year), not "
+    if config.batch.linger_ms > LONGEST_WAIT_S * 1000:
+        raise ConfigError(f"batch.linger_ms must be at most {LONGEST_WAIT_S * 1000} (a year), not "
                           f"{config.batch.linger_ms}")
     _seconds(config.kafka.connect_timeout_s, "kafka.connect_timeout_s")
     _seconds(config.retry.initial_backoff_s, "retry.initial_backoff_s")
@@ -315,9 +315,6 @@ def rule_salt(rule: AttributeRule, where: str = "enrich.rules") -> bytes:
     return salt
 
 
-_LONGEST_SECONDS = 365 * 86400
-
-
 def _positive(value: float, where: str) -> None:
     # NaN compares false with everything and an infinite timeout never fires: neither is a usable setting.
     if isinstance(value, float) and not (math.isfinite(value) and value > 0):
@@ -330,8 +327,8 @@ def _seconds(value: float, where: str, allow_zero: bool = False) -> None:
     """A duration: finite, above 0 (or 0 when allowed), at most a year (beyond it only overflows clocks)."""
     if not (math.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
         raise ConfigError(f"{where} must be a finite number{', 0 or more' if allow_zero else ' > 0'}, not {value}")
-    if value > _LONGEST_SECONDS:
-        raise ConfigError(f"{where} must be at most {_LONGEST_SECONDS} seconds (a year), not {value}")
+    if value > LONGEST_WAIT_S:
+        raise ConfigError(f"{where} must be at most {LONGEST_WAIT_S} seconds (a year), not {value}")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -7,9 +7,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-
-# Longer than any timeout or interval means anything; and it keeps `now + value` within the clock's range.
-LONGEST_SECONDS = 365 * 86400
+from kcm_common.retry import LONGEST_WAIT_S
 
 
 def _seconds(text: str, fits: Callable[[float], bool], wanted: str) -> float:
@@ -17,8 +15,8 @@ def _seconds(text: str, fits: Callable[[float], bool], wanted: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not fits(value) or value > LONGEST_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {LONGEST_SECONDS} "
+    if not math.isfinite(value) or not fits(value) or value > LONGEST_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {LONGEST_WAIT_S} "
                                          f"(a year), not {text}")
     return value
 

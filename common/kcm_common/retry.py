@@ -5,6 +5,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+# The longest timeout, interval or idle time any kcm setting may ask for: longer means nothing, and keeps
+# `now + value` within what clocks and dates hold.
+LONGEST_WAIT_S = 365 * 86400
+
 
 @dataclass(frozen=True)
 class RetryPolicy:

@@ -14,6 +14,7 @@ from kafka import KafkaAdminClient
 from kcm_common.errors import UserError
 from kcm_common import contract
 from kcm_common.kafka import KafkaSettings, ensure_topic
+from kcm_common.retry import LONGEST_WAIT_S
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 from kcm_sandbox.broker import EmbeddedBroker, free_port
 from kcm_sandbox.store import SubscriptionStore
@@ -56,7 +57,7 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
 
 _INT32_MAX = 2**31 - 1
 _MAX_PARTITIONS = 10_000
-_MAX_IDLE_MS = 365 * 86_400_000
+_MAX_IDLE_MS = LONGEST_WAIT_S * 1000
 
 
 @dataclass
