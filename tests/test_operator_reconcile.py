@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,13 @@ class Cluster:
 
     def events(self, reason: str) -> list[dict]:
         return [event for event in self.kube.objects("events", NS).values() if event.get("reason") == reason]
+
+
+@pytest.fixture(autouse=True)
+def operator_logs(caplog):
+    """A failing test shows what kopf and the operator did (INFO and up), not only their warnings."""
+    caplog.set_level(logging.INFO, logger="kopf")
+    caplog.set_level(logging.INFO, logger="kcm")
 
 
 @pytest.fixture
