@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ending-offsets", default="latest", metavar="OFFSETS",
                         help='latest or Spark\'s JSON {"topic":{"0":42}} (default: %(default)s)')
     parser.add_argument("--resolution", default="1m,1h", metavar="SIZES",
-                        help="window sizes, finest first merged into coarser (default: %(default)s)")
+                        help="window sizes; each coarser one is merged from the finer (default: %(default)s)")
     parser.add_argument("--group-by", metavar="COLUMNS",
                         help="dimensions besides metric and type (default: "
                              "client_id,client_software_name,client_software_version,attributes)")

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT",
                         help="where clients connect: the bootstrap address (default: %(default)s; port 0 picks one)")
     parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic the receiver writes (default: %(default)s)")
-    parser.add_argument("--partitions", type=int, default=1, help="partitions of the metrics topic if it is created")
+    parser.add_argument("--partitions", type=int, default=1, help="partitions of the metrics topic if it is created (default: %(default)s)")
     parser.add_argument("--compression", default="zstd,lz4,gzip,snappy", metavar="LIST",
                         help="compression types offered to clients, in preference order (default: %(default)s)")
     parser.add_argument("--telemetry-max-bytes", type=int, metavar="N",
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kcm's Java broker plugin hosted in a JVM as a broker hosts it (needs java; "
                              "default: %(default)s)")
     parser.add_argument("--receiver-api", choices=("3.8", "4.2"), default="4.2",
-                        help="with --receiver java: call the plugin as Kafka 3.8-4.1 (ClientTelemetry) or 4.2+ "
+                        help="with --receiver java: call the plugin as Kafka 3.7-4.1 (ClientTelemetry) or 4.2+ "
                              "(ClientTelemetryExporterProvider) brokers do (default: %(default)s)")
     parser.add_argument("--upstream", metavar="HOST:PORT",
                         help="use this running broker instead of starting the embedded one; it must advertise "

@@ -12,7 +12,7 @@ import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
-/** What both plugin classes do; it names no Kafka 4.2 type, so the 3.8 class loads on brokers that lack them. */
+/** What both plugin classes do; it names no Kafka 4.2 type, so the 3.7–4.1 class loads on brokers that lack them. */
 final class ReceiverCore implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(ReceiverCore.class);
     static final String CLUSTER_ID_LABEL = "kafka.cluster.id";
