@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-
 import socket
+import time
 
+import pytest
 from kafka.errors import KafkaTimeoutError
 
-from kcm_common.kafka import (KafkaConfigError, KafkaSettings, check_reachable, diagnose_failure, kafka_python_options,
-                              parse_properties)
+from kcm_common.kafka import (KafkaConfigError, KafkaSettings, KafkaUnavailableError, check_reachable,
+                              diagnose_failure, kafka_python_options, parse_properties)
 
 _NOT_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
 
@@ -120,3 +120,20 @@ def test_an_unreadable_property_line_is_named_by_number_never_quoted(line):
         parse_properties(text)
     assert str(raised.value) == "cannot read the property on line 3: expected key=value"
     assert "S3cr3t" not in str(raised.value)
+
+
+def test_servers_that_never_answer_cost_one_timeout_in_all_and_are_named_once(tmp_path):
+    """Listed twenty times, or beside servers that refuse: the probe takes the timeout once, not once per entry."""
+    tarpit = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
+    port = tarpit.getsockname()[1]
+    try:
+        for servers in (",".join([f"127.0.0.1:{port}"] * 20),
+                        ",".join([f"127.0.0.1:{port}"] + [f"127.0.0.{i}:{port}" for i in range(2, 30)])):
+            began = time.monotonic()
+            with pytest.raises(KafkaUnavailableError) as err:
+                check_reachable(KafkaSettings(servers), timeout_s=1.0)
+            assert time.monotonic() - began < 2.5
+            assert str(err.value).count(f"127.0.0.1:{port} ") == 1
+            assert len(str(err.value)) < 1000
+    finally:
+        tarpit.close()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError
+from kcm_operator import admin as admin_module
 from kcm_operator.admin import BatchedAdmin, SubscriptionAdmin
+from kcm_operator.errors import KafkaRefusedError
 from kcm_operator.reconcile import desired_from_spec, diff
 
 
@@ -58,3 +61,38 @@ def test_a_failed_request_fails_every_caller_in_the_batch():
     for future in futures:
         with pytest.raises(KafkaUnavailableError):
             future.result()
+
+
+def test_one_subscription_kafka_refuses_fails_only_its_own_caller():
+    class Refusing(SubscriptionAdmin):
+        def describe_each(self, names):
+            return {name: KafkaRefusedError("CLUSTER_AUTHORIZATION_FAILED") if name == "s0" else {"interval.ms": "1"}
+                    for name in names}
+
+    admin = BatchedAdmin(Refusing(KafkaSettings("127.0.0.1:1")), linger_s=0.2)
+    with ThreadPoolExecutor(3) as pool:
+        futures = {name: pool.submit(admin.describe_one, name) for name in ("s0", "s1", "s2")}
+
+    with pytest.raises(KafkaRefusedError, match="AUTHORIZATION"):
+        futures["s0"].result()
+    assert [futures[name].result() for name in ("s1", "s2")] == [{"interval.ms": "1"}] * 2
+
+
+def test_after_a_failed_connect_callers_get_the_answer_at_once_for_one_timeout(monkeypatch):
+    probes = []
+
+    def unreachable(settings, timeout_s):
+        probes.append(timeout_s)
+        raise KafkaUnavailableError("cannot reach Kafka: 127.0.0.1:1 refuses connections")
+
+    monkeypatch.setattr(admin_module, "check_reachable", unreachable)
+    admin = SubscriptionAdmin(KafkaSettings("127.0.0.1:1"), timeout_s=0.5)
+    for _ in range(3):
+        with pytest.raises(KafkaUnavailableError, match="refuses connections"):
+            admin.list_names()
+    assert len(probes) == 1
+
+    time.sleep(0.6)
+    with pytest.raises(KafkaUnavailableError):
+        admin.list_names()
+    assert len(probes) == 2

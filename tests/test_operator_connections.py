@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import stat
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from kcm_common.kafka import KafkaSettings
+from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator.connections import settings_from_spec
 from kcm_operator.errors import InvalidSpecError
 from kcm_operator.handlers import OperatorConfig
 
-SECRETS = {("creds", "user"): b"kcm", ("creds", "pass"): b"p4ss", ("ca", "ca.crt"): b"-----BEGIN CERTIFICATE-----\n"}
+NOT_A_CERTIFICATE = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
+SECRETS = {("creds", "user"): b"kcm", ("creds", "pass"): b"p4ss", ("latin1", "user"): b"kcm",
+           ("latin1", "pass"): b"\xff\xfep4ss", ("garbage", "ca.crt"): NOT_A_CERTIFICATE}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ca_certificate(tmp_path_factory) -> None:
+    """A real self-signed CA in Secret `ca` key `ca.crt`, made by openssl."""
+    directory: Path = tmp_path_factory.mktemp("ca")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca",
+                    "-days", "2", "-keyout", "ca.key", "-out", "ca.pem"], cwd=directory, check=True,
+                   capture_output=True, timeout=60)
+    SECRETS["ca", "ca.crt"] = (directory / "ca.pem").read_bytes()
 
 
 def _read(secret: str, key: str) -> bytes:
@@ -43,6 +57,23 @@ def test_a_missing_secret_key_names_the_secret_and_key_not_a_value(tmp_path):
             "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "creds"}}}
 
     with pytest.raises(InvalidSpecError, match="Secret ns/creds has no key 'username'"):
+        settings_from_spec(spec, _read, tmp_path)
+
+
+def test_tls_material_that_does_not_load_is_named_by_its_secret_and_key_not_by_a_file(tmp_path):
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL", "tls": {"caSecretRef": {"name": "garbage"}}}
+
+    with pytest.raises(KafkaConfigError, match=r"ssl.ca.location Secret garbage key 'ca.crt' holds no usable CA") as err:
+        settings_from_spec(spec, _read, tmp_path)
+
+    assert str(tmp_path) not in str(err.value)
+
+
+def test_a_credential_that_is_not_utf8_is_named_never_echoed(tmp_path):
+    spec = {"bootstrapServers": "kafka:9092", "securityProtocol": "SASL_PLAINTEXT",
+            "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "latin1", "usernameKey": "user", "passwordKey": "pass"}}}
+
+    with pytest.raises(KafkaConfigError, match="^Secret latin1 key 'pass' is not UTF-8 text$"):
         settings_from_spec(spec, _read, tmp_path)
 
 

@@ -271,6 +271,26 @@ def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_opera
     assert cluster.sandbox.store.names() == []
 
 
+def test_deleting_a_subscription_whose_connection_is_gone_lets_it_go_and_says_what_stays(run_operator,
+                                                                                          sandbox_factory):
+    """As when a namespace is deleted: its KafkaConnection may go first, and the finalizer must not wait forever."""
+    cluster = run_operator()
+    other = sandbox_factory()
+    _connection(cluster, "analytics", {"bootstrapServers": other.bootstrap})
+    cluster.apply("payments", {**SPEC, "connection": "analytics", "deletionPolicy": "Delete"})
+    cluster.wait_condition("payments", "True", "Applied")
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "analytics")
+
+    cluster.delete("payments")
+
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    (event,) = cluster.events("NotRemoved")
+    assert event["type"] == "Warning"
+    assert event["message"].startswith("subscription team.payments was not removed from Kafka")
+    assert "KafkaConnection team/analytics does not exist" in event["message"]
+    assert other.store.configs("team.payments") == IN_KAFKA
+
+
 def test_sasl_credentials_come_from_the_secret_and_never_reach_status_or_events(run_operator, sandbox_factory,
                                                                                 caplog):
     cluster = run_operator()
@@ -288,7 +308,7 @@ def test_sasl_credentials_come_from_the_secret_and_never_reach_status_or_events(
 
     # The sandbox speaks no SASL, so the handshake fails; what matters is whom the client was set up to reach.
     failed = cluster.wait_condition("payments", "False", "KafkaUnavailable")
-    (admin,) = cluster.config.admins.values()
+    ((_, admin),) = cluster.config.admins.values()
     options = admin.settings.client_options()
     assert options["bootstrap_servers"] == [other.bootstrap]
     assert (options["security_protocol"], options["sasl_mechanism"]) == ("SASL_PLAINTEXT", "PLAIN")

@@ -208,3 +208,45 @@ def test_a_key_given_twice_in_a_manifest_is_refused_as_kubectl_does(tmp_path, ca
 
     assert code == 2
     assert err == f"kcm subscriptions: {path} line 8: not valid YAML (the key 'metrics' is given twice in one mapping)\n"
+
+
+@pytest.mark.parametrize("document, problem", [
+    ("apiVersion: 5\nkind: ClientMetricsSubscription\n", "no ClientMetricsSubscription resources"),
+    ("apiVersion:\nkind: x\n", "no ClientMetricsSubscription resources"),
+    ("apiVersion: v1\nkind: List\nitems: [1, x]\n", "[0]: expected a Kubernetes resource (a mapping), found int"),
+    ("apiVersion: kcm.dev/v1alpha1\nkind: ClientMetricsSubscription\nmetadata: hello\nspec: {metrics: [x.]}\n",
+     "metadata: Invalid value: must be an object, not str"),
+    ("apiVersion: kcm.dev/v1alpha1\nkind: [1]\n", "not kcm.dev/v1alpha1/[1]"),
+    ("apiVersion: kcm.dev/v1alpha1\nkind: ClientMetricsSubscription\nmetadata: {name: x, namespace: Bad_NS}\n"
+     "spec: {metrics: [x.]}\n", "metadata.namespace: Invalid value: 'Bad_NS'"),
+])
+def test_a_malformed_document_is_one_line_and_exit_2_never_a_traceback(tmp_path, capsys, document, problem):
+    path = tmp_path / "odd.yaml"
+    path.write_text(document)
+
+    code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
+
+    assert (code, len(err.strip().splitlines())) == (2, 1), err
+    assert problem in err, err
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly_and_briefly(tmp_path, capsys):
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for previous, name in zip("abcdefg", "bcdefgh"):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")  # 9^8 values in all
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+
+    code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
+
+    assert code == 2 and len(err) < 400, err[:400]
+    assert "more than 1,000,000 values once its aliases are expanded" in err
+
+
+def test_a_problem_quoting_a_huge_value_is_cut_short(tmp_path, capsys):
+    path = tmp_path / "long.yaml"
+    path.write_text(_subscription("long", f"metrics: [x.]\nintervalMs: '{'9' * 100_000}'\n"))
+
+    code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
+
+    assert code == 2 and "spec.intervalMs" in err and len(err) < 1000, err[:1000]

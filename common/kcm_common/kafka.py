@@ -9,7 +9,10 @@ import re
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,19 +208,47 @@ class KafkaSettings:
         return f"{self.bootstrap_servers} ({self.security_protocol})"
 
 
+_PROBES_AT_ONCE = 8  # bootstrap servers probed side by side
+_PROBLEMS_SHOWN = 5  # servers named in the error; the rest are counted
+
+
 def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
     """Fail fast, with a diagnosis, unless some bootstrap server speaks Kafka with these settings' transport.
 
     kafka-python only says "Unable to bootstrap" (and can hang on a TLS handshake with a plaintext listener),
     so probe first: TCP, then TLS where configured, then an ApiVersions round trip where the transport is plain.
+    The distinct servers are probed side by side, and `timeout_s` bounds the whole check, not each server: a list of
+    servers that never answer costs no more than one.
     """
-    problems = []
-    for host, port in parse_bootstrap(settings.bootstrap_servers):
-        problem = _probe(settings, host, port, timeout_s)
-        if problem is None:
-            return
-        problems.append(f"{host}:{port} {problem}")
-    raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(problems)}")
+    addresses = list(dict.fromkeys(parse_bootstrap(settings.bootstrap_servers)))
+    deadline = time.monotonic() + timeout_s
+
+    def probe(host: str, port: int) -> str | None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return f"was not probed: the {timeout_s:g}s for reaching Kafka were spent on the other servers"
+        return _probe(settings, host, port, min(timeout_s, remaining))
+
+    if len(addresses) == 1:
+        problems = {addresses[0]: probe(*addresses[0])}
+    else:
+        pool = ThreadPoolExecutor(max_workers=min(_PROBES_AT_ONCE, len(addresses)), thread_name_prefix="kcm-probe")
+        futures = {pool.submit(probe, host, port): (host, port) for host, port in addresses}
+        problems = dict.fromkeys(addresses, f"did not answer within {timeout_s:g}s")
+        try:
+            for future in as_completed(futures, timeout=timeout_s + 1.0):
+                problems[futures[future]] = future.result()
+                if problems[futures[future]] is None:
+                    break
+        except FuturesTimeout:
+            pass
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # the probes left end by their own socket timeouts
+    if None in problems.values():
+        return
+    listed = [f"{host}:{port} {problem}" for (host, port), problem in problems.items()]
+    more = f"; and {len(listed) - _PROBLEMS_SHOWN} more servers" if len(listed) > _PROBLEMS_SHOWN else ""
+    raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(listed[:_PROBLEMS_SHOWN])}{more}")
 
 
 def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavailableError:

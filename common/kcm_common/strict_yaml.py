@@ -1,7 +1,9 @@
 """YAML as kcm reads users' files: PyYAML's safe loader, refusing a key given twice in one mapping.
 
 PyYAML keeps the last of two equal keys silently, so a repeated section (`kafka:` twice in a bridge config, `spec:`
-twice in a manifest) would quietly drop the first; kubectl refuses such manifests too.
+twice in a manifest) would quietly drop the first; kubectl refuses such manifests too. Aliases are shared, not
+copied, when loading, but everything after walks them as copies: a document that would expand to more than
+MAX_VALUES values (an alias bomb: a kilobyte of nested aliases can stand for billions) is refused, as kubectl does.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
+MAX_VALUES = 1_000_000  # values of one document with every alias expanded; real manifests and configs are far below
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -27,9 +31,26 @@ class StrictLoader(yaml.SafeLoader):
 
 def load(text: str) -> Any:
     """One YAML document, strictly."""
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
+    return _bounded(yaml.load(text, Loader=StrictLoader))  # noqa: S506 (a SafeLoader)
 
 
 def load_all(text: str) -> list[Any]:
     """Every YAML document of `text`, strictly."""
-    return list(yaml.load_all(text, Loader=StrictLoader))  # noqa: S506 (a SafeLoader)
+    return [_bounded(document) for document in yaml.load_all(text, Loader=StrictLoader)]  # noqa: S506 (a SafeLoader)
+
+
+def _bounded(document: Any) -> Any:
+    # Count as the readers will walk it: a shared (aliased) value once per place it appears.
+    pending, seen = [document], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise yaml.YAMLError(f"the document stands for more than {MAX_VALUES:,} values once its aliases are "
+                                 "expanded (nested aliases?); write the values out or split the document")
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return document

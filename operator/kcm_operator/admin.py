@@ -26,7 +26,7 @@ from kcm_common.codes import (
     PUSH_TELEMETRY,
 )
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
-from kcm_operator.errors import InvalidSpecError, UnsupportedError
+from kcm_operator.errors import InvalidSpecError, KafkaRefusedError, UnsupportedError
 from kcm_operator.reconcile import Change, ops_for_kafka
 
 log = logging.getLogger("kcm.operator.admin")
@@ -35,10 +35,6 @@ BATCH_SIZE = 100  # resources per request, as Strimzi's topic operator batches
 _CONNECTION_ERRORS = (kafka_errors.KafkaConnectionError, kafka_errors.BrokerNotAvailableError,
                       kafka_errors.KafkaTimeoutError, kafka_errors.RequestTimedOutError,
                       kafka_errors.NodeNotReadyError, kafka_errors.NotControllerError, OSError)
-
-
-class KafkaAdminError(Exception):
-    """Kafka refused one resource's change for a reason other than the spec (e.g. authorization)."""
 
 
 class SubscriptionAdmin:
@@ -50,6 +46,9 @@ class SubscriptionAdmin:
         self._client: KafkaAdminClient | None = None
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one request at a time: the operator calls from many handler threads
+        # After a failed connect, the callers queued behind it get the same answer for `timeout_s` instead of each
+        # probing again: a cluster that never answers holds the handler threads for one timeout, not one each.
+        self._failed: tuple[float, Exception] | None = None
 
     def list_names(self) -> list[str]:
         """Every CLIENT_METRICS resource in the cluster, managed or not."""
@@ -59,18 +58,26 @@ class SubscriptionAdmin:
         return sorted(entry.resource_name for entry in response.config_resources)
 
     def describe(self, names: Sequence[str]) -> dict[str, dict[str, str]]:
-        """The set configs of each named subscription ({} for one that does not exist)."""
-        found: dict[str, dict[str, str]] = {}
+        """The set configs of each named subscription ({} for one that does not exist); raises the first refusal."""
+        found = self.describe_each(names)
+        for result in found.values():
+            if isinstance(result, Exception):
+                raise result
+        return found  # type: ignore[return-value]
+
+    def describe_each(self, names: Sequence[str]) -> dict[str, dict[str, str] | Exception]:
+        """Per named subscription: its set configs ({} when it does not exist), or the error Kafka gave for it."""
+        found: dict[str, dict[str, str] | Exception] = {}
         for start in range(0, len(names), BATCH_SIZE):
             chunk = list(dict.fromkeys(names[start:start + BATCH_SIZE]))
             request = DescribeConfigsRequest(resources=[(CLIENT_METRICS_RESOURCE, name, None) for name in chunk],
                                              include_synonyms=False)
             for result in self._send(request).results:
-                if result.error_code:
-                    raise _error(result.error_code, f"describing subscription {result.resource_name}: "
-                                                    f"{result.error_message}")
-                found[result.resource_name] = {entry.name: entry.value for entry in result.configs
-                                               if entry.config_source == CLIENT_METRICS_CONFIG_SOURCE}
+                found[result.resource_name] = (
+                    _error(result.error_code, f"describing subscription {result.resource_name}: "
+                                              f"{result.error_message}") if result.error_code else
+                    {entry.name: entry.value for entry in result.configs
+                     if entry.config_source == CLIENT_METRICS_CONFIG_SOURCE})
         return found
 
     def alter(self, changes: Sequence[Change], validate_only: bool = False) -> dict[str, Exception | None]:
@@ -104,22 +111,32 @@ class SubscriptionAdmin:
     def _connected(self) -> KafkaAdminClient:
         with self._lock:
             if self._client is None:
-                check_reachable(self.settings, self.timeout_s)
-                timeout_ms = int(self.timeout_s * 1000)
+                if self._failed is not None and time.monotonic() < self._failed[0]:
+                    raise type(self._failed[1])(str(self._failed[1]))
                 try:
-                    client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms,
-                                              **self.settings.client_options())
-                except kafka_errors.KafkaError as exc:
-                    raise diagnose_failure(self.settings, exc) from None
-                api_versions = client._manager.broker_version_data.api_versions
-                if GET_TELEMETRY_SUBSCRIPTIONS not in api_versions or PUSH_TELEMETRY not in api_versions:
-                    client.close()
-                    raise UnsupportedError(
-                        f"the brokers at {self.settings.describe()} do not do KIP-714 client telemetry "
-                        "(no GetTelemetrySubscriptions/PushTelemetry APIs): each broker needs kcm's receiver "
-                        "plugin (metric.reporters) before subscriptions have any effect")
-                self._client = client
+                    self._client = self._connect()
+                except (KafkaUnavailableError, UnsupportedError) as exc:
+                    self._failed = (time.monotonic() + self.timeout_s, exc)
+                    raise
+                self._failed = None
             return self._client
+
+    def _connect(self) -> KafkaAdminClient:
+        check_reachable(self.settings, self.timeout_s)
+        timeout_ms = int(self.timeout_s * 1000)
+        try:
+            client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms,
+                                      **self.settings.client_options())
+        except kafka_errors.KafkaError as exc:
+            raise diagnose_failure(self.settings, exc) from None
+        api_versions = client._manager.broker_version_data.api_versions
+        if GET_TELEMETRY_SUBSCRIPTIONS not in api_versions or PUSH_TELEMETRY not in api_versions:
+            client.close()
+            raise UnsupportedError(
+                f"the brokers at {self.settings.describe()} do not do KIP-714 client telemetry "
+                "(no GetTelemetrySubscriptions/PushTelemetry APIs): each broker needs kcm's receiver "
+                "plugin (metric.reporters) before subscriptions have any effect")
+        return client
 
     def _reset(self) -> None:
         if self._client is not None:
@@ -136,7 +153,7 @@ class BatchedAdmin:
 
     def __init__(self, admin: SubscriptionAdmin, linger_s: float = 0.1) -> None:
         self.admin = admin
-        self._describe = _Batcher(admin.describe, linger_s)
+        self._describe = _Batcher(admin.describe_each, linger_s)
         self._alter = _Batcher(admin.alter, linger_s)
 
     @property
@@ -144,8 +161,11 @@ class BatchedAdmin:
         return self.admin.settings
 
     def describe_one(self, name: str) -> dict[str, str]:
-        """The set configs of one subscription ({} when it does not exist)."""
-        return self._describe.submit(name, name) or {}
+        """The set configs of one subscription ({} when it does not exist); raises what Kafka said about it alone."""
+        result = self._describe.submit(name, name)
+        if isinstance(result, Exception):
+            raise result
+        return result or {}
 
     def alter_one(self, change: Change) -> Exception | None:
         """Send one change's ops; None, or the error Kafka gave for it."""
@@ -202,4 +222,4 @@ def _error(code: int, message: str) -> Exception:
     if code in (INVALID_CONFIG, INVALID_REQUEST):
         return InvalidSpecError(message)
     name = kafka_errors.for_code(code).__name__
-    return KafkaAdminError(f"{name} (error {code}): {message}")
+    return KafkaRefusedError(f"{name} (error {code}): {message}")

@@ -17,9 +17,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kcm_common.kafka import KafkaSettings
+from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import schema
-from kcm_operator.errors import InvalidSpecError
+from kcm_operator.errors import InvalidSpecError, KubernetesApiError
 
 PLURAL = "kafkaconnections"
 
@@ -39,7 +39,7 @@ class ConnectionResolver:
         except ApiException as exc:
             if exc.status == 404:
                 raise InvalidSpecError(f"spec.connection: KafkaConnection {namespace}/{name} does not exist") from None
-            raise
+            raise _api_error(f"reading KafkaConnection {namespace}/{name}", exc) from None
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         return settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
@@ -51,35 +51,54 @@ class ConnectionResolver:
         except ApiException as exc:
             if exc.status == 404:
                 raise InvalidSpecError(f"Secret {namespace}/{secret} does not exist") from None
-            raise
+            raise _api_error(f"reading Secret {namespace}/{secret}", exc) from None
         if key not in data:
             raise InvalidSpecError(f"Secret {namespace}/{secret} has no key {key!r}")
         return base64.b64decode(data[key])
 
 
 def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir: Path) -> KafkaSettings:
-    """KafkaSettings for a (defaulted) KafkaConnection spec; `secret_value(secret, key) -> bytes` reads Secrets."""
+    """KafkaSettings for a (defaulted) KafkaConnection spec; `secret_value(secret, key) -> bytes` reads Secrets.
+    Raises KafkaConfigError, naming Secrets and keys (never a value or the file a value was written to), unless the
+    settings translate and their TLS material loads."""
     properties = {"security.protocol": spec["securityProtocol"]}
+    sources: dict[str, str] = {}  # TLS material file → the Secret and key it came from
+
+    def text(secret: str, key: str) -> str:
+        try:
+            return secret_value(secret, key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise KafkaConfigError(f"Secret {secret} key {key!r} is not UTF-8 text") from None
+
+    def material(secret: str, key: str) -> str:
+        path = _material(material_dir, secret_value(secret, key))
+        sources[path] = f"Secret {secret} key {key!r}"
+        return path
+
     sasl = spec.get("sasl")
     if sasl:
         ref = sasl["secretRef"]
         properties["sasl.mechanism"] = sasl["mechanism"]
-        properties["sasl.username"] = secret_value(ref["name"], ref.get("usernameKey", "username")).decode()
-        properties["sasl.password"] = secret_value(ref["name"], ref.get("passwordKey", "password")).decode()
+        properties["sasl.username"] = text(ref["name"], ref.get("usernameKey", "username"))
+        properties["sasl.password"] = text(ref["name"], ref.get("passwordKey", "password"))
     tls = spec.get("tls") or {}
     if "caSecretRef" in tls:
         ref = tls["caSecretRef"]
-        properties["ssl.ca.location"] = _material(material_dir, secret_value(ref["name"], ref.get("key", "ca.crt")))
+        properties["ssl.ca.location"] = material(ref["name"], ref.get("key", "ca.crt"))
     if "clientCertSecretRef" in tls:
         ref = tls["clientCertSecretRef"]
-        properties["ssl.certificate.location"] = _material(
-            material_dir, secret_value(ref["name"], ref.get("certKey", "tls.crt")))
-        properties["ssl.key.location"] = _material(
-            material_dir, secret_value(ref["name"], ref.get("keyKey", "tls.key")))
+        properties["ssl.certificate.location"] = material(ref["name"], ref.get("certKey", "tls.crt"))
+        properties["ssl.key.location"] = material(ref["name"], ref.get("keyKey", "tls.key"))
     if tls.get("verifyHostname") is False:
         properties["ssl.endpoint.identification.algorithm"] = ""
     settings = KafkaSettings(spec["bootstrapServers"], properties)
-    settings.client_options()  # refuse what kafka-python cannot honour now, not at the first Kafka call
+    try:
+        settings.validate()  # refuse what kafka-python cannot honour, or TLS that does not load, now
+    except KafkaConfigError as exc:
+        message = str(exc)
+        for path, source in sources.items():
+            message = message.replace(repr(path), source).replace(path, source)
+        raise KafkaConfigError(message) from None
     return settings
 
 
@@ -91,3 +110,9 @@ def _material(directory: Path, content: bytes) -> str:
         with os.fdopen(descriptor, "wb") as file:
             file.write(content)
     return str(path)
+
+
+def _api_error(what: str, error: ApiException) -> KubernetesApiError:
+    # The status and reason only: an API error's body may echo what was asked for.
+    hint = ": the operator's service account needs get on it (see the chart's RBAC)" if error.status == 403 else ""
+    return KubernetesApiError(f"{what} failed: {error.status} {error.reason}{hint}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaUnavailableError
 
-__all__ = ["InvalidSpecError", "KafkaUnavailableError", "UnsupportedError", "reason_of"]
+__all__ = ["InvalidSpecError", "KafkaRefusedError", "KafkaUnavailableError", "KubernetesApiError", "UnsupportedError",
+           "RETRIED", "reason_of"]
 
 
 class InvalidSpecError(UserError):
@@ -16,12 +17,29 @@ class UnsupportedError(UserError):
     """The cluster does not do KIP-714: its brokers advertise no telemetry APIs (71/72)."""
 
 
+class KafkaRefusedError(UserError):
+    """Kafka refused a call for a reason other than the spec (authorization, say): retried, it may pass once fixed."""
+
+
+class KubernetesApiError(UserError):
+    """The Kubernetes API failed a read other than with 404 (RBAC forbids it, the server is busy): retried."""
+
+
+# Reported on the resource and retried with backoff; the other errors wait for the spec to change.
+RETRIED = (KafkaUnavailableError, KafkaRefusedError, KubernetesApiError)
+
+
 def reason_of(error: Exception) -> str:
-    """The condition reason for an error: InvalidSpec, KafkaUnavailable, Unsupported or Failed."""
+    """The condition reason for an error: InvalidSpec, KafkaUnavailable, KafkaRefused, KubernetesError, Unsupported
+    or Failed."""
     if isinstance(error, InvalidSpecError):
         return "InvalidSpec"
     if isinstance(error, KafkaUnavailableError):
         return "KafkaUnavailable"
+    if isinstance(error, KafkaRefusedError):
+        return "KafkaRefused"
+    if isinstance(error, KubernetesApiError):
+        return "KubernetesError"
     if isinstance(error, UnsupportedError):
         return "Unsupported"
     return "Failed"

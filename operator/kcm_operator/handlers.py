@@ -17,10 +17,10 @@ from typing import Any
 
 import kopf
 
-from kcm_common.kafka import KafkaConfigError, KafkaSettings, KafkaUnavailableError
+from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, SubscriptionAdmin
-from kcm_operator.errors import InvalidSpecError, UnsupportedError, reason_of
+from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
 from kcm_operator.reconcile import DELETE_POLICY, Claim, Desired, desired_from_spec, diff, drift, owner, removal
 
 GROUP, VERSION = "kcm.dev", "v1alpha1"
@@ -41,7 +41,7 @@ class OperatorConfig:
     drift_interval_s: float = 60.0
     resolve: Callable[[str, str], KafkaSettings] | None = None  # (namespace, connection name) → settings
     kafka_timeout_s: float = 10.0
-    admins: dict[tuple[Any, ...], BatchedAdmin] = field(default_factory=dict)
+    admins: dict[tuple[str, str] | None, tuple[tuple[Any, ...], BatchedAdmin]] = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)  # uids of Ready resources, for the managed-subscriptions gauge
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -51,25 +51,29 @@ class OperatorConfig:
             metrics.MANAGED.set(len(self.ready))
 
     def admin(self, namespace: str, connection: str | None) -> BatchedAdmin:
-        """The (cached, shared) admin for the default cluster or a KafkaConnection's."""
+        """The (cached, shared) admin for the default cluster or a KafkaConnection's. A KafkaConnection whose settings
+        changed (other servers, a rotated password) gets a new admin; the old one is closed."""
         if connection and self.resolve is None:
             raise InvalidSpecError(f"spec.connection {connection!r}: this operator has no KafkaConnection support")
+        ref = (namespace, connection) if connection else None
         try:
             settings = self.resolve(namespace, connection) if connection else self.settings
             key = (settings.bootstrap_servers, tuple(sorted(settings.properties.items())))
             with self.lock:
-                if key not in self.admins:
-                    # Once per distinct settings, not per event: TLS files that do not load are the spec's problem.
-                    settings.validate()
-                    self.admins[key] = BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s))
-                return self.admins[key]
+                cached = self.admins.get(ref)
+                if cached is None or cached[0] != key:
+                    settings.validate()  # once per distinct settings, not per event
+                    if cached is not None:
+                        cached[1].close()
+                    self.admins[ref] = (key, BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s)))
+                return self.admins[ref][1]
         except KafkaConfigError as exc:
             where = f"KafkaConnection {namespace}/{connection}" if connection else "the default cluster"
             raise InvalidSpecError(f"{where}: {exc}") from None
 
     def close(self) -> None:
         with self.lock:
-            for admin in self.admins.values():
+            for _, admin in self.admins.values():
                 admin.close()
             self.admins.clear()
 
@@ -152,16 +156,17 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         return
     try:
         change = _apply(config, namespace, desired)
-    except (InvalidSpecError, UnsupportedError, KafkaUnavailableError) as exc:
+    except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
         config.mark_ready(body.metadata.uid, False)
         if status.ready_changed:
             kopf.event(body, type="Warning", reason=reason, message=str(exc))
         metrics.record(started, "failed", reason)
-        if isinstance(exc, KafkaUnavailableError):
-            metrics.KAFKA_ERRORS.labels(reason).inc()
-            raise kopf.TemporaryError(str(exc), delay=min(MAX_BACKOFF_S, 2.0 ** min(retry, 6))) from None
+        if isinstance(exc, RETRIED):
+            if not isinstance(exc, KubernetesApiError):
+                metrics.KAFKA_ERRORS.labels(reason).inc()
+            raise kopf.TemporaryError(str(exc), delay=_backoff(retry)) from None
         return
     if change.ops:
         status.applied()
@@ -183,7 +188,7 @@ def _apply(config: OperatorConfig, namespace: str, desired: Desired) -> Any:
     if change.ops:
         error = admin.alter_one(change)
         if error is not None:
-            raise error if isinstance(error, InvalidSpecError) else InvalidSpecError(str(error))
+            raise error  # InvalidSpecError for what the spec asks, KafkaRefusedError for anything else
     return change
 
 
@@ -208,12 +213,25 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
         error = admin.alter_one(change)
     except UnsupportedError:
         return  # a cluster without KIP-714 cannot have been given the subscription
-    except KafkaUnavailableError as exc:
-        metrics.KAFKA_ERRORS.labels("KafkaUnavailable").inc()
-        raise kopf.TemporaryError(str(exc), delay=min(MAX_BACKOFF_S, 2.0 ** min(retry, 6))) from None
+    except InvalidSpecError as exc:
+        # No cluster to remove it from (the KafkaConnection or its Secret is gone, as when a namespace is deleted):
+        # waiting would hold the resource, and its namespace, forever. Let it go and say what stays behind.
+        message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {exc}; remove it "
+                   f"there if it should go (kcm subscriptions delete {desired.name})")
+        log.warning("%s/%s: %s", namespace, name, message)
+        kopf.event(body, type="Warning", reason="NotRemoved", message=message)
+        return
+    except RETRIED as exc:
+        if not isinstance(exc, KubernetesApiError):
+            metrics.KAFKA_ERRORS.labels(reason_of(exc)).inc()
+        raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
     if error is not None:
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=MAX_BACKOFF_S)
     log.info("%s/%s: %s", namespace, name, change.describe())
+
+
+def _backoff(retry: int) -> float:
+    return min(MAX_BACKOFF_S, 2.0 ** min(retry, 6))
 
 
 class _Status:

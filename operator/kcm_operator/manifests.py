@@ -28,8 +28,9 @@ class Manifest:
     @property
     def ref(self) -> str:
         meta = self.obj.get("metadata") or {}
-        name = meta.get("name") or meta.get("generateName") or "(no name)"
-        return f"{self.obj.get('kind')} {meta.get('namespace') or 'default'}/{name} ({self.source})"
+        meta = meta if isinstance(meta, dict) else {}
+        name = str(meta.get("name") or meta.get("generateName") or "(no name)")[:80]
+        return f"{str(self.obj.get('kind'))[:80]} {str(meta.get('namespace') or 'default')[:80]}/{name} ({self.source})"
 
 
 def load(paths: Iterable[str | Path], recursive: bool = False) -> list[Manifest]:
@@ -55,8 +56,9 @@ def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired
     problems = []
     found = []
     for manifest in manifests:
-        if manifest.obj.get("apiVersion", "").split("/")[0] != schema.GROUP:
-            continue
+        api_version = manifest.obj.get("apiVersion")
+        if not isinstance(api_version, str) or api_version.split("/")[0] != schema.GROUP:
+            continue  # not kcm's (other kinds in the same files are fine)
         errors = schema.validate(manifest.obj)
         if errors:
             problems.extend(f"{manifest.ref}: {error}" for error in errors)
@@ -97,7 +99,11 @@ def _documents(file: Path) -> list[Manifest]:
         if not isinstance(document, dict):
             raise UserError(f"{source}: expected a Kubernetes resource (a mapping), found {type(document).__name__}")
         if document.get("kind") == "List" and isinstance(document.get("items"), list):
-            manifests.extend(Manifest(f"{source}[{i}]", item) for i, item in enumerate(document["items"]))
+            for i, item in enumerate(document["items"]):
+                if not isinstance(item, dict):
+                    raise UserError(f"{source}[{i}]: expected a Kubernetes resource (a mapping), "
+                                    f"found {type(item).__name__}")
+                manifests.append(Manifest(f"{source}[{i}]", item))
         else:
             manifests.append(Manifest(source, document))
     return manifests

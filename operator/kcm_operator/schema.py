@@ -64,6 +64,8 @@ def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
 
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_PROBLEM_CHARS = 300  # one problem's text at most: a message may quote the whole offending value
 
 
 def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
@@ -71,12 +73,15 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
     """Why the API server would refuse `obj` (after defaulting); [] when it would accept it."""
     crds = crds if crds is not None else load_crds()
     kind = obj.get("kind")
-    if obj.get("apiVersion") != API_VERSION or kind not in crds:
+    if obj.get("apiVersion") != API_VERSION or not isinstance(kind, str) or kind not in crds:
         return [f"apiVersion/kind must be {API_VERSION} with kind one of {', '.join(sorted(crds))}, "
-                f"not {obj.get('apiVersion')}/{kind}"]
+                f"not {str(obj.get('apiVersion'))[:80]}/{str(kind)[:80]}"]
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        return [f"metadata: Invalid value: must be an object, not {type(metadata).__name__}"]
     schema = crds[kind].schema
     problems = []
-    name = (obj.get("metadata") or {}).get("name")
+    name = metadata.get("name")
     if not name:
         problems.append("metadata.name: Required value")
     elif not (isinstance(name, str) and len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name)):
@@ -84,6 +89,13 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
         problems.append(f"metadata.name: Invalid value: {str(name)[:80]!r}: a lowercase RFC 1123 subdomain must "
                         "consist of lower case alphanumeric characters, '-' or '.', and must start and end with an "
                         "alphanumeric character")
+    namespace = metadata.get("namespace")
+    if namespace is not None and not (isinstance(namespace, str) and len(namespace) <= 63
+                                      and _DNS_LABEL.fullmatch(namespace)):
+        # Namespaces are RFC 1123 labels: no dots, so `<namespace>.<name>` subscription names cannot collide.
+        problems.append(f"metadata.namespace: Invalid value: {str(namespace)[:80]!r}: a lowercase RFC 1123 label "
+                        "must consist of lower case alphanumeric characters or '-', and must start and end with an "
+                        "alphanumeric character (at most 63)")
     problems += [f"{path}: unknown field" for path in _unknown_fields(schema, obj, "")]
     defaulted = apply_defaults(schema, obj)
     problems += [f"{path}: Duplicate value: {item!r}" for path, item in _duplicates(schema, defaulted, "")]
@@ -92,7 +104,7 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
     if not problems:
         old_defaulted = apply_defaults(schema, old) if old is not None else None
         problems += list(_cel_failures(schema, defaulted, old_defaulted, ""))
-    return problems
+    return [problem if len(problem) <= _PROBLEM_CHARS else problem[:_PROBLEM_CHARS - 1] + "…" for problem in problems]
 
 
 def _default(schema: Mapping[str, Any], value: Any) -> None:
