@@ -201,6 +201,67 @@ def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, te
     assert spark.read.parquet(str(output)).count() == result.rows_written
 
 
+def test_an_empty_range_rolls_up_nothing_and_a_partition_that_does_not_exist_is_named(spark, telemetry, tmp_path,
+                                                                                      capsys):
+    common = ["rollup", "--bootstrap-server", telemetry.bootstrap, "--topic", telemetry.options.topic, "--json"]
+    past_the_end = json.dumps({telemetry.options.topic: {"0": 10**9}})
+
+    # Nothing planned (as when a quiet hour has no records): PySpark still reads one made-up partition.
+    assert main([*common, "--output", str(tmp_path / "out"), "--starting-offsets", past_the_end]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["input_records"], summary["rows_written"]) == (0, 0)
+
+    assert main([*common, "--output", str(tmp_path / "out"),
+                 "--starting-offsets", json.dumps({telemetry.options.topic: {"7": 0}})]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"startingOffsets names partition 7 of '{telemetry.options.topic}', which has partitions 0" in err, err
+    assert len(err.splitlines()) == 1
+
+    (tmp_path / "a-file").write_text("x")
+    unrelated = tmp_path / "unrelated"
+    (unrelated / "sub").mkdir(parents=True)
+    (unrelated / "notes.txt").write_text("not parquet")
+    (unrelated / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    for output, problem in ((tmp_path / "a-file", "is a file; give a directory"),
+                            (unrelated, "holds files that are not kcm rollups")):
+        assert main([*common, "--output", str(output), "--starting-offsets", past_the_end]) == 2
+        err = capsys.readouterr().err.strip()
+        assert problem in err and len(err.splitlines()) == 1, err
+    assert (unrelated / "notes.txt").read_text() == "not parquet"
+
+
+def test_an_unwritable_output_is_one_line(spark, telemetry, capsys):
+    assert main(["rollup", "--bootstrap-server", telemetry.bootstrap, "--topic", telemetry.options.topic,
+                 "--output", "/proc/kcm-rollups"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot write the rollups to --output /proc/kcm-rollups" in err and len(err.splitlines()) == 1, err
+
+
+def test_runs_of_other_resolutions_over_one_range_keep_each_others_rows_and_a_day_stays_a_label(spark, telemetry,
+                                                                                                  tmp_path):
+    output = tmp_path / "out"
+    now = datetime.now(timezone.utc)
+    ranged = {"start": now - timedelta(minutes=10), "end": now + timedelta(minutes=1)}
+
+    def counts() -> dict[str, int]:
+        frame = spark.read.option("basePath", str(output)).parquet(str(output))
+        return {r["resolution"]: r["count"] for r in frame.groupBy(F.col("resolution").cast("string").alias(
+            "resolution")).count().collect()}
+
+    run(spark, options_for(telemetry, output, **ranged), now=now)
+    minutes_and_hours = counts()
+    daily = RollupOptions(kafka=KafkaSettings(telemetry.bootstrap), topic=telemetry.options.topic, output=str(output),
+                          resolutions=parse_resolutions("1d"), **ranged)
+    days = run(spark, daily, now=now).rows_written
+    assert counts() == {**minutes_and_hours, "1d": days}  # the day's run keeps the minutes and hours of its range
+    run(spark, daily, now=now)  # read back, `resolution=1d` must not turn into the number 1.0
+    run(spark, options_for(telemetry, output, **ranged), now=now)
+
+    assert sorted(path.name for path in output.iterdir() if path.is_dir()) == [
+        "resolution=1d", "resolution=1h", "resolution=1m"]
+    assert counts() == {**minutes_and_hours, "1d": days} and days > 0
+
+
 def _cumulative_push(instance: str, value: int, start_s: int) -> bytes:
     data = client_metrics(instance)  # a gauge and a delta sum, as librdkafka pushes
     total = data.resource_metrics[0].scope_metrics[0].metrics.add(name="written.total")
@@ -312,7 +373,11 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     (["--last", "999999d"], "is longer than a century (36500d)"),
     (["--resolution", "1m,99999999999999d"], "is longer than a century"),
     (["--lookback", "99999999999999d"], "is longer than a century"),
-    (["--from", "9999-12-31T00:00:00Z"], "is in the future: nothing to roll up yet"),
+    (["--from", "8999-12-31T00:00:00Z"], "is in the future: nothing to roll up yet"),
+    (["--from", "0001-01-01T00:00:00+14:00", "--to", "2026-01-01"], "is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "1969-12-31T23:59:59Z"], "is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "2026-01-01", "--to", "9999-12-31T23:59:59Z", "--resolution", "1d"], "is outside"),
+    (["--top", "99999999999"], "--top must be from 0 to 100,000"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])

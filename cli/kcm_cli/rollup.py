@@ -10,6 +10,7 @@ from kcm_cli.arguments import kafka_connection
 from kcm_common.errors import UserError
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
+MAX_TOP = 100_000  # rows printed at the end; more belongs in the Parquet output
 HELP = "roll the metrics topic up into fleet-level windows (PySpark, Parquet output)"
 DESCRIPTION = ("Read the metrics topic, decode it in Spark and write 1m/1h rollups (count, min, max, avg, last, "
                "p50/p95/p99, instances, increase, rate) as Parquet partitioned by resolution and date. Re-running a "
@@ -74,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         if args.min_partitions < 1:
             raise UserError("--min-partitions must be at least 1")
         options["min_partitions"] = args.min_partitions
-    if args.top < 0:
-        raise UserError("--top must be 0 or more")
+    if not 0 <= args.top <= MAX_TOP:
+        raise UserError(f"--top must be from 0 to {MAX_TOP:,}, not {args.top}")
     tls_options = (args.otlp_tls, args.otlp_ca_file, args.otlp_cert_file, args.otlp_key_file, args.otlp_header_file)
     if args.otlp_endpoint:
         from kcm_rollups.otlp import OtlpTarget, parse_header_file

@@ -308,7 +308,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
 
     now = now or datetime.now(timezone.utc)
     span = options.window_range()
-    read_from = span[0] - options.lookback_seconds if span else None
+    read_from = max(0, span[0] - options.lookback_seconds) if span else None
     since_micros, until = (span[0] * 1_000_000, span[1]) if span else (None, None)
     state, counts = first_pass(read_state(spark, options, span[0] if span else None, until), options)
     finished("read, decode and aggregate")
@@ -321,7 +321,8 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     rows = rows.withColumn("partial", F.col("window_end") > F.lit(now)).withColumn(
         "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
     finished("finish")
-    rows_written, windows = write_rollups(spark, rows, options.output, span)
+    labels = tuple(r.label for r in options.resolutions)
+    rows_written, windows = write_rollups(spark, rows, options.output, span, labels)
     windows = {r.label: windows[r.label] for r in options.resolutions if r.label in windows}  # finest first
     finished("write")
     exported = None
@@ -387,10 +388,13 @@ def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros
     return merge_state(both, None, options.dimensions).localCheckpoint(eager=True)  # both in finest windows already
 
 
-def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None) -> tuple[int, dict[str, int]]:
-    """Replace exactly this run's windows under `output` with the materialised rows `new` (all windows of a time range,
-    else the ones computed), keeping all others; returns the number of rows and of windows per resolution."""
-    from pyspark.errors import AnalysisException
+def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None,
+                  resolutions: tuple[str, ...] = ()) -> tuple[int, dict[str, int]]:
+    """Replace exactly this run's windows under `output` with the materialised rows `new` (all windows of a time range
+    in `resolutions`, else the ones computed), keeping all others; returns the number of rows and of windows per
+    resolution."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
     from pyspark.sql import functions as F
 
     touched = new.groupBy("resolution", "date").agg(
@@ -400,19 +404,28 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
         windows[row["resolution"]] = windows.get(row["resolution"], 0) + row["windows"]
     rows_written = sum(row["rows"] for row in touched)
     existing = None
-    if _HadoopPath(spark, output).exists():
+    target = _HadoopPath(spark, output)
+    if target.is_file():
+        raise UserError(f"--output {output} is a file; give a directory (new, or one earlier runs wrote)")
+    if target.exists():
         try:
-            existing = spark.read.parquet(output).withColumn("date", F.col("date").cast("string"))
-        except AnalysisException as err:
+            existing = _read_partitioned_as_text(spark, output)
+        except (CapturedException, Py4JJavaError) as err:
             # An empty directory (made by hand, or by a failed first run): nothing to keep.
             if "UNABLE_TO_INFER_SCHEMA" not in str(err):
-                raise
+                raise UserError(f"--output {output} holds files that are not kcm rollups "
+                                f"({_first_line(err)}); give a new directory or one earlier runs wrote") from None
+        if existing is not None and not {"resolution", "date", "window_start"} <= set(existing.columns):
+            raise UserError(f"--output {output} holds Parquet that is not kcm rollups (no resolution, date and "
+                            "window_start columns); give a new directory or one earlier runs wrote")
     partitions = {(row["resolution"], row["date"]) for row in touched}
     combined = new
     if existing is not None:
         if span is not None:
+            # This run's windows: in its range and of its resolutions (other resolutions' rows there stay).
             replaced = (F.col("window_start") >= F.timestamp_seconds(F.lit(span[0]))) & (
-                F.col("window_start") < F.timestamp_seconds(F.lit(span[1])))
+                F.col("window_start") < F.timestamp_seconds(F.lit(span[1]))) & (
+                F.col("resolution").isin(list(resolutions)) if resolutions else F.lit(True))
             partitions |= {(r["resolution"], r["date"])
                            for r in existing.filter(replaced).select("resolution", "date").distinct().collect()}
             old = _in_partitions(existing, partitions).filter(~replaced)
@@ -423,8 +436,11 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
         combined = new.unionByName(old, allowMissingColumns=True).localCheckpoint(eager=True)
     if not partitions:
         return 0, windows
-    (combined.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-     .partitionBy("resolution", "date").parquet(output))
+    try:
+        (combined.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+         .partitionBy("resolution", "date").parquet(output))
+    except (CapturedException, Py4JJavaError) as err:
+        raise UserError(f"cannot write the rollups to --output {output}: {_first_line(err)}") from None
     # A partition whose every window was replaced by nothing is not rewritten by the overwrite: remove it. Partitions
     # with new rows are kept for sure; only the others need a look.
     emptied = partitions - {(row["resolution"], row["date"]) for row in touched}
@@ -444,6 +460,27 @@ def _in_partitions(frame: Any, partitions: set[tuple[str, str]]) -> Any:
     return frame.filter(reduce(lambda a, b: a | b, conditions)) if conditions else frame.limit(0)
 
 
+def _read_partitioned_as_text(spark: Any, path: str) -> Any:
+    """The Parquet under `path` with its partition columns as strings: Spark would otherwise guess their types, and
+    `resolution=1d` reads as the number 1.0 (Java parses "1d" as a double)."""
+    key = "spark.sql.sources.partitionColumnTypeInference.enabled"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "false")
+    try:
+        return spark.read.parquet(path)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def _first_line(error: Any) -> str:
+    # A Py4JJavaError's own text starts "An error occurred while calling o123.parquet"; the Java exception says why.
+    text = str(getattr(error, "java_exception", None) or getattr(error, "_desc", None) or error).strip()
+    return (text.splitlines() or [type(error).__name__])[0][:300]
+
+
 class _HadoopPath:
     # Through Hadoop's FileSystem, so object stores (s3a://, gs://) work as local paths do.
     def __init__(self, spark: Any, path: str) -> None:
@@ -452,6 +489,9 @@ class _HadoopPath:
 
     def exists(self) -> bool:
         return bool(self._fs.exists(self._path))
+
+    def is_file(self) -> bool:
+        return self.exists() and bool(self._fs.getFileStatus(self._path).isFile())
 
     def delete(self) -> None:
         self._fs.delete(self._path, True)
@@ -471,5 +511,5 @@ def top_rows(rows: Any, resolution: str, limit: int) -> list[dict[str, Any]]:
 
 
 def parse_dimensions(text: str) -> tuple[str, ...]:
-    """`--group-by client_id,attributes` as a tuple of column names."""
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+    """`--group-by client_id,attributes` as a tuple of column names, each once."""
+    return tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))

@@ -215,6 +215,15 @@ def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
         servers = ",".join(options.client_options.get("bootstrap_servers", ()))
         raise KafkaSourceError(f"cannot plan the offset ranges: Kafka at {servers} failed ({detail}); "
                                "check --bootstrap-server and --command-config") from None
+    for option, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+        named = {(topic, number) for topic, offsets in (spec.items() if isinstance(spec, dict) else ())
+                 for number in offsets}
+        unknown = sorted(named - {(tp.topic, str(tp.partition)) for tp in partitions})
+        if unknown:
+            topic, number = unknown[0]
+            known = ", ".join(str(tp.partition) for tp in partitions if tp.topic == topic)
+            raise KafkaSourceError(f"{option} names partition {number} of {topic!r}, which has "
+                                   f"{'partitions ' + known if known else 'no partitions'}")
     ranges = []
     for tp in partitions:
         start = _pick(starting, tp, EARLIEST, earliest[tp], latest[tp])
@@ -379,6 +388,8 @@ class KafkaReader(DataSourceReader):
         return plan_ranges(self._options)
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        if not isinstance(partition, OffsetRange):
+            return  # nothing was planned (every range empty): PySpark still reads one partition it made up
         if self._options.decode == "state":
             from kcm_rollups.decode import flatten
             from kcm_rollups.partial import partial_batches

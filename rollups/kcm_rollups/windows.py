@@ -11,6 +11,8 @@ from kcm_common.errors import UserError
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 LONGEST_DURATION_S = 36500 * 86400   # beyond a century `now - duration` leaves what dates can hold
 _DURATION = re.compile(r"(\d+)([smhd])")
+EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)  # Kafka timestamps are milliseconds since the epoch
+LATEST_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)  # a range widened to whole windows must stay a date
 
 
 @dataclass(frozen=True, order=True)
@@ -80,4 +82,11 @@ def parse_time(text: str) -> datetime:
         raise UserError(f"time {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
+    try:
+        moment = moment.astimezone(timezone.utc)
+    except OverflowError:  # year 1 or 9999 moved past what dates hold: outside the range below either way
+        moment = None
+    if moment is None or not EARLIEST_TIME <= moment < LATEST_TIME:
+        raise UserError(f"time {text!r} is outside {EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}: Kafka "
+                        "timestamps count from 1970, and windows beyond must still be dates")
+    return moment
