@@ -4,6 +4,10 @@ agree, decode errors are counted, re-runs replace exactly their windows, and the
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -260,6 +264,28 @@ def test_runs_of_other_resolutions_over_one_range_keep_each_others_rows_and_a_da
     assert sorted(path.name for path in output.iterdir() if path.is_dir()) == [
         "resolution=1d", "resolution=1h", "resolution=1m"]
     assert counts() == {**minutes_and_hours, "1d": days} and days > 0
+
+
+def test_ctrl_c_stops_a_run_with_exit_130_and_no_tracebacks(telemetry, tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kcm_cli.main", "rollup", "--bootstrap-server", telemetry.bootstrap,
+         "--topic", telemetry.options.topic, "--output", str(tmp_path / "out")],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = []
+        while not any("Setting default log level" in line for line in lines):  # the JVM is up: py4j calls follow
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait(10)
+    err = "".join(lines) + rest
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err
 
 
 def _cumulative_push(instance: str, value: int, start_s: int) -> bytes:
