@@ -404,6 +404,7 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     (["--from", "1969-12-31T23:59:59Z"], "is outside 1970-01-01 to 9000-01-01"),
     (["--from", "2026-01-01", "--to", "9999-12-31T23:59:59Z", "--resolution", "1d"], "is outside"),
     (["--top", "99999999999"], "--top must be from 0 to 100,000"),
+    (["--min-partitions", "99999999999999999999"], "--min-partitions must be from 1 to 100,000"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])

@@ -14,6 +14,7 @@ from kcm_common.errors import UserError
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 MAX_TOP = 100_000  # rows printed at the end; more belongs in the Parquet output
+MAX_MIN_PARTITIONS = 100_000  # Spark tasks a run may be split into; each costs scheduling, however small
 HELP = "roll the metrics topic up into fleet-level windows (PySpark, Parquet output)"
 DESCRIPTION = ("Read the metrics topic, decode it in Spark and write 1m/1h rollups (count, min, max, avg, last, "
                "p50/p95/p99, instances, increase, rate) as Parquet partitioned by resolution and date. Re-running a "
@@ -75,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if args.group_by:
         options["dimensions"] = parse_dimensions(args.group_by)
     if args.min_partitions is not None:
-        if args.min_partitions < 1:
-            raise UserError("--min-partitions must be at least 1")
+        if not 1 <= args.min_partitions <= MAX_MIN_PARTITIONS:
+            raise UserError(f"--min-partitions must be from 1 to {MAX_MIN_PARTITIONS:,}, not {args.min_partitions}")
         options["min_partitions"] = args.min_partitions
     if not 0 <= args.top <= MAX_TOP:
         raise UserError(f"--top must be from 0 to {MAX_TOP:,}, not {args.top}")
