@@ -96,3 +96,18 @@ def test_after_a_failed_connect_callers_get_the_answer_at_once_for_one_timeout(m
     with pytest.raises(KafkaUnavailableError):
         admin.list_names()
     assert len(probes) == 2
+
+
+def test_a_client_closed_under_a_call_is_unavailable_and_a_closed_admin_never_reconnects(sandbox):
+    admin = SubscriptionAdmin(KafkaSettings(sandbox.bootstrap))
+    admin.list_names()
+    admin._client.close()  # as another thread closing it between connect and send
+
+    with pytest.raises(KafkaUnavailableError, match="lost the connection"):
+        admin.list_names()
+    assert admin.list_names() == []  # reconnected
+
+    admin.close()
+    with pytest.raises(KafkaUnavailableError, match="was closed"):
+        admin.list_names()
+    assert admin._client is None

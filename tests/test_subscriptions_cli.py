@@ -230,10 +230,12 @@ def test_a_malformed_document_is_one_line_and_exit_2_never_a_traceback(tmp_path,
     assert problem in err, err
 
 
-def test_a_yaml_alias_bomb_is_refused_quickly_and_briefly(tmp_path, capsys):
-    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+@pytest.mark.parametrize("tag, item", [("", "{}"), ("!!pairs ", "{{k: {}}}")])  # lists, and !!pairs' tuples
+def test_a_yaml_alias_bomb_is_refused_quickly_and_briefly(tmp_path, capsys, tag, item):
+    lines = [f"a: &a {tag}[{', '.join([item.format('x')] * 9)}]"]
     for previous, name in zip("abcdefg", "bcdefgh"):
-        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")  # 9^8 values in all
+        lines.append(f"{name}: &{name} {tag}[{', '.join([item.format('*' + previous)] * 9)}]")  # 9^8 values in all
+    lines += ["apiVersion: kcm.dev/v1alpha1", "kind: *h"]
     path = tmp_path / "bomb.yaml"
     path.write_text("\n".join(lines) + "\n")
 

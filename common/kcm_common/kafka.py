@@ -5,14 +5,14 @@ Every kcm command that talks to Kafka builds its clients here, so TLS/SASL behav
 
 from __future__ import annotations
 
+import queue
 import re
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,35 +217,40 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
 
     kafka-python only says "Unable to bootstrap" (and can hang on a TLS handshake with a plaintext listener),
     so probe first: TCP, then TLS where configured, then an ApiVersions round trip where the transport is plain.
-    The distinct servers are probed side by side, and `timeout_s` bounds the whole check, not each server: a list of
-    servers that never answer costs no more than one.
+    The distinct servers are probed side by side (on daemon threads, which never hold up the process's exit), and
+    `timeout_s` bounds the whole check: a list of servers that never answer costs no more than one.
     """
     addresses = list(dict.fromkeys(parse_bootstrap(settings.bootstrap_servers)))
     deadline = time.monotonic() + timeout_s
+    todo: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+    for address in addresses:
+        todo.put(address)
+    answers: queue.SimpleQueue[tuple[tuple[str, int], str | None, Exception | None]] = queue.SimpleQueue()
 
-    def probe(host: str, port: int) -> str | None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return f"was not probed: the {timeout_s:g}s for reaching Kafka were spent on the other servers"
-        return _probe(settings, host, port, min(timeout_s, remaining))
+    def prober() -> None:
+        while True:
+            try:
+                address = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                answers.put((address, _probe(settings, *address, deadline), None))
+            except Exception as exc:  # a TLS setting that does not load: the caller's error to raise
+                answers.put((address, None, exc))
 
-    if len(addresses) == 1:
-        problems = {addresses[0]: probe(*addresses[0])}
-    else:
-        pool = ThreadPoolExecutor(max_workers=min(_PROBES_AT_ONCE, len(addresses)), thread_name_prefix="kcm-probe")
-        futures = {pool.submit(probe, host, port): (host, port) for host, port in addresses}
-        problems = dict.fromkeys(addresses, f"did not answer within {timeout_s:g}s")
+    for _ in range(min(_PROBES_AT_ONCE, len(addresses))):
+        threading.Thread(target=prober, name="kcm-kafka-probe", daemon=True).start()
+    problems = dict.fromkeys(addresses, f"did not answer within {timeout_s:g}s")
+    for _ in addresses:
         try:
-            for future in as_completed(futures, timeout=timeout_s + 1.0):
-                problems[futures[future]] = future.result()
-                if problems[futures[future]] is None:
-                    break
-        except FuturesTimeout:
-            pass
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # the probes left end by their own socket timeouts
-    if None in problems.values():
-        return
+            address, problem, error = answers.get(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+        except queue.Empty:
+            break
+        if error is not None:
+            raise error
+        if problem is None:
+            return
+        problems[address] = problem
     listed = [f"{host}:{port} {problem}" for (host, port), problem in problems.items()]
     more = f"; and {len(listed) - _PROBLEMS_SHOWN} more servers" if len(listed) > _PROBLEMS_SHOWN else ""
     raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(listed[:_PROBLEMS_SHOWN])}{more}")
@@ -274,16 +279,21 @@ def rejected_message(settings: KafkaSettings, reason: str) -> str:
     return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
 
 
-def _probe(settings: KafkaSettings, host: str, port: int, timeout_s: float) -> str | None:
+def _probe(settings: KafkaSettings, host: str, port: int, deadline: float) -> str | None:
+    """Why `host:port` is not a Kafka listener for these settings, or None; every step ends by `deadline`."""
+    timeout_s = deadline - time.monotonic()
+    if timeout_s <= 0:
+        return "was not probed: the time for reaching Kafka was spent on the other servers"
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except socket.gaierror:
         return "is not a host name this machine can resolve"
     except TimeoutError:
-        return f"did not accept a TCP connection within {timeout_s:g}s"
+        return f"did not accept a TCP connection within {timeout_s:.3g}s"
     except OSError as exc:
         return f"refuses connections ({exc.strerror or exc}): is Kafka listening there?"
     with sock:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         protocol = settings.security_protocol
         if protocol in ("SSL", "SASL_SSL"):
             context = _ssl_context(settings)

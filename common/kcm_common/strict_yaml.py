@@ -51,6 +51,6 @@ def _bounded(document: Any) -> Any:
         if isinstance(value, dict):
             pending.extend(value.keys())
             pending.extend(value.values())
-        elif isinstance(value, list):
+        elif isinstance(value, (list, tuple, set, frozenset)):  # !!pairs and !!omap are lists of tuples, !!set a set
             pending.extend(value)
     return document

@@ -34,7 +34,8 @@ log = logging.getLogger("kcm.operator.admin")
 BATCH_SIZE = 100  # resources per request, as Strimzi's topic operator batches
 _CONNECTION_ERRORS = (kafka_errors.KafkaConnectionError, kafka_errors.BrokerNotAvailableError,
                       kafka_errors.KafkaTimeoutError, kafka_errors.RequestTimedOutError,
-                      kafka_errors.NodeNotReadyError, kafka_errors.NotControllerError, OSError)
+                      kafka_errors.NodeNotReadyError, kafka_errors.NotControllerError, kafka_errors.Cancelled,
+                      OSError, RuntimeError)
 
 
 class SubscriptionAdmin:
@@ -49,6 +50,7 @@ class SubscriptionAdmin:
         # After a failed connect, the callers queued behind it get the same answer for `timeout_s` instead of each
         # probing again: a cluster that never answers holds the handler threads for one timeout, not one each.
         self._failed: tuple[float, Exception] | None = None
+        self._closed = False
 
     def list_names(self) -> list[str]:
         """Every CLIENT_METRICS resource in the cluster, managed or not."""
@@ -95,21 +97,32 @@ class SubscriptionAdmin:
         return outcome
 
     def close(self) -> None:
+        """Close the client for good: a call still under way, or made later, fails (KafkaUnavailableError) rather
+        than connecting again with these settings."""
         with self._lock:
+            self._closed = True
             self._reset()
 
     def _send(self, request: Any) -> Any:
-        client = self._connected()
-        try:
-            with self._send_lock:
+        with self._send_lock:
+            client = self._connected()
+            try:
                 return client._manager.run(_await, client._manager.send(request))
-        except _CONNECTION_ERRORS as exc:
-            with self._lock:
-                self._reset()
-            raise KafkaUnavailableError(f"lost the connection to Kafka at {self.settings.describe()}: {exc}") from None
+            except _CONNECTION_ERRORS as exc:  # also the client closed under the call ("NetworkSelector closed!")
+                with self._lock:
+                    if self._client is client:
+                        self._reset()
+                raise KafkaUnavailableError(
+                    f"lost the connection to Kafka at {self.settings.describe()}: {type(exc).__name__}: {exc}"
+                ) from None
+            except kafka_errors.KafkaError as exc:
+                raise KafkaRefusedError(f"{type(exc).__name__}: {exc}") from None
 
     def _connected(self) -> KafkaAdminClient:
         with self._lock:
+            if self._closed:
+                raise KafkaUnavailableError(f"the client for Kafka at {self.settings.describe()} was closed (its "
+                                            "settings changed); the next attempt uses the new ones")
             if self._client is None:
                 if self._failed is not None and time.monotonic() < self._failed[0]:
                     raise type(self._failed[1])(str(self._failed[1]))

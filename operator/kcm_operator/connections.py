@@ -72,7 +72,8 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
 
     def material(secret: str, key: str) -> str:
         path = _material(material_dir, secret_value(secret, key))
-        sources[path] = f"Secret {secret} key {key!r}"
+        source = f"Secret {secret} key {key!r}"  # keys with equal content share one file: name each
+        sources[path] = source if sources.get(path, source) == source else f"{sources[path]} (= {source})"
         return path
 
     sasl = spec.get("sasl")

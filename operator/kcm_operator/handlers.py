@@ -29,6 +29,7 @@ FINALIZER = "kcm.dev/subscription"
 PAUSED_ANNOTATION = "kcm.dev/paused"
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 MAX_BACKOFF_S = 60.0
+LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
 
 log = logging.getLogger("kcm.operator")
 
@@ -56,6 +57,7 @@ class OperatorConfig:
         if connection and self.resolve is None:
             raise InvalidSpecError(f"spec.connection {connection!r}: this operator has no KafkaConnection support")
         ref = (namespace, connection) if connection else None
+        retired = None
         try:
             settings = self.resolve(namespace, connection) if connection else self.settings
             key = (settings.bootstrap_servers, tuple(sorted(settings.properties.items())))
@@ -63,13 +65,22 @@ class OperatorConfig:
                 cached = self.admins.get(ref)
                 if cached is None or cached[0] != key:
                     settings.validate()  # once per distinct settings, not per event
-                    if cached is not None:
-                        cached[1].close()
+                    retired = cached[1] if cached is not None else None
                     self.admins[ref] = (key, BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s)))
                 return self.admins[ref][1]
         except KafkaConfigError as exc:
             where = f"KafkaConnection {namespace}/{connection}" if connection else "the default cluster"
             raise InvalidSpecError(f"{where}: {exc}") from None
+        finally:
+            if retired is not None:
+                # Not under the lock: closing waits for a connect under way, which must not hold up other clusters.
+                threading.Thread(target=retired.close, name="kcm-admin-close", daemon=True).start()
+
+    def last_admin(self, namespace: str, connection: str | None) -> BatchedAdmin | None:
+        """The admin built from a KafkaConnection's last good settings, if any (for deleting after it went away)."""
+        with self.lock:
+            cached = self.admins.get((namespace, connection) if connection else None)
+        return cached[1] if cached is not None else None
 
     def close(self) -> None:
         with self.lock:
@@ -209,20 +220,28 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
         return
     try:
         admin = config.admin(namespace, desired.connection)
+    except InvalidSpecError as exc:
+        # The KafkaConnection or a Secret is gone, as when a whole namespace is deleted: remove the subscription with
+        # the connection's last good settings if this operator has them; else retry a little (a Secret may be
+        # re-created) and then let go rather than hold the resource, and its namespace, forever.
+        admin = config.last_admin(namespace, desired.connection)
+        if admin is None and retry < LET_GO_AFTER_RETRIES:
+            raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
+        if admin is None:
+            message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {exc}; "
+                       f"remove it there if it should go (kcm subscriptions delete {desired.name})")
+            log.warning("%s/%s: %s", namespace, name, message)
+            kopf.event(body, type="Warning", reason="NotRemoved", message=message)
+            return
+    except RETRIED as exc:
+        raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
+    try:
         change = removal(desired.name, admin.describe_one(desired.name))
         error = admin.alter_one(change)
     except UnsupportedError:
         return  # a cluster without KIP-714 cannot have been given the subscription
-    except InvalidSpecError as exc:
-        # No cluster to remove it from (the KafkaConnection or its Secret is gone, as when a namespace is deleted):
-        # waiting would hold the resource, and its namespace, forever. Let it go and say what stays behind.
-        message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {exc}; remove it "
-                   f"there if it should go (kcm subscriptions delete {desired.name})")
-        log.warning("%s/%s: %s", namespace, name, message)
-        kopf.event(body, type="Warning", reason="NotRemoved", message=message)
-        return
-    except RETRIED as exc:
-        if not isinstance(exc, KubernetesApiError):
+    except (InvalidSpecError, *RETRIED) as exc:
+        if not isinstance(exc, (InvalidSpecError, KubernetesApiError)):
             metrics.KAFKA_ERRORS.labels(reason_of(exc)).inc()
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
     if error is not None:
