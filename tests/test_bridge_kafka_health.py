@@ -116,3 +116,43 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
         finally:
             sandbox.stop()
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_reconnect(caplog):
+    import confluent_kafka
+
+    from kcm_bridge.consumer import ConfluentConsumer
+    from kcm_common.kafka import KafkaSettings
+
+    class BrokerDown:
+        def code(self) -> int:
+            return confluent_kafka.KafkaError._TRANSPORT
+
+        def str(self) -> str:
+            return "127.0.0.1:9093/2: Connect to ipv4#127.0.0.1:9093 failed: Connection refused"
+
+        def fatal(self) -> bool:
+            return False
+
+    class Serving:
+        """librdkafka serving one broker-down event per consume, and no records."""
+
+        def consume(self, count, timeout):
+            consumer._on_error(BrokerDown())
+            return []
+
+    consumer = ConfluentConsumer(KafkaSettings("127.0.0.1:1"), {}, "g", ["t"], lambda _: None, lambda _: None)
+    consumer._consumer.close()  # serves what librdkafka queued meanwhile (127.0.0.1:1 is down): forget it
+    consumer._consumer = Serving()
+    consumer._problem, consumer._new_problem, consumer._broker_failure = None, False, None
+    caplog.set_level(logging.DEBUG, logger="kcm.bridge")
+    consumer.poll(0, 1)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "nothing answered yet: an outage"
+    consumer._answered = True  # as after a successful check: Kafka answers, one broker does not
+    for _ in range(5):
+        consumer.poll(0, 1)
+
+    (line,) = [r for r in caplog.records if r.name.startswith("kcm.bridge") and "failed" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert "a connection to a broker failed (127.0.0.1:9093/2: Connect to" in line.getMessage()
+    assert "not consumed until it is back" in line.getMessage()

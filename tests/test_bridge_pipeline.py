@@ -398,9 +398,13 @@ def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothi
         consumed_while_down = bridge.metrics.value(bridge.metrics.records)
         assert consumed_while_down < total / 2
         assert bridge.metrics.value(bridge.metrics.inflight_bytes) < 2 * 3000
+        # Nothing exported yet: the lag is what the partition's fetches reported, never more than was produced.
+        _wait(lambda: bridge.metrics.value(bridge.metrics.lag, topic=topic, partition="0") > 0, 30, "lag reported")
+        assert bridge.metrics.value(bridge.metrics.lag, topic=topic, partition="0") <= total
         with FakeCollector(port=port) as back:
             assert back.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=90)
             _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == total, 30, "final commit")
+            _wait(lambda: bridge.metrics.value(bridge.metrics.lag, topic=topic, partition="0") == 0, 30, "no lag")
     assert bridge.metrics.value(bridge.metrics.paused) == 0
 
 

@@ -71,6 +71,9 @@ class Consumer(Protocol):
     def pause(self, partitions: list[Partition]) -> None: ...
     def resume(self, partitions: list[Partition]) -> None: ...
     def assignment(self) -> list[Partition]: ...
+    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
+        """The last high watermark each partition's fetches reported (no request); partitions not fetched yet are
+        left out."""
     def close(self) -> None: ...
 
 
@@ -133,6 +136,9 @@ class ConfluentConsumer:
         self._settings, self._topics = settings, topics
         self._problem: str | None = None   # the last report that Kafka cannot be used, until a check succeeds
         self._new_problem = False
+        self._broker_failures = PacedLog(log, logging.WARNING, period_s=60.0)
+        self._broker_failure: str | None = None   # a broker connection failed during the last serve of events
+        self._answered = False   # Kafka answered a check since the start
         config = librdkafka_config(settings)
         config.update({"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
                        "auto.offset.reset": "earliest", "enable.partition.eof": False,
@@ -163,9 +169,10 @@ class ConfluentConsumer:
         elif error.fatal():
             raise RuntimeError(f"Kafka consumer failed: {error.str()}")
         elif error.code() in (self._error._TRANSPORT, self._error._RESOLVE):  # noqa: SLF001
-            # One per failed connection attempt: an outage is reported once per backoff period, from
-            # _ALL_BROKERS_DOWN and `check`, not once per reconnect.
-            log.debug("Kafka consumer: %s", error.str())
+            # One per failed connection attempt. A whole outage is reported once per backoff period, from
+            # _ALL_BROKERS_DOWN and `check`; one broker down while Kafka answers (its partitions stall while the
+            # others flow) is said after the poll that served it, at most once a minute.
+            self._broker_failure = error.str()
             return
         else:
             log.warning("Kafka consumer: %s", error.str())
@@ -179,6 +186,11 @@ class ConfluentConsumer:
         if len(records) < len(messages):
             for error in (m.error() for m in messages if m.error() is not None):
                 self._on_error(error)
+        if self._broker_failure is not None:
+            if self._answered and self._problem is None:  # not part of an outage, which is reported as one
+                self._broker_failures("Kafka consumer: a connection to a broker failed (%s): the partitions it "
+                                      "leads are not consumed until it is back", self._broker_failure)
+            self._broker_failure = None
         if self._new_problem and not records:
             self._new_problem = False
             raise KafkaUnavailableError(self._problem)
@@ -191,7 +203,7 @@ class ConfluentConsumer:
         except self._exception as exc:
             # Error events are served by `consume` only: before the first poll the cause may not be known yet.
             raise KafkaUnavailableError(self._problem or str(diagnose_failure(self._settings, exc))) from None
-        self._problem, self._new_problem = None, False
+        self._problem, self._new_problem, self._answered = None, False, True
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         self._consumer.commit(offsets=[self._tp(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
@@ -204,6 +216,17 @@ class ConfluentConsumer:
 
     def assignment(self) -> list[Partition]:
         return [(p.topic, p.partition) for p in self._consumer.assignment()]
+
+    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
+        marks = {}
+        for topic, partition in partitions:
+            try:
+                _, high = self._consumer.get_watermark_offsets(self._tp(topic, partition), cached=True)
+            except self._exception:
+                continue
+            if high >= 0:
+                marks[topic, partition] = high
+        return marks
 
     def close(self) -> None:
         self._consumer.close()
@@ -312,6 +335,12 @@ class KafkaPythonConsumer:
         if self._consumer is None:
             return []
         return [(p.topic, p.partition) for p in self._consumer.assignment()]
+
+    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if self._consumer is None:
+            return {}
+        marks = {partition: self._consumer.highwater(self._tp(*partition)) for partition in partitions}
+        return {partition: high for partition, high in marks.items() if high is not None and high >= 0}
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -35,6 +35,8 @@ class BridgeMetrics:
         self.paused = Gauge("kcm_bridge_paused", "1 while fetching is paused for back-pressure", registry=r)
         self.committed = Gauge("kcm_bridge_committed_offset", "Last committed offset", ["topic", "partition"],
                                registry=r)
+        self.lag = Gauge("kcm_bridge_lag", "Records of the partition not yet exported or dead-lettered: its high "
+                         "watermark minus the offset the bridge would commit", ["topic", "partition"], registry=r)
 
     def value(self, counter: Counter | Gauge, **labels: str) -> float:
         """The current value of a metric (summed over unlisted labels), for tests and logs."""

@@ -230,6 +230,7 @@ class Bridge:
                     self._retry_dead_letters()
                 if time.monotonic() - last_commit >= config.delivery.commit_interval_s:
                     self._commit()
+                    self._report_lag()
                     last_commit = time.monotonic()
         finally:
             self._drain()
@@ -465,6 +466,15 @@ class Bridge:
             self.metrics.committed.labels(topic, str(partition)).set(offset)
         log.debug("committed %s", _describe(positions))
 
+    def _report_lag(self) -> None:
+        """Per assigned partition, how many records are not yet exported or dead-lettered, from the high watermark
+        its last fetch reported (no request); a partition nothing was read from yet is left out until it is."""
+        assert self._consumer is not None
+        for (topic, partition), high in self._consumer.high_watermarks(self._consumer.assignment()).items():
+            position = self._tracker.commit_position((topic, partition))
+            if position is not None:
+                self.metrics.lag.labels(topic, str(partition)).set(max(0, high - position))
+
     # -- rebalances ----------------------------------------------------------------------------------------
     def _on_assign(self, partitions: list[Partition]) -> None:
         log.info("assigned %s", ", ".join(f"{t}/{p}" for t, p in partitions) or "nothing")
@@ -482,6 +492,12 @@ class Bridge:
             time.sleep(0.02)
         self._commit(only=partitions)
         self._tracker.forget(partitions)
+        for topic, partition in partitions:  # the next owner reports them
+            for gauge in (self.metrics.lag, self.metrics.committed):
+                try:
+                    gauge.remove(topic, str(partition))
+                except KeyError:
+                    pass
         gone = set(partitions)
         self._held = [r for r in self._held if (r.topic, r.partition) not in gone]   # the next owner reads them
         if self._converter is not None:
