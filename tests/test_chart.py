@@ -257,6 +257,8 @@ def test_defaults_render_operator_and_bridge_without_the_optional_parts(helm: Pa
     assert {"--all-namespaces", "--metrics-port=9090", "--liveness-port=8080", "--standalone"} <= set(container["args"])
     assert "--bootstrap-server=my-cluster-kafka-bootstrap.kafka:9092" in container["args"]
     assert pod["automountServiceAccountToken"] is True
+    # kopf would otherwise look uid 10001 up in the image's passwd to name the replica.
+    assert container["env"][0] == {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     bridge = one(manifests, "Deployment", "-bridge")
     bridge_pod = bridge["spec"]["template"]["spec"]
     assert bridge["spec"]["replicas"] == 2 and bridge_pod["automountServiceAccountToken"] is False
@@ -299,7 +301,11 @@ def test_the_peering_lifetime_reaches_the_operator_only_with_peering(helm: Path)
 def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> None:
     everything = rendered(helm, "ci/all-values.yaml")
     assert len(find(everything, "ServiceMonitor")) == 2
-    assert len(find(everything, "ClusterKopfPeering")) == 1
+    # Named after the release, not kopf's shared "default"; the replicas are told the name, so they wait for it.
+    (peering,) = find(everything, "ClusterKopfPeering")
+    operator_args = one(everything, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert peering["metadata"]["name"] != "default"
+    assert build_parser().parse_args(operator_args).peering_name == peering["metadata"]["name"]
     hpa = one(everything, "HorizontalPodAutoscaler")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 12)
     assert "replicas" not in one(everything, "Deployment", "-bridge")["spec"]
@@ -412,6 +418,10 @@ def test_notes_tell_what_to_do_next(helm: Path) -> None:
     assert "kcm subscriptions list --bootstrap-server my-cluster-kafka-bootstrap.kafka:9092" in notes
     assert "examples/subscription-producer-app.yaml" in notes and "kcm tail" in notes
     assert "no rollup was created" in notes, "the rollup toggle without the Spark operator must be reported"
+    peering = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
+                       "--set", "operator.peering.enabled=true", "--set", "operator.replicas=2")
+    assert peering.returncode == 0, peering.stderr
+    assert "kopf.dev/v1 is not served here: no peering object was created" in peering.stdout.split("NOTES:", 1)[1]
 
 
 # --- values schema --------------------------------------------------------------------------------------------

@@ -36,13 +36,24 @@ def kube(tmp_path):
     server.stop()
 
 
+# As in the image: uid 10001 has no passwd entry, and Kubernetes sets none of the variables getpass reads first.
+_WITHOUT_A_USER = ("import pwd, sys\n"
+                   "def unknown(uid): raise KeyError(f'getpwuid(): uid not found: {uid}')\n"
+                   "pwd.getpwuid = unknown\n"
+                   "from kcm_cli.main import main\n"
+                   "sys.exit(main(sys.argv[1:]))\n")
+_USER_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME", "POD_ID")
+
+
 def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, sandbox):
+    """Run as the image runs it: a uid without a passwd entry, no POD_ID, no user variables."""
     metrics_port, liveness_port = free_port(), free_port()
+    environment = {name: value for name, value in os.environ.items() if name not in _USER_VARIABLES}
     process = subprocess.Popen(
-        [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--standalone",
+        [sys.executable, "-c", _WITHOUT_A_USER, "operator", "--all-namespaces", "--standalone",
          "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
          "--liveness-port", str(liveness_port), "--log-format", "json"],
-        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**environment, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     try:
         custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
@@ -80,14 +91,16 @@ def test_no_kubernetes_api_is_a_one_line_error(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("value, message", [
-    ("0", "kcm operator: --peering-lifetime must be at least 1 second, not 0"),
-    ("1.5", "argument --peering-lifetime: invalid int value: '1.5'"),
+@pytest.mark.parametrize("flags, message", [
+    (["--peering-lifetime", "0"], "kcm operator: --peering-lifetime must be at least 1 second, not 0"),
+    (["--peering-lifetime", "1.5"], "argument --peering-lifetime: invalid int value: '1.5'"),
+    (["--peering-name", "Kcm_Peers"], "--peering-name 'Kcm_Peers' is not a Kubernetes object name"),
+    (["--peering-name", "kcm", "--standalone"], "--peering-name and --standalone contradict each other"),
 ])
-def test_a_bad_peering_lifetime_is_a_one_line_error(tmp_path, value, message):
+def test_bad_peering_settings_are_a_one_line_error(tmp_path, flags, message):
     result = subprocess.run(
         [sys.executable, "-m", "kcm_cli.main", "operator", "-n", "team", "--bootstrap-server", "127.0.0.1:9092",
-         "--peering-lifetime", value],
+         *flags],
         env={**os.environ, "KUBECONFIG": str(tmp_path / "missing")}, capture_output=True, text=True, timeout=60)
 
     assert result.returncode == 2

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +22,7 @@ LIFETIME_S = 3
 # Past the dead replica's lifetime: the standby's resume, a fresh listing and one batched reconcile.
 TAKEOVER_MARGIN_S = 12
 APPLIED = 'kcm_operator_reconciliations_total{reason="Applied",result="applied"}'
+PEERING = "kcm-replicas"  # not kopf's "default", which any other kopf operator may use too
 
 
 class Replica:
@@ -32,7 +34,7 @@ class Replica:
         self.metrics_port = free_port()
         with log.open("w") as output:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces",
+                [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--peering-name", PEERING,
                  "--bootstrap-server", bootstrap, "--priority", str(priority),
                  "--peering-lifetime", str(LIFETIME_S), "--metrics-port", str(self.metrics_port),
                  "--liveness-port", "0"],
@@ -55,7 +57,7 @@ class Replica:
 
 
 def _peers(kube: KubeServer) -> set[str]:
-    return set(kube.objects("clusterkopfpeerings")["default"].get("status") or {})
+    return set(kube.objects("clusterkopfpeerings")[PEERING].get("status") or {})
 
 
 @pytest.fixture
@@ -70,19 +72,23 @@ def kube(tmp_path):
 def test_the_standby_takes_over_within_the_peering_lifetime_when_the_working_replica_is_killed(
         kube, sandbox, tmp_path):
     custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
-    custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", {
-        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}})
     replicas: dict[int, Replica] = {}
     try:
         replicas[20] = Replica(kube, sandbox.bootstrap, 20, tmp_path / "replica-20.log")
-        wait_for(lambda: "replica-20" in _peers(kube), "replica-20 announced", 30)
-        replicas[10] = Replica(kube, sandbox.bootstrap, 10, tmp_path / "replica-10.log")
-        wait_for(lambda: "Pausing operations in favour of" in replicas[10].output(), "replica-10 to stand by", 30)
-
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
             "metadata": {"name": "payments"}, "spec": SPEC})
+        # Its peering object is named and missing: the replica waits instead of reconciling on its own.
+        wait_for(lambda: "Initial authentication has finished" in replicas[20].output(), "replica-20 to start", 30)
+        time.sleep(3)  # without a name to wait for, kopf would peer through nothing and reconcile in this time
+        assert sandbox.store.configs("team.payments") == {}
+        custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", {
+            "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})
+        wait_for(lambda: "replica-20" in _peers(kube), "replica-20 announced", 30)
         wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka")
+        replicas[10] = Replica(kube, sandbox.bootstrap, 10, tmp_path / "replica-10.log")
+        # A named peering starts paused: replica-10 stays so, seeing replica-20's higher priority.
+        wait_for(lambda: "replica-10" in _peers(kube), "replica-10 announced", 30)
         # Counted once Kafka has answered, so a moment after the subscription shows there.
         wait_for(lambda: replicas[20].applied() == 1.0, "replica-20 to count the apply")
         assert replicas[10].applied() == 0.0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
+import re
+import secrets
 import socket
 import urllib.parse
 
@@ -34,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="json: one JSON object per line, with the resource's namespace and name")
     parser.add_argument("--standalone", action="store_true",
                         help="no peering with other replicas (default: peer through kopf's KopfPeering if present)")
+    parser.add_argument("--peering-name", metavar="NAME",
+                        help="peer through the KopfPeering (ClusterKopfPeering with --all-namespaces) of this name, "
+                             "and wait until it exists rather than ever reconcile without it (default: kopf's "
+                             "'default', and only if kopf's peering CRDs are installed)")
     parser.add_argument("--priority", type=int, metavar="N",
                         help="peering priority; the highest-priority replica works, the rest wait (default: random)")
     # Whole seconds: kopf announces and compares peering lifetimes as integers.
@@ -56,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
     from kcm_operator.logs import use_json
 
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
+    if args.peering_name is not None and args.standalone:
+        raise UserError("--peering-name and --standalone contradict each other; give one")
+    if args.peering_name is not None and not _PEERING_NAME.fullmatch(args.peering_name):
+        raise UserError(f"--peering-name {args.peering_name[:80]!r} is not a Kubernetes object name (lowercase "
+                        "letters, digits, '-' and '.', at most 253)")
     if args.peering_lifetime < 1:
         raise UserError(f"--peering-lifetime must be at least 1 second, not {args.peering_lifetime}")
     for option in ("metrics_port", "liveness_port"):
@@ -101,10 +113,22 @@ def run(args: argparse.Namespace) -> int:
         namespaces=args.namespace or (),
         clusterwide=args.all_namespaces,
         standalone=True if args.standalone else None,
+        peering_name=args.peering_name,
         priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        identity=replica_identity(),
     )
     return 0
+
+
+def replica_identity() -> str:
+    """How this replica is known to its peers: the pod's name (`POD_ID`, which the chart sets), else host, pid and a
+    random part. Not kopf's default, which asks the user database for the process's uid and fails in an image that
+    has no entry for it (the chart runs as 10001)."""
+    return os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
+
+
+_PEERING_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def _check_free(option: str, port: int) -> None:
