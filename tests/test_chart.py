@@ -326,6 +326,11 @@ def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> Non
                                            "readOnly": True}
     assert not [m for m in app["spec"]["template"]["executor"]["volumeMounts"] if m["name"].startswith("secret-")]
     assert one(everything, "Role", "-rollup-driver")
+    # The executors run as an account without a token: the driver's may create pods.
+    executor_account = app["spec"]["template"]["executor"]["serviceAccount"]
+    assert executor_account != app["spec"]["template"]["driver"]["serviceAccount"]
+    assert one(everything, "ServiceAccount", "-rollup-executor")["metadata"]["name"] == executor_account
+    assert one(everything, "ServiceAccount", "-rollup-executor")["automountServiceAccountToken"] is False
     # The toggles are on, but without the APIs nothing of theirs is rendered.
     without = render(helm, "ci/all-values.yaml", apis=())
     assert not {m["kind"] for m in without} & {"ServiceMonitor", "ScheduledSparkApplication", "ClusterKopfPeering"}
@@ -338,6 +343,8 @@ def test_cluster_wide_rbac_is_least_privilege(helm: Path) -> None:
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules[(("kcm.dev",), ("clientmetricssubscriptions",))] == {"get", "list", "watch", "patch"}
     assert rules[(("kcm.dev",), ("kafkaconnections",))] == {"get"}
+    assert rules[(("kcm.dev",), ("clientmetricssubscriptions/status",))] == {"patch"}
+    assert rules[(("",), ("events",))] == {"create"}
     assert "secrets" not in json.dumps(role["rules"])
     assert "kopf.dev" not in json.dumps(role["rules"]), "peering access only when peering is enabled"
     for rule in role["rules"]:

@@ -150,7 +150,7 @@ seccompProfile:
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["kcm.dev"]
   resources: ["clientmetricssubscriptions/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["kcm.dev"]
   resources: ["clientmetricssubscriptions/finalizers"]
   verbs: ["update"]
@@ -158,8 +158,8 @@ seccompProfile:
 - apiGroups: ["kcm.dev"]
   resources: ["kafkaconnections"]
   verbs: ["get"]
-# Applied / failed / drift events on those resources (kopf posts core/v1 Events).
+# Applied / failed / drift events on those resources (kopf only posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end -}}
