@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -79,8 +78,9 @@ def test_the_standby_takes_over_within_the_peering_lifetime_when_the_working_rep
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
             "metadata": {"name": "payments"}, "spec": SPEC})
         # Its peering object is named and missing: the replica waits instead of reconciling on its own.
-        wait_for(lambda: "Initial authentication has finished" in replicas[20].output(), "replica-20 to start", 30)
-        time.sleep(3)  # without a name to wait for, kopf would peer through nothing and reconcile in this time
+        wait_for(lambda: "reconciles nothing until its peering object exists: ClusterKopfPeering kcm-replicas "
+                 "not found" in replicas[20].output(), "replica-20 to say what it waits for", 30)
+        # Without a name to wait for, kopf would peer through nothing and have reconciled by now.
         assert sandbox.store.configs("team.payments") == {}
         custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", {
             "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})

@@ -170,9 +170,12 @@ class ConfluentConsumer:
             raise RuntimeError(f"Kafka consumer failed: {error.str()}")
         elif error.code() in (self._error._TRANSPORT, self._error._RESOLVE):  # noqa: SLF001
             # One per failed connection attempt. A whole outage is reported once per backoff period, from
-            # _ALL_BROKERS_DOWN and `check`; one broker down while Kafka answers (its partitions stall while the
-            # others flow) is said after the poll that served it, at most once a minute.
-            self._broker_failure = error.str()
+            # _ALL_BROKERS_DOWN and `check`; one broker that cannot be reached while Kafka answers (the partitions
+            # it leads wait) is said after the poll that served it, at most once a minute. Not a connection that
+            # was up and closed (librdkafka reconnects at once), nor a bootstrap connection, which leads nothing.
+            text = error.str()
+            if "/bootstrap" not in text and "Disconnected" not in text:
+                self._broker_failure = text
             return
         else:
             log.warning("Kafka consumer: %s", error.str())
@@ -188,8 +191,8 @@ class ConfluentConsumer:
                 self._on_error(error)
         if self._broker_failure is not None:
             if self._answered and self._problem is None:  # not part of an outage, which is reported as one
-                self._broker_failures("Kafka consumer: a connection to a broker failed (%s): the partitions it "
-                                      "leads are not consumed until it is back", self._broker_failure)
+                self._broker_failures("Kafka consumer: a broker cannot be reached (%s): the partitions it leads, if "
+                                      "any, wait until it is back", self._broker_failure)
             self._broker_failure = None
         if self._new_problem and not records:
             self._new_problem = False

@@ -9,10 +9,13 @@ import random
 import re
 import secrets
 import socket
+import threading
 import urllib.parse
 
 from kcm_cli.arguments import kafka_connection, seconds_from
 from kcm_common.errors import UserError
+
+log = logging.getLogger("kcm.operator")
 
 HELP = "run the operator: ClientMetricsSubscription resources → CLIENT_METRICS in Kafka"
 DESCRIPTION = ("Watch ClientMetricsSubscription (and KafkaConnection) resources and keep each subscription in "
@@ -107,18 +110,58 @@ def run(args: argparse.Namespace) -> int:
     kopf_settings = operator_settings()
     # Also what this replica announces: the others give up on it that long after its last keep-alive.
     kopf_settings.peering.lifetime = args.peering_lifetime
-    kopf.run(
-        registry=build_registry(operator_config),
-        settings=kopf_settings,
-        namespaces=args.namespace or (),
-        clusterwide=args.all_namespaces,
-        standalone=True if args.standalone else None,
-        peering_name=args.peering_name,
-        priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
-        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
-        identity=replica_identity(),
-    )
+    stop = threading.Event()
+    if args.peering_name is not None:
+        threading.Thread(target=_warn_while_peering_is_missing, name="kcm-peering-check", daemon=True,
+                         args=(args.peering_name, args.namespace or [], args.all_namespaces, stop)).start()
+    try:
+        kopf.run(
+            registry=build_registry(operator_config),
+            settings=kopf_settings,
+            namespaces=args.namespace or (),
+            clusterwide=args.all_namespaces,
+            standalone=True if args.standalone else None,
+            peering_name=args.peering_name,
+            priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
+            liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+            identity=replica_identity(),
+        )
+    finally:
+        stop.set()
     return 0
+
+
+def _warn_while_peering_is_missing(name: str, namespaces: list[str], cluster_wide: bool, stop: threading.Event,
+                                   first_s: float = 5.0, every_s: float = 60.0) -> None:
+    """kopf waits for a named peering object without a word above DEBUG (and the liveness probe stays happy): say
+    it, at start and every minute while the object, or kopf's CRD for it, is missing."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = client.CustomObjectsApi()
+    wait = first_s
+    while not stop.wait(wait):
+        wait = every_s
+        wanted = ([("ClusterKopfPeering", None)] if cluster_wide else
+                  [("KopfPeering", namespace) for namespace in namespaces if not set("*?[!") & set(namespace)])
+        missing = []
+        for kind, namespace in wanted:
+            try:
+                if namespace is None:
+                    api.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+                else:
+                    api.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    missing.append(f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}")
+                else:
+                    log.debug("checking the peering object %s: %s %s", name, exc.status, exc.reason)
+            except Exception as exc:  # the API unreachable: kopf reports that itself
+                log.debug("checking the peering object %s: %s", name, exc)
+        if missing:
+            log.warning("this replica reconciles nothing until its peering object exists: %s not found (create it, "
+                        "and install kopf's kopf.dev CRDs first if they are missing; the chart creates it with "
+                        "operator.peering.enabled)", ", ".join(missing))
 
 
 def replica_identity() -> str:
