@@ -401,6 +401,12 @@ def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothi
         # Nothing exported yet: the lag is what the partition's fetches reported, never more than was produced.
         _wait(lambda: bridge.metrics.value(bridge.metrics.lag, topic=topic, partition="0") > 0, 30, "lag reported")
         assert bridge.metrics.value(bridge.metrics.lag, topic=topic, partition="0") <= total
+        # Paused, nothing is fetched, yet the lag follows what is produced meanwhile (the watermark is asked for).
+        _produce(broker.bootstrap, topic, [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}")
+                                           for i in range(total, total + 30)])
+        _wait(lambda: bridge.metrics.value(bridge.metrics.lag, topic=topic, partition="0") == total + 30, 30,
+              "the lag to count records produced while paused")
+        total += 30
         with FakeCollector(port=port) as back:
             assert back.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=90)
             _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == total, 30, "final commit")

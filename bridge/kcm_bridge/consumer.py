@@ -71,9 +71,9 @@ class Consumer(Protocol):
     def pause(self, partitions: list[Partition]) -> None: ...
     def resume(self, partitions: list[Partition]) -> None: ...
     def assignment(self) -> list[Partition]: ...
-    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
-        """The last high watermark each partition's fetches reported (no request); partitions not fetched yet are
-        left out."""
+    def high_watermarks(self, partitions: list[Partition], ask_s: float = 0.0) -> dict[Partition, int]:
+        """Each partition's high watermark: the last one its fetches reported, or with `ask_s` > 0 the brokers'
+        answer within that many seconds in all (fetches stop while paused); partitions not known are left out."""
     def close(self) -> None: ...
 
 
@@ -220,15 +220,21 @@ class ConfluentConsumer:
     def assignment(self) -> list[Partition]:
         return [(p.topic, p.partition) for p in self._consumer.assignment()]
 
-    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
+    def high_watermarks(self, partitions: list[Partition], ask_s: float = 0.0) -> dict[Partition, int]:
+        deadline = time.monotonic() + ask_s
         marks = {}
         for topic, partition in partitions:
+            tp, known = self._tp(topic, partition), None
+            remaining = deadline - time.monotonic()
             try:
-                _, high = self._consumer.get_watermark_offsets(self._tp(topic, partition), cached=True)
+                if remaining > 0:
+                    known = self._consumer.get_watermark_offsets(tp, timeout=remaining)  # None: no answer in time
+                if known is None:
+                    known = self._consumer.get_watermark_offsets(tp, cached=True)
             except self._exception:
                 continue
-            if high >= 0:
-                marks[topic, partition] = high
+            if known is not None and known[1] >= 0:
+                marks[topic, partition] = known[1]
         return marks
 
     def close(self) -> None:
@@ -339,10 +345,20 @@ class KafkaPythonConsumer:
             return []
         return [(p.topic, p.partition) for p in self._consumer.assignment()]
 
-    def high_watermarks(self, partitions: list[Partition]) -> dict[Partition, int]:
+    def high_watermarks(self, partitions: list[Partition], ask_s: float = 0.0) -> dict[Partition, int]:
         if self._consumer is None:
             return {}
-        marks = {partition: self._consumer.highwater(self._tp(*partition)) for partition in partitions}
+        asked: dict[Any, int] = {}
+        if ask_s > 0 and partitions:
+            from kafka.errors import KafkaError
+
+            try:
+                asked = self._consumer.end_offsets([self._tp(*p) for p in partitions], timeout_ms=int(ask_s * 1000))
+            except KafkaError:
+                asked = {}
+        marks = {partition: asked.get(self._tp(*partition)) for partition in partitions}
+        marks = {partition: high if high is not None else self._consumer.highwater(self._tp(*partition))
+                 for partition, high in marks.items()}
         return {partition: high for partition, high in marks.items() if high is not None and high >= 0}
 
     def close(self) -> None:

@@ -39,6 +39,8 @@ from kcm_bridge.temporality import DeltaToCumulative
 from kcm_bridge.wire import count_points
 
 log = logging.getLogger("kcm.bridge")
+# While paused no fetch brings a high watermark: the lag asks for one, this long at most per commit interval.
+_WATERMARK_ASK_S = 1.0
 
 _POLL_RECORDS = 500
 # The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
@@ -467,10 +469,12 @@ class Bridge:
         log.debug("committed %s", _describe(positions))
 
     def _report_lag(self) -> None:
-        """Per assigned partition, how many records are not yet exported or dead-lettered, from the high watermark
-        its last fetch reported (no request); a partition nothing was read from yet is left out until it is."""
+        """Per assigned partition, how many records are not yet exported or dead-lettered: from the high watermark
+        its last fetch reported, or, while fetching is paused, one asked for (up to a second in all); a partition
+        nothing was read from yet is left out until it is."""
         assert self._consumer is not None
-        for (topic, partition), high in self._consumer.high_watermarks(self._consumer.assignment()).items():
+        ask_s = _WATERMARK_ASK_S if self._paused and self._kafka.ok else 0.0
+        for (topic, partition), high in self._consumer.high_watermarks(self._consumer.assignment(), ask_s).items():
             position = self._tracker.commit_position((topic, partition))
             if position is not None:
                 self.metrics.lag.labels(topic, str(partition)).set(max(0, high - position))
