@@ -1,9 +1,11 @@
 package dev.kcm.receiver;
 
+import java.lang.reflect.Field;
 import java.net.InetAddress;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.UUID;
 
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -43,8 +45,9 @@ final class ContractRecord {
         }
         InetAddress address = context.clientAddress();
         add(headers, "client_source_address", address == null ? null : address.getHostAddress());
-        if (full != null && full.clientPort != null && full.clientPort.isPresent()) {
-            add(headers, "client_source_port", String.valueOf(full.clientPort.get()));
+        Object port = clientPort(full);
+        if (port instanceof Optional<?> present && present.isPresent()) {
+            add(headers, "client_source_port", String.valueOf(present.get()));
         }
         add(headers, "principal", context.principal() == null ? null : context.principal().toString());
         add(headers, "listener_name", context.listenerName());
@@ -55,6 +58,29 @@ final class ContractRecord {
         add(headers, "terminating", push.terminating ? "true" : "false");
         return new ProducerRecord<>(topic, null, instance.toString().getBytes(StandardCharsets.UTF_8), push.data,
                 headers);
+    }
+
+    // RequestContext.clientPort arrived in Kafka 3.8: looked up once, so a 3.7 broker gets records without the port
+    // instead of a NoSuchFieldError.
+    private static final Field CLIENT_PORT = clientPortField();
+
+    private static Field clientPortField() {
+        try {
+            return RequestContext.class.getField("clientPort");
+        } catch (NoSuchFieldException | SecurityException e) {
+            return null;
+        }
+    }
+
+    private static Object clientPort(RequestContext context) {
+        if (context == null || CLIENT_PORT == null) {
+            return null;
+        }
+        try {
+            return CLIENT_PORT.get(context);
+        } catch (IllegalAccessException e) {
+            return null;
+        }
     }
 
     /** Kafka 3.8+ hand over decompressed bytes; 3.7 handed the client's compressed ones, recognised by magic. */

@@ -23,8 +23,11 @@ final class Push {
         this.pushIntervalMs = pushIntervalMs;
     }
 
-    /** Bytes this push holds in the queue, with an allowance for the object itself so tiny pushes stay bounded. */
+    /** The allowance for a push's object and headers, so tiny pushes stay bounded too. */
+    static final long OVERHEAD = 256L;
+
+    /** Bytes this push holds in the queue. */
     long weight() {
-        return data.length + 256L;
+        return data.length + OVERHEAD;
     }
 }

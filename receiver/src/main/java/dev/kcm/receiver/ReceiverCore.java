@@ -41,10 +41,11 @@ final class ReceiverCore implements AutoCloseable {
             brokerId = ReceiverConfig.nodeId(brokerConfig);
         }
         ReceiverMetrics newMetrics = new ReceiverMetrics(this::queuedBytes);
-        Producer<byte[], byte[]> producer = producerFactory.apply(parsed.producerConfig);
         config = parsed;
         metrics = newMetrics;
-        writer = new TopicWriter(producer, push -> ContractRecord.build(parsed.topic, push, brokerId, clusterId),
+        // The producer is built on the writer thread: a Kafka name that does not resolve yet must not stop the broker.
+        writer = new TopicWriter(() -> producerFactory.apply(parsed.producerConfig),
+                push -> ContractRecord.build(parsed.topic, push, brokerId, clusterId),
                 newMetrics, parsed.queueMaxBytes, parsed.closeTimeoutMs);
         LOG.info("kcm receiver: writing client pushes to topic {} via {}", parsed.topic,
                 parsed.producerConfig.get("bootstrap.servers"));
@@ -68,12 +69,16 @@ final class ReceiverCore implements AutoCloseable {
             return;
         }
         try {
-            // 4.x hands a view of the request buffer, reused once this call returns: copy it now.
+            // 4.x hands a view of the request buffer, reused once this call returns: copy it now, if it fits.
             ByteBuffer data = payload.data().duplicate();
+            counters.pushesReceived.increment();
+            counters.bytesReceived.add(data.remaining());
+            if (!queue.hasRoomFor(data.remaining() + Push.OVERHEAD)) {
+                counters.pushesDropped.increment();
+                return;
+            }
             byte[] copy = new byte[data.remaining()];
             data.get(copy);
-            counters.pushesReceived.increment();
-            counters.bytesReceived.add(copy.length);
             queue.offer(new Push(context, payload.clientInstanceId(), payload.isTerminating(), payload.contentType(),
                     copy, pushIntervalMs));
         // Anything escaping here would make the broker answer the client INVALID_RECORD.

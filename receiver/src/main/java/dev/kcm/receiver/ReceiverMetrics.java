@@ -1,5 +1,6 @@
 package dev.kcm.receiver;
 
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.LongAdder;
@@ -10,7 +11,6 @@ import org.apache.kafka.common.metrics.KafkaMetricsContext;
 import org.apache.kafka.common.metrics.Measurable;
 import org.apache.kafka.common.metrics.MetricConfig;
 import org.apache.kafka.common.metrics.Metrics;
-import org.apache.kafka.common.metrics.MetricsReporter;
 import org.apache.kafka.common.utils.Time;
 
 /** The plugin's counters, exposed over JMX as {@code kafka.server:type=kcm-receiver} beside the broker's own. */
@@ -30,8 +30,12 @@ public final class ReceiverMetrics implements AutoCloseable {
 
     ReceiverMetrics(LongSupplier queuedBytes) {
         // Counters are LongAdders read on demand, so the request thread never takes a sensor lock.
-        List<MetricsReporter> reporters = List.of(new JmxReporter());
-        registry = new Metrics(new MetricConfig(), reporters, Time.SYSTEM, new KafkaMetricsContext(JMX_PREFIX));
+        KafkaMetricsContext context = new KafkaMetricsContext(JMX_PREFIX);
+        registry = new Metrics(new MetricConfig(), new ArrayList<>(), Time.SYSTEM, context);  // reporters added below
+        // Every registry has a kafka-metrics-count metric. Under the broker's JMX prefix ours would replace the
+        // broker's MBean of that name, and JmxReporter's close unregisters it whoever registered it last: so it is
+        // removed before the JMX reporter is added.
+        registry.removeMetric(registry.metricName("count", "kafka-metrics-count"));
         add("pushes-received-total", "Client pushes handed to the plugin by the broker.", pushesReceived::sum);
         add("bytes-received-total", "Bytes of pushes handed to the plugin.", bytesReceived::sum);
         add("pushes-written-total", "Pushes acknowledged by the metrics topic.", pushesWritten::sum);
@@ -40,6 +44,9 @@ public final class ReceiverMetrics implements AutoCloseable {
         add("producer-errors-total", "Pushes the internal producer failed to write.", producerErrors::sum);
         add("export-errors-total", "Pushes that failed inside the plugin before reaching the queue.", exportErrors::sum);
         add("queue-bytes", "Bytes of pushes waiting to be written.", queuedBytes);
+        JmxReporter jmx = new JmxReporter();
+        jmx.contextChange(context);
+        registry.addReporter(jmx);
     }
 
     private void add(String name, String description, LongSupplier value) {

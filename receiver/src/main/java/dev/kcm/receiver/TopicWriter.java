@@ -4,21 +4,29 @@ import java.time.Duration;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Supplier;
 
 import org.apache.kafka.clients.producer.Producer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
-/** A queue bounded in bytes in front of one background producer; offering never blocks. */
+/**
+ * A queue bounded in bytes in front of one background producer; offering never blocks. The producer is built on the
+ * writer thread, again with backoff while that fails (a bootstrap name that does not resolve yet must not stop the
+ * broker from starting), and no push, however odd, ends that thread.
+ */
 final class TopicWriter implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(TopicWriter.class);
+    private static final long FIRST_RETRY_MS = 1_000;
+    private static final long LAST_RETRY_MS = 30_000;
+    private static final long LOG_EVERY_MS = 10_000;
 
     interface RecordBuilder {
         ProducerRecord<byte[], byte[]> build(Push push);
     }
 
-    private final Producer<byte[], byte[]> producer;
+    private final Supplier<Producer<byte[], byte[]>> producerFactory;
     private final RecordBuilder builder;
     private final ReceiverMetrics metrics;
     private final long maxBytes;
@@ -27,11 +35,13 @@ final class TopicWriter implements AutoCloseable {
     // Counts queued pushes and pushes the producer has not acknowledged yet: the producer's buffer is bounded too.
     private final AtomicLong heldBytes = new AtomicLong();
     private final Thread sender;
+    private final PacedWarning writeFailures = new PacedWarning();
+    private volatile Producer<byte[], byte[]> producer;
     private volatile boolean closing;
 
-    TopicWriter(Producer<byte[], byte[]> producer, RecordBuilder builder, ReceiverMetrics metrics, long maxBytes,
-                long closeTimeoutMs) {
-        this.producer = producer;
+    TopicWriter(Supplier<Producer<byte[], byte[]>> producerFactory, RecordBuilder builder, ReceiverMetrics metrics,
+                long maxBytes, long closeTimeoutMs) {
+        this.producerFactory = producerFactory;
         this.builder = builder;
         this.metrics = metrics;
         this.maxBytes = maxBytes;
@@ -43,6 +53,11 @@ final class TopicWriter implements AutoCloseable {
 
     long heldBytes() {
         return heldBytes.get();
+    }
+
+    /** Whether a push of `weight` bytes would fit now: checked before the request thread copies the payload. */
+    boolean hasRoomFor(long weight) {
+        return !closing && heldBytes.get() + weight <= maxBytes;
     }
 
     /** Queues the push, or drops and counts it when the queue is full or closing; returns whether it was queued. */
@@ -62,6 +77,22 @@ final class TopicWriter implements AutoCloseable {
     }
 
     private void run() {
+        long retryMs = FIRST_RETRY_MS;
+        while (producer == null && !closing) {
+            try {
+                producer = producerFactory.get();
+            } catch (RuntimeException e) {
+                LOG.warn("kcm receiver: cannot create the producer for the metrics topic yet ({}); pushes queue up "
+                        + "(and are dropped once the queue is full) until it can, retrying in {} ms", e.toString(),
+                        retryMs);
+                try {
+                    Thread.sleep(retryMs);
+                } catch (InterruptedException interrupted) {
+                    return;
+                }
+                retryMs = Math.min(LAST_RETRY_MS, retryMs * 2);
+            }
+        }
         while (!closing || !queue.isEmpty()) {
             Push push;
             try {
@@ -85,26 +116,56 @@ final class TopicWriter implements AutoCloseable {
                     metrics.bytesWritten.add(push.data.length);
                 } else {
                     metrics.producerErrors.increment();
-                    LOG.warn("kcm receiver: a push could not be written to the metrics topic: {}", error.toString());
+                    writeFailures.warn("a push could not be written to the metrics topic", error);
                 }
             });
-        // The producer throws when its buffer stays full beyond max.block.ms or it is closed: count and go on.
-        } catch (RuntimeException e) {
+        // The producer throws when its buffer stays full beyond max.block.ms or it is closed; a broker older than the
+        // API compiled against throws a LinkageError from the record's headers. Count it and go on with the next.
+        } catch (RuntimeException | LinkageError e) {
             heldBytes.addAndGet(-weight);
             metrics.producerErrors.increment();
-            LOG.warn("kcm receiver: a push could not be handed to the producer: {}", e.toString());
+            writeFailures.warn("a push could not be handed to the producer", e);
         }
     }
 
+    /** Waits up to the close timeout in all (0: not at all) for held pushes; what is still queued is counted dropped. */
     @Override
     public void close() {
         closing = true;
-        try {
-            sender.join(closeTimeoutMs);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(closeTimeoutMs);
+        if (closeTimeoutMs > 0) {
+            try {
+                sender.join(closeTimeoutMs);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
         }
         sender.interrupt();
-        producer.close(Duration.ofMillis(closeTimeoutMs));
+        for (Push left = queue.poll(); left != null; left = queue.poll()) {
+            heldBytes.addAndGet(-left.weight());
+            metrics.pushesDropped.increment();
+        }
+        Producer<byte[], byte[]> current = producer;
+        if (current != null) {
+            current.close(Duration.ofNanos(Math.max(0, deadline - System.nanoTime())));
+        }
+    }
+
+    /** One WARN line per 10 s at most, saying how many more failures there were: an outage must not flood the log. */
+    private static final class PacedWarning {
+        private long nextMs;
+        private long heldBack;
+
+        synchronized void warn(String what, Throwable error) {
+            long now = System.currentTimeMillis();
+            if (now < nextMs) {
+                heldBack++;
+                return;
+            }
+            nextMs = now + LOG_EVERY_MS;
+            String more = heldBack == 0 ? "" : " (" + heldBack + " more in the last " + LOG_EVERY_MS / 1000 + " s)";
+            heldBack = 0;
+            LOG.warn("kcm receiver: {}: {}{}", what, error.toString(), more);
+        }
     }
 }

@@ -8,15 +8,21 @@ import java.lang.management.ManagementFactory;
 import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.BooleanSupplier;
 
 import javax.management.ObjectName;
 
 import org.apache.kafka.clients.producer.MockProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.metrics.JmxReporter;
 import org.apache.kafka.common.metrics.KafkaMetricsContext;
+import org.apache.kafka.common.metrics.MetricConfig;
+import org.apache.kafka.common.metrics.Metrics;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.common.utils.Time;
 import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
 import org.apache.kafka.server.telemetry.ClientTelemetryContext;
 import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
@@ -163,15 +169,77 @@ class ReceiverCoreTest {
     }
 
     @Test
-    void countersAreInTheBrokersJmxDomain() throws Exception {
+    void countersAreInTheBrokersJmxDomainAndLeaveTheBrokersOwnAlone() throws Exception {
         MockProducer<byte[], byte[]> producer = mockProducer(true);
-        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
-            plugin.configure(Fixtures.brokerConfig());
-            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
-            Object received = ManagementFactory.getPlatformMBeanServer().getAttribute(
-                    new ObjectName("kafka.server:type=kcm-receiver"), "pushes-received-total");
-            assertEquals(1.0, ((Number) received).doubleValue());
+        ObjectName brokersCount = new ObjectName("kafka.server:type=kafka-metrics-count");
+        // As the broker's own registry: it has a kafka-metrics-count MBean under the same prefix.
+        try (Metrics broker = new Metrics(new MetricConfig(), List.of(new JmxReporter()), Time.SYSTEM,
+                new KafkaMetricsContext("kafka.server"))) {
+            Object before = ManagementFactory.getPlatformMBeanServer().getAttribute(brokersCount, "count");
+            assertEquals(((Number) before).doubleValue(), (double) broker.metrics().size());
+            try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+                plugin.configure(Fixtures.brokerConfig());
+                plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+                Object received = ManagementFactory.getPlatformMBeanServer().getAttribute(
+                        new ObjectName("kafka.server:type=kcm-receiver"), "pushes-received-total");
+                assertEquals(1.0, ((Number) received).doubleValue());
+                assertEquals(before, ManagementFactory.getPlatformMBeanServer().getAttribute(brokersCount, "count"));
+            }
+            assertTrue(ManagementFactory.getPlatformMBeanServer().isRegistered(brokersCount));
         }
+    }
+
+    @Test
+    void aPushWhoseRecordCannotBeBuiltIsCountedAndTheWriterGoesOn() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        AtomicInteger builds = new AtomicInteger();
+        ReceiverMetrics metrics = new ReceiverMetrics(() -> 0);
+        try (TopicWriter writer = new TopicWriter(() -> producer, push -> {
+            if (builds.getAndIncrement() == 0) {
+                throw new NoSuchFieldError("clientPort");  // what an older broker's classes can throw
+            }
+            return ContractRecord.build("t", push, "1", "c");
+        }, metrics, 1 << 20, 1000)) {
+            writer.offer(Fixtures.push(Fixtures.requestContext(), METRICS, null));
+            writer.offer(Fixtures.push(Fixtures.requestContext(), METRICS, null));
+            await(() -> producer.history().size() == 1);
+            await(() -> writer.heldBytes() == 0);
+            assertEquals(1, metrics.producerErrors.sum());
+        } finally {
+            metrics.close();
+        }
+    }
+
+    @Test
+    void aProducerThatCannotBeBuiltYetDoesNotStopTheBrokerAndIsBuiltLater() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        AtomicInteger attempts = new AtomicInteger();
+        ReceiverCore core = new ReceiverCore(config -> {
+            if (attempts.incrementAndGet() < 3) {
+                throw new KafkaException("Failed to construct kafka producer: no resolvable bootstrap urls");
+            }
+            return producer;
+        });
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(core)) {
+            assertDoesNotThrow(() -> plugin.configure(Fixtures.brokerConfig()));
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            await(() -> producer.history().size() == 1);
+            assertEquals(3, attempts.get());
+        }
+    }
+
+    @Test
+    void closeWaitsAtMostItsTimeoutAndZeroMeansNotAtAll() throws Exception {
+        KcmClientTelemetry plugin = new KcmClientTelemetry();
+        plugin.configure(Fixtures.brokerConfig("kcm.receiver.bootstrap.servers", "127.0.0.1:1",
+                "kcm.receiver.producer.max.block.ms", "5000", "kcm.receiver.close.timeout.ms", "0"));
+        for (int i = 0; i < 5; i++) {
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+        }
+        long started = System.nanoTime();
+        plugin.close();
+        long tookMs = (System.nanoTime() - started) / 1_000_000;
+        assertTrue(tookMs < 2000, "close took " + tookMs + " ms; each queued push could wait 5 s for metadata");
     }
 
     private static ClientTelemetryContext context(AuthorizableRequestContext request, int interval) {
