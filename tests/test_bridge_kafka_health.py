@@ -156,3 +156,44 @@ def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_recon
     assert line.levelno == logging.WARNING
     assert "a broker cannot be reached (127.0.0.1:9093/2: Connect to" in line.getMessage()
     assert "wait until it is back" in line.getMessage()
+
+
+def test_asked_watermarks_fall_back_to_the_fetched_ones_and_take_turns():
+    """A partition without a leader, or a request that times out, leaves the last fetched watermark; the next round
+    of requests starts where the last one ran out of time."""
+    import confluent_kafka
+    from kafka import TopicPartition
+
+    from kcm_bridge.consumer import ConfluentConsumer, KafkaPythonConsumer
+
+    asked = []
+
+    class Librdkafka:
+        def get_watermark_offsets(self, tp, timeout=None, cached=False):
+            if cached:
+                return (0, 10 + tp.partition)
+            asked.append(tp.partition)
+            time.sleep(0.3)  # a slow leader: only some partitions fit in the budget
+            raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._TIMED_OUT))
+
+    confluent = ConfluentConsumer.__new__(ConfluentConsumer)
+    confluent._consumer, confluent._tp, confluent._exception = Librdkafka(), confluent_kafka.TopicPartition, \
+        confluent_kafka.KafkaException
+    confluent._ask_from = 0
+    partitions = [("t", p) for p in range(4)]
+    assert confluent.high_watermarks(partitions, ask_s=0.5) == {("t", p): 10 + p for p in range(4)}
+    first = list(asked)
+    asked.clear()
+    confluent.high_watermarks(partitions, ask_s=0.5)
+    assert asked and asked[0] not in first, (first, asked)
+
+    class KafkaPython:
+        def end_offsets(self, tps, timeout_ms=None):
+            raise KeyError(tps[1])  # kafka-python 3.0.12 when a partition's leader is unknown
+
+        def highwater(self, tp):
+            return 20 + tp.partition
+
+    legacy = KafkaPythonConsumer.__new__(KafkaPythonConsumer)
+    legacy._consumer, legacy._tp = KafkaPython(), TopicPartition
+    assert legacy.high_watermarks([("t", 0), ("t", 1)], ask_s=1.0) == {("t", 0): 20, ("t", 1): 21}

@@ -139,6 +139,7 @@ class ConfluentConsumer:
         self._broker_failures = PacedLog(log, logging.WARNING, period_s=60.0)
         self._broker_failure: str | None = None   # a broker connection failed during the last serve of events
         self._answered = False   # Kafka answered a check since the start
+        self._ask_from = 0   # where the next round of watermark requests starts
         config = librdkafka_config(settings)
         config.update({"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
                        "auto.offset.reset": "earliest", "enable.partition.eof": False,
@@ -222,15 +223,22 @@ class ConfluentConsumer:
 
     def high_watermarks(self, partitions: list[Partition], ask_s: float = 0.0) -> dict[Partition, int]:
         deadline = time.monotonic() + ask_s
+        # Asked one by one: start where the last interval's budget ran out, so every partition gets its turn.
+        self._ask_from = self._ask_from % len(partitions) if partitions else 0
+        order = partitions[self._ask_from:] + partitions[:self._ask_from]
         marks = {}
-        for topic, partition in partitions:
+        for index, (topic, partition) in enumerate(order):
             tp, known = self._tp(topic, partition), None
             remaining = deadline - time.monotonic()
+            if remaining > 0:
+                try:
+                    known = self._consumer.get_watermark_offsets(tp, timeout=remaining)
+                except self._exception:  # no answer in time, or no leader: the last fetched value below
+                    known = None
+                if deadline - time.monotonic() <= 0:
+                    self._ask_from += index + 1
             try:
-                if remaining > 0:
-                    known = self._consumer.get_watermark_offsets(tp, timeout=remaining)  # None: no answer in time
-                if known is None:
-                    known = self._consumer.get_watermark_offsets(tp, cached=True)
+                known = known or self._consumer.get_watermark_offsets(tp, cached=True)
             except self._exception:
                 continue
             if known is not None and known[1] >= 0:
@@ -350,16 +358,21 @@ class KafkaPythonConsumer:
             return {}
         asked: dict[Any, int] = {}
         if ask_s > 0 and partitions:
-            from kafka.errors import KafkaError
-
             try:
                 asked = self._consumer.end_offsets([self._tp(*p) for p in partitions], timeout_ms=int(ask_s * 1000))
-            except KafkaError:
+            except Exception:  # noqa: BLE001 (a partition without a leader raises KeyError in 3.0.12; only a metric)
                 asked = {}
-        marks = {partition: asked.get(self._tp(*partition)) for partition in partitions}
-        marks = {partition: high if high is not None else self._consumer.highwater(self._tp(*partition))
-                 for partition, high in marks.items()}
-        return {partition: high for partition, high in marks.items() if high is not None and high >= 0}
+        marks = {}
+        for partition in partitions:
+            high = asked.get(self._tp(*partition))
+            if high is None:
+                try:
+                    high = self._consumer.highwater(self._tp(*partition))
+                except Exception:  # noqa: BLE001 (IllegalStateError once it is no longer assigned)
+                    high = None
+            if high is not None and high >= 0:
+                marks[partition] = high
+        return marks
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -142,22 +142,31 @@ def _warn_while_peering_is_missing(name: str, namespaces: list[str], cluster_wid
     wait = first_s
     while not stop.wait(wait):
         wait = every_s
+        # Namespace patterns (kopf's globs, negations and lists) name no single object to look for.
         wanted = ([("ClusterKopfPeering", None)] if cluster_wide else
-                  [("KopfPeering", namespace) for namespace in namespaces if not set("*?[!") & set(namespace)])
+                  [("KopfPeering", namespace) for namespace in namespaces if not set("*?[!, ") & set(namespace)])
         missing = []
         for kind, namespace in wanted:
-            try:
-                if namespace is None:
-                    api.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
-                else:
-                    api.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name)
-            except ApiException as exc:
-                if exc.status == 404:
-                    missing.append(f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}")
-                else:
-                    log.debug("checking the peering object %s: %s %s", name, exc.status, exc.reason)
-            except Exception as exc:  # the API unreachable: kopf reports that itself
-                log.debug("checking the peering object %s: %s", name, exc)
+            found = None
+            for group in ("kopf.dev", "zalando.org"):  # kopf peers through either group's CRDs
+                try:
+                    if namespace is None:
+                        api.get_cluster_custom_object(group, "v1", "clusterkopfpeerings", name, _request_timeout=10)
+                    else:
+                        api.get_namespaced_custom_object(group, "v1", namespace, "kopfpeerings", name,
+                                                         _request_timeout=10)
+                    found = True
+                except ApiException as exc:
+                    if exc.status != 404:
+                        log.debug("checking the peering object %s: %s %s", name, exc.status, exc.reason)
+                        found = True  # not known to be missing
+                except Exception as exc:  # the API unreachable: kopf reports that itself
+                    log.debug("checking the peering object %s: %s", name, exc)
+                    found = True
+                if found:
+                    break
+            if not found:
+                missing.append(f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}")
         if missing:
             log.warning("this replica reconciles nothing until its peering object exists: %s not found (create it, "
                         "and install kopf's kopf.dev CRDs first if they are missing; the chart creates it with "
