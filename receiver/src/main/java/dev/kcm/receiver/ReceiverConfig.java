@@ -102,6 +102,17 @@ public final class ReceiverConfig {
                 parsed.getLong(CLOSE_TIMEOUT_MS), producer);
     }
 
+    /** Whether {@code process.roles} names the controller role and not the broker one (a KRaft controller-only node). */
+    static boolean controllerOnly(Map<String, ?> brokerConfig) {
+        List<String> roles = new ArrayList<>();
+        for (String role : BrokerListener.text(brokerConfig.get("process.roles")).split(",")) {
+            if (!role.isBlank()) {
+                roles.add(role.trim().toLowerCase(java.util.Locale.ROOT));
+            }
+        }
+        return !roles.isEmpty() && !roles.contains("broker");
+    }
+
     /** The broker's id from its properties (KRaft {@code node.id}, else {@code broker.id}); null when neither. */
     static String nodeId(Map<String, ?> brokerConfig) {
         Object id = brokerConfig.get("node.id");
@@ -136,7 +147,10 @@ public final class ReceiverConfig {
                         "the broker has no 'listeners' to derive it from; set it to this cluster's bootstrap servers");
             }
             Map<String, String> protocols = protocolMap(text(brokerConfig.get("listener.security.protocol.map")));
-            List<String> controllers = List.of(text(brokerConfig.get("controller.listener.names")).split(","));
+            List<String> controllers = new ArrayList<>();
+            for (String name : text(brokerConfig.get("controller.listener.names")).split(",")) {
+                controllers.add(name.trim().toUpperCase());
+            }
             String preferred = text(brokerConfig.get("inter.broker.listener.name"));
             if (preferred.isBlank()) {
                 String protocol = text(brokerConfig.get("security.inter.broker.protocol"));
@@ -188,7 +202,7 @@ public final class ReceiverConfig {
             return map;
         }
 
-        private static String text(Object value) {
+        static String text(Object value) {
             if (value == null) {
                 return "";
             }

@@ -36,6 +36,12 @@ final class ReceiverCore implements AutoCloseable {
 
     void configure(Map<String, ?> brokerConfig) {
         close();
+        if (ReceiverConfig.controllerOnly(brokerConfig)) {
+            // Clients push to brokers only; one config for every node (as Strimzi applies it) must not stop these.
+            LOG.info("kcm receiver: this node is a KRaft controller only (process.roles={}): no client pushes here, "
+                    + "the plugin stays idle", brokerConfig.get("process.roles"));
+            return;
+        }
         ReceiverConfig parsed = ReceiverConfig.parse(brokerConfig);
         if (brokerId == null) {
             brokerId = ReceiverConfig.nodeId(brokerConfig);

@@ -64,4 +64,26 @@ class ReceiverConfigTest {
         assertEquals("localhost:9092", config.producerConfig.get("bootstrap.servers"));
         assertFalse(config.producerConfig.containsKey("ssl.truststore.location"));
     }
+
+    @Test
+    void aControllerOnlyNodeStartsAndStaysIdle() throws Exception {
+        // One config for every node, as Strimzi applies spec.kafka.config: a controller has no broker listener.
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry()) {
+            plugin.configure(Fixtures.brokerConfig("process.roles", "controller",
+                    "listeners", "CONTROLLER://:9093", "controller.listener.names", "CONTROLLER"));
+            assertEquals(null, plugin.core().metrics());
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(new byte[10], false));
+        }
+        assertTrue(ReceiverConfig.controllerOnly(Fixtures.brokerConfig("process.roles", " Controller ")));
+        assertFalse(ReceiverConfig.controllerOnly(Fixtures.brokerConfig("process.roles", "broker,controller")));
+        assertFalse(ReceiverConfig.controllerOnly(Fixtures.brokerConfig()));
+    }
+
+    @Test
+    void controllerListenerNamesAreComparedAsKafkaDoes() {
+        ReceiverConfig config = ReceiverConfig.parse(Fixtures.brokerConfig(
+                "listeners", "CONTROLLER://:9093,PLAINTEXT://kafka-0:9092", "controller.listener.names", " controller",
+                "inter.broker.listener.name", "CONTROLLER"));
+        assertEquals("kafka-0:9092", config.producerConfig.get("bootstrap.servers"));
+    }
 }
