@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 
 from kcm_cli.arguments import kafka_connection
@@ -90,15 +87,14 @@ def run(args: argparse.Namespace) -> int:
     elif any(tls_options):
         raise UserError("--otlp-tls, --otlp-ca-file, --otlp-cert-file, --otlp-key-file and --otlp-header-file "
                         "need --otlp-endpoint")
-    with _quiet_py4j_send_tracebacks():
-        result = run_rollup(
-            args.bootstrap_server, args.topic, args.output,
-            start=parse_time(args.start) if args.start else None,
-            end=parse_time(args.end) if args.end else None,
-            last=timedelta(seconds=parse_duration(args.last, "--last")) if args.last else None,
-            resolutions=args.resolution, command_config=args.command_config, master=args.master,
-            starting_offsets=args.starting_offsets, ending_offsets=args.ending_offsets,
-            lookback_seconds=parse_duration(args.lookback, "--lookback"), top=args.top, **options)
+    result = run_rollup(
+        args.bootstrap_server, args.topic, args.output,
+        start=parse_time(args.start) if args.start else None,
+        end=parse_time(args.end) if args.end else None,
+        last=timedelta(seconds=parse_duration(args.last, "--last")) if args.last else None,
+        resolutions=args.resolution, command_config=args.command_config, master=args.master,
+        starting_offsets=args.starting_offsets, ending_offsets=args.ending_offsets,
+        lookback_seconds=parse_duration(args.lookback, "--lookback"), top=args.top, **options)
     if args.json:
         print(json.dumps({"input_records": result.input_records, "decode_errors": result.decode_errors,
                           "points": result.points, "rows_written": result.rows_written, "windows": result.windows,
@@ -118,21 +114,3 @@ def _cell(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-
-class _Py4jSendTraceback(logging.Filter):
-    """py4j logs a traceback on the root logger for a call to the JVM that broke ("… while sending command."): on
-    Ctrl-C (PySpark's handler cancels the jobs from inside the interrupted call) that is four tracebacks of noise, and
-    when the JVM dies the error that follows says so."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == "root" and str(record.msg).endswith("while sending command."))
-
-
-@contextmanager
-def _quiet_py4j_send_tracebacks() -> Iterator[None]:
-    quiet = _Py4jSendTraceback()
-    logging.getLogger().addFilter(quiet)
-    try:
-        yield
-    finally:
-        logging.getLogger().removeFilter(quiet)

@@ -244,15 +244,27 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
                                    resolutions=parse_resolutions(resolutions), start=start, end=end, **options)
     check_reachable(settings)
     check_authenticates(settings)
-    spark = spark_session(default_master(master))
+    quiet = _Py4jSendTraceback()
+    logging.getLogger().addFilter(quiet)
     try:
-        return run(spark, rollup_options)
+        return run(spark_session(default_master(master)), rollup_options)
     except Exception as err:
         # The Python source runs in Spark's Python workers: its errors come back wrapped in Spark's.
         found = re.search(r"KafkaSourceError: (.+)", str(err))
         if found is None:
             raise
         raise UserError(found.group(1).strip()) from None
+    finally:
+        logging.getLogger().removeFilter(quiet)
+
+
+class _Py4jSendTraceback(logging.Filter):
+    """py4j logs a traceback on the root logger for a call to the JVM that broke ("… while sending command."): on
+    Ctrl-C (PySpark's handler cancels the jobs from inside the interrupted call) that is four tracebacks of noise, and
+    when the JVM dies the error that follows says so."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and str(record.msg).endswith("while sending command."))
 
 
 def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
@@ -389,7 +401,7 @@ def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros
 
 
 def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None,
-                  resolutions: tuple[str, ...] = ()) -> tuple[int, dict[str, int]]:
+                  resolutions: tuple[str, ...]) -> tuple[int, dict[str, int]]:
     """Replace exactly this run's windows under `output` with the materialised rows `new` (all windows of a time range
     in `resolutions`, else the ones computed), keeping all others; returns the number of rows and of windows per
     resolution."""
@@ -424,8 +436,7 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
         if span is not None:
             # This run's windows: in its range and of its resolutions (other resolutions' rows there stay).
             replaced = (F.col("window_start") >= F.timestamp_seconds(F.lit(span[0]))) & (
-                F.col("window_start") < F.timestamp_seconds(F.lit(span[1]))) & (
-                F.col("resolution").isin(list(resolutions)) if resolutions else F.lit(True))
+                F.col("window_start") < F.timestamp_seconds(F.lit(span[1]))) & F.col("resolution").isin(list(resolutions))
             partitions |= {(r["resolution"], r["date"])
                            for r in existing.filter(replaced).select("resolution", "date").distinct().collect()}
             old = _in_partitions(existing, partitions).filter(~replaced)
