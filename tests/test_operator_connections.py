@@ -93,3 +93,19 @@ def test_tls_files_that_do_not_load_are_an_invalid_spec_once_not_a_failure_per_e
     with pytest.raises(InvalidSpecError, match="KafkaConnection apps/tls: ssl.ca.location .* holds no usable CA"):
         config.admin("apps", "tls")
     assert config.admins == {} and resolved == [("apps", "tls")]
+
+
+def test_settings_that_loaded_once_are_not_loaded_again_on_every_event(tmp_path, monkeypatch):
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL", "tls": {"caSecretRef": {"name": "ca"}}}
+    loads = []
+    original = KafkaSettings.validate
+    monkeypatch.setattr(KafkaSettings, "validate", lambda self: (loads.append(1), original(self))[1])
+    validated: set = set()
+
+    for _ in range(3):
+        settings_from_spec(spec, _read, tmp_path, validated)
+    assert len(loads) == 1
+
+    with pytest.raises(KafkaConfigError):  # other material is loaded, and refused, as before
+        settings_from_spec({**spec, "tls": {"caSecretRef": {"name": "garbage"}}}, _read, tmp_path, validated)
+    assert len(loads) == 2

@@ -22,6 +22,7 @@ from kcm_operator import schema
 from kcm_operator.errors import InvalidSpecError, KubernetesApiError
 
 PLURAL = "kafkaconnections"
+_VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading; beyond, it starts again
 
 
 class ConnectionResolver:
@@ -31,6 +32,7 @@ class ConnectionResolver:
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
         self._material_dir = material_dir or Path(tempfile.mkdtemp(prefix="kcm-operator-tls-"))
+        self._validated: set[tuple[Any, ...]] = set()   # settings whose TLS material loaded: not loaded per event
 
     def resolve(self, namespace: str, name: str) -> KafkaSettings:
         """The settings of KafkaConnection `namespace/name`; InvalidSpecError when it or a Secret is missing."""
@@ -43,7 +45,7 @@ class ConnectionResolver:
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         return settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
-                                  self._material_dir)
+                                  self._material_dir, self._validated)
 
     def _secret_value(self, namespace: str, secret: str, key: str) -> bytes:
         try:
@@ -57,10 +59,12 @@ class ConnectionResolver:
         return base64.b64decode(data[key])
 
 
-def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir: Path) -> KafkaSettings:
+def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir: Path,
+                       validated: set[tuple[Any, ...]] | None = None) -> KafkaSettings:
     """KafkaSettings for a (defaulted) KafkaConnection spec; `secret_value(secret, key) -> bytes` reads Secrets.
     Raises KafkaConfigError, naming Secrets and keys (never a value or the file a value was written to), unless the
-    settings translate and their TLS material loads."""
+    settings translate and their TLS material loads. Settings already in `validated` are not loaded again (material
+    files are named by their content, so equal settings mean equal material)."""
     properties = {"security.protocol": spec["securityProtocol"]}
     sources: dict[str, str] = {}  # TLS material file → the Secret and key it came from
 
@@ -93,6 +97,9 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
     if tls.get("verifyHostname") is False:
         properties["ssl.endpoint.identification.algorithm"] = ""
     settings = KafkaSettings(spec["bootstrapServers"], properties)
+    key = (settings.bootstrap_servers, tuple(sorted(properties.items())))
+    if validated is not None and key in validated:
+        return settings
     try:
         settings.validate()  # refuse what kafka-python cannot honour, or TLS that does not load, now
     except KafkaConfigError as exc:
@@ -100,6 +107,10 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
         for path, source in sources.items():
             message = message.replace(repr(path), source).replace(path, source)
         raise KafkaConfigError(message) from None
+    if validated is not None:
+        if len(validated) >= _VALIDATED_SETTINGS:
+            validated.clear()
+        validated.add(key)
     return settings
 
 
