@@ -5,10 +5,13 @@ Everything is loopback and bounded in time; latency bounds are generous because 
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import socket
 import struct
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +25,7 @@ from kafka.protocol.admin.configs import (
 )
 
 from kcm_common.contract import compress
+from payloads import client_metrics
 from kcm_sandbox import wire
 from kcm_sandbox.messages import (
     GetTelemetrySubscriptionsRequest,
@@ -245,3 +249,94 @@ def test_idle_and_slow_connections_are_closed_after_connections_max_idle_ms(sand
     finally:
         lazy.close()
         busy.close()
+
+
+def connection_tasks(sandbox: Any) -> set[Any]:
+    """The gateway's connection tasks (a copy taken on its event loop's thread)."""
+    async def copy() -> set[Any]:
+        return set(sandbox.gateway._connections)
+    return asyncio.run_coroutine_threadsafe(copy(), sandbox._loop).result(TIMEOUT_S)
+
+
+def test_a_client_leaving_with_answers_unread_lets_them_go_and_others_are_still_served(sandbox_factory):
+    sandbox = sandbox_factory()
+    entered, release = threading.Event(), threading.Event()
+    receive = sandbox.gateway.receiver
+
+    def slow_receiver(*args: Any) -> None:
+        entered.set()
+        release.wait(TIMEOUT_S)
+        receive(*args)
+
+    sandbox.gateway.receiver = slow_receiver
+    subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
+    before = connection_tasks(sandbox)
+    leaver = Connection(sandbox.bootstrap, "leaver")
+    got = leaver.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
+    (leaver_task,) = connection_tasks(sandbox) - before
+    push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id, subscription_id=got.subscription_id,
+                                   terminating=True, compression_type=0,
+                                   metrics=client_metrics().SerializeToString())
+    requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(20)]
+    for correlation_id, request in enumerate(requests, start=100):
+        request.with_header(correlation_id=correlation_id, client_id="leaver")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # The push waits in the receiver; the requests behind it are read and their answers queued, in order.
+        leaver.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in requests))
+        assert entered.wait(TIMEOUT_S)
+        time.sleep(0.5)
+        # The client resets the connection with 21 answers unread, then the push finishes.
+        leaver.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        leaver.close()
+        time.sleep(0.2)
+        release.set()
+        deadline = time.monotonic() + TIMEOUT_S
+        while not leaver_task.done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leaver_task.done(), "the connection's task never ended"
+        gc.collect()
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert not unawaited, unawaited
+    other = Connection(sandbox.bootstrap, "other")
+    try:
+        assert other.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse).error_code == 0
+    finally:
+        other.close()
+
+
+def test_stopping_the_gateway_does_not_wait_for_answers_still_due(sandbox_factory):
+    sandbox = sandbox_factory()
+    entered, release = threading.Event(), threading.Event()
+    receive = sandbox.gateway.receiver
+
+    def stuck_receiver(*args: Any) -> None:
+        entered.set()
+        release.wait(TIMEOUT_S)
+        receive(*args)
+
+    sandbox.gateway.receiver = stuck_receiver
+    subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
+    client = Connection(sandbox.bootstrap, "stuck")
+    try:
+        got = client.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
+        push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
+                                       subscription_id=got.subscription_id, terminating=True, compression_type=0,
+                                       metrics=client_metrics().SerializeToString())
+        requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(5)]
+        for correlation_id, request in enumerate(requests, start=100):
+            request.with_header(correlation_id=correlation_id, client_id="stuck")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            client.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in requests))
+            assert entered.wait(TIMEOUT_S)
+            time.sleep(0.3)
+            start = time.monotonic()
+            sandbox.stop()
+            assert time.monotonic() - start < TIMEOUT_S / 2, "stopping waited for the stuck push"
+            gc.collect()
+        unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+        assert not unawaited, unawaited
+    finally:
+        release.set()
+        client.close()

@@ -214,12 +214,22 @@ class _Connection:
                 finally:
                     budget.release(len(frame_bytes))
                 if answer is not None:
-                    await self.answers.put(answer)
+                    try:
+                        await self.answers.put(answer)
+                    except BaseException:
+                        _discard(answer)
+                        raise
         except wire.FrameError as exc:
             log.warning("%s: closing the connection: %s", self.client, exc)
+        except asyncio.CancelledError:  # the gateway is stopping: answers still due are not waited for
+            replies.cancel()
+            raise
         finally:
-            await self.answers.put(None)
+            if not replies.done():  # the answers already started are written, in order, then the writer ends
+                await self.answers.put(None)
             await asyncio.gather(replies, return_exceptions=True)
+            while not self.answers.empty():  # answers never written: started work is let go, not leaked
+                _discard(self.answers.get_nowait())
 
     def close(self) -> None:
         if self.upstream is not None:
@@ -229,16 +239,27 @@ class _Connection:
         self.writer.close()
 
     async def _write_answers(self) -> None:
+        broken = False
         while (answer := await self.answers.get()) is not None:
+            if broken:  # keep taking answers, so the reader is never stuck on a full queue
+                _discard(answer)
+                continue
             try:
                 payload = await answer
-            except (ConnectionError, wire.FrameError) as exc:
+            except (ConnectionError, wire.FrameError) as exc:  # the upstream broker went away or misbehaved
                 log.warning("%s: %s; closing the connection", self.client, exc)
-                self.writer.close()
-                return
-            if payload is not None:
-                self.writer.write(wire.frame(payload))
-                await self.writer.drain()
+            except Exception:  # one misbehaving client must never take the gateway down
+                log.exception("%s: answering failed; closing the connection", self.client)
+            else:
+                try:
+                    if payload is not None:
+                        self.writer.write(wire.frame(payload))
+                        await self.writer.drain()
+                    continue
+                except OSError as exc:  # the client went away with answers unread
+                    log.debug("%s: connection ended: %s", self.client, exc)
+            broken = True
+            self.writer.close()
 
     async def _upstream(self) -> _Upstream:
         if self.upstream is None:
@@ -410,3 +431,11 @@ def _api_version_entries(upstream: dict[int, tuple[int, int]]) -> list[Any]:
 
 async def _done(payload: bytes) -> bytes:
     return payload
+
+
+def _discard(answer: Awaitable[bytes | None] | None) -> None:
+    """Let go of an answer that will never be written: a coroutine is closed, a future cancelled."""
+    if asyncio.iscoroutine(answer):
+        answer.close()
+    elif isinstance(answer, asyncio.Future):
+        answer.cancel()
