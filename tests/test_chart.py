@@ -391,6 +391,41 @@ def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> Non
     assert not find(manifests, "Secret")
 
 
+@pytest.mark.parametrize(("config", "refused"), [
+    ({"kafka": {"properties": {"security.protocol": "SASL_SSL", "sasl.password": "S3CRET"}}},
+     "bridge.config.kafka.properties.sasl.password would put a credential into a ConfigMap"),
+    ({"kafka": {"properties": {"sasl.jaas.config": "S3CRET"}}}, "bridge.config.kafka.properties.sasl.jaas.config"),
+    ({"endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": "team", "Authorization": "Bearer S3CRET"}}]},
+     "bridge.config.endpoints[0].headers.Authorization would put a credential into a ConfigMap: use "
+     "headers_from_files"),
+    ({"enrich": {"rules": [{"attribute": "a", "action": "drop"},
+                           {"attribute": "b", "action": "hash", "salt": "S3CRET"}]}},
+     "bridge.config.enrich.rules[1].salt would put the hashing salt into a ConfigMap: use salt_file"),
+])
+def test_a_credential_inline_in_the_bridge_config_is_refused_naming_the_secret_backed_way(
+        helm: Path, tmp_path: Path, config: dict[str, Any], refused: str) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"bridge": {"config": config}}))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(values))
+    assert result.returncode != 0 and refused in result.stderr, result.stderr
+    assert "S3CRET" not in result.stdout + result.stderr
+
+
+def test_bridge_config_without_inline_credentials_renders(helm: Path, tmp_path: Path) -> None:
+    config = {"kafka": {"properties": {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}},
+              "endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": "team"},
+                             "headers_from_files": {"authorization": "/etc/kcm/secrets/token/authorization"}}],
+              "enrich": {"rules": [{"attribute": "b", "action": "hash", "salt_file": "/etc/kcm/secrets/s/salt"}]}}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"bridge": {"config": config}}))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(values))
+    assert result.returncode == 0, result.stderr
+    (configmap,) = [doc for doc in yaml.safe_load_all(result.stdout)
+                    if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-bridge")]
+    assert yaml.safe_load(configmap["data"]["bridge.yaml"]) == {**config, "kafka": {**config["kafka"],
+                                                                                     "group_id": "kcm-bridge"}}
+
+
 def test_bridge_config_is_rendered_verbatim_and_a_change_rolls_the_pods(helm: Path) -> None:
     defaults = rendered(helm)
     config = yaml.safe_load(one(defaults, "ConfigMap", "-bridge")["data"]["bridge.yaml"])

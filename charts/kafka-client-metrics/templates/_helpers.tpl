@@ -163,3 +163,34 @@ seccompProfile:
   resources: ["events"]
   verbs: ["create"]
 {{- end -}}
+
+{{/* Fails the render when bridge.config holds a credential inline: the config is a ConfigMap, readable by anyone
+     who can list ConfigMaps. The message names the key and the Secret-backed way to give it. */}}
+{{- define "kcm.bridgeConfigHasNoCredentials" -}}
+{{- $config := .Values.bridge.config | default dict -}}
+{{- $kafka := get $config "kafka" | default dict -}}
+{{- if kindIs "map" $kafka -}}
+{{- range $key, $_ := (get $kafka "properties" | default dict) -}}
+{{- if regexMatch "(?i)(password|secret|jaas|ssl\\.key\\.pem|keystore\\.key|oauthbearer\\.config)" $key -}}
+{{- fail (printf "bridge.config.kafka.properties.%s would put a credential into a ConfigMap: put the client properties in a Secret and set kafka.clientConfig.existingSecret" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $i, $endpoint := (get $config "endpoints" | default list) -}}
+{{- if kindIs "map" $endpoint -}}
+{{- range $name, $_ := (get $endpoint "headers" | default dict) -}}
+{{- if regexMatch "(?i)(auth|token|key|secret|passw|cookie|signature)" $name -}}
+{{- fail (printf "bridge.config.endpoints[%d].headers.%s would put a credential into a ConfigMap: use headers_from_files with a Secret in bridge.secretMounts, or headers_from_env with bridge.env valueFrom.secretKeyRef" $i $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $enrich := get $config "enrich" | default dict -}}
+{{- if kindIs "map" $enrich -}}
+{{- range $i, $rule := (get $enrich "rules" | default list) -}}
+{{- if and (kindIs "map" $rule) (hasKey $rule "salt") -}}
+{{- fail (printf "bridge.config.enrich.rules[%d].salt would put the hashing salt into a ConfigMap: use salt_file with a Secret in bridge.secretMounts, or salt_env with bridge.env valueFrom.secretKeyRef" $i) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
