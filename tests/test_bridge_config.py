@@ -170,8 +170,25 @@ def test_a_key_given_twice_is_refused_naming_where_not_silently_replaced(tmp_pat
                     "kafka: {client: kafka-python}\n")
     with pytest.raises(ConfigError) as error:
         load(path, env={})
-    assert str(error.value) == (f"config file {path}: invalid YAML at line 3, column 1: the key 'kafka' is given twice "
-                                "in one mapping")
+    assert str(error.value) == (f"config file {path}: invalid YAML at line 3, column 1: the key \"kafka\" is given "
+                                "twice in one mapping")
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ("  sasl.password: !Xk9$mP2@q", "could not determine a constructor for the tag '…'"),
+    ("  sasl.password: !!Xk9mP2q", "could not determine a constructor for the tag '…'"),
+    ("  sasl.password: *Kp9xL2qZ", "found undefined alias '…'"),
+    ("  sasl.password: &Kp9xL2qZ x\n  sasl.username: &Kp9xL2qZ y", "found duplicate anchor '…'"),
+])
+def test_a_yaml_error_never_quotes_the_value_it_could_not_read(tmp_path, line, problem):
+    # Unquoted, a password starting with !, * or & reads as a tag, alias or anchor, and PyYAML quotes it whole.
+    path = tmp_path / "bridge.yaml"
+    path.write_text(f"kafka:\n  bootstrap_servers: 'k:9092'\n  properties:\n  {line}\n")
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    message = str(error.value)
+    assert problem in message and message.endswith("(quote a value that starts with !, * or &)"), message
+    assert "Xk9" not in message and "Kp9" not in message
 
 
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path, capsys):

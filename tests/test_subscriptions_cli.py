@@ -207,7 +207,20 @@ def test_a_key_given_twice_in_a_manifest_is_refused_as_kubectl_does(tmp_path, ca
     code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
 
     assert code == 2
-    assert err == f"kcm subscriptions: {path} line 8: not valid YAML (the key 'metrics' is given twice in one mapping)\n"
+    assert err == (f"kcm subscriptions: {path}: not valid YAML at line 8, column 3: the key \"metrics\" is given twice "
+                   "in one mapping\n")
+
+
+def test_a_yaml_error_in_a_manifest_never_quotes_the_value_it_could_not_read(tmp_path, capsys):
+    # An unquoted password starting with "!" reads as a tag: PyYAML's message would quote it whole.
+    path = tmp_path / "secret.yaml"
+    path.write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: kafka}\nstringData:\n  password: !Xk9$mP2@q\n")
+
+    code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
+
+    assert code == 2
+    assert err == (f"kcm subscriptions: {path}: not valid YAML at line 5, column 13: could not determine a "
+                   "constructor for the tag '…' (quote a value that starts with !, * or &)\n")
 
 
 @pytest.mark.parametrize("document, problem", [

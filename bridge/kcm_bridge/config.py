@@ -339,24 +339,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: invalid YAML{_where_yaml_failed(exc)}") from None
+        raise ConfigError(f"config file {path}: invalid YAML{strict_yaml.describe(exc)}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
         raise ConfigError(f"the config file {path} must hold a mapping of settings at the top level")
     return document
-
-
-def _where_yaml_failed(error: yaml.YAMLError) -> str:
-    """` at line L, column C: problem` on one line; PyYAML's own text spans lines and names `<unicode string>`."""
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or type(error).__name__
-    context = getattr(error, "context", None)
-    context_mark = getattr(error, "context_mark", None)
-    if context and context_mark is not None:
-        problem += f" {context} started at line {context_mark.line + 1}"
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{where}: {' '.join(problem.split())}"
 
 
 def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     import prometheus_client
     import yaml
+
+    from kcm_common import strict_yaml
     from kubernetes import client
     from kubernetes import config as kube_config
 
@@ -89,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             f"cannot find the Kubernetes API (no in-cluster service account, no kubeconfig): {exc}") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not valid YAML: "
-                        f"{' '.join(str(exc).split())}") from None
+        raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not valid YAML"
+                        f"{strict_yaml.describe(exc)}") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte {exc.start})") from None
     server = urllib.parse.urlsplit(client.Configuration.get_default_copy().host or "")

@@ -8,6 +8,8 @@ MAX_VALUES values (an alias bomb: a kilobyte of nested aliases can stand for bil
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import yaml
@@ -23,7 +25,8 @@ class StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one mapping",
+                shown = json.dumps(key) if isinstance(key, str) else key  # double quotes: kept by `describe`
+                raise yaml.constructor.ConstructorError(None, None, f"the key {shown} is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -54,3 +57,34 @@ def _bounded(document: Any) -> Any:
         elif isinstance(value, (list, tuple, set, frozenset)):  # !!pairs and !!omap are lists of tuples, !!set a set
             pending.extend(value)
     return document
+
+
+def describe(error: yaml.YAMLError) -> str:
+    """` at line L, column C: problem`, on one line, quoting nothing of the file but single characters.
+
+    PyYAML's own text spans lines, names `<unicode string>` and quotes what it could not read: a tag, alias or
+    anchor name, which is the value itself when an unquoted password starts with `!`, `*` or `&`.
+    """
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or (str(error) if type(error) is yaml.YAMLError else
+                                                  type(error).__name__)
+    context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    if context and context_mark is not None:
+        problem += f" {context} started at line {context_mark.line + 1}"
+    problem = _QUOTED.sub(_redacted, " ".join(problem.split()))
+    if _VALUE_AS_NAME.search(problem):
+        problem += " (quote a value that starts with !, * or &)"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {problem}"
+
+
+_QUOTED = re.compile(r"'([^']*)'")
+_VALUE_AS_NAME = re.compile(r"\b(tag|alias|anchor)\b")
+
+
+def _redacted(match: re.Match[str]) -> str:
+    text = match.group(1)
+    if len(text) <= 1 or re.fullmatch(r"<[\w ]+>|\\[a-z0-9]+", text):  # a character, a token kind, an escape
+        return match.group(0)
+    return "'…'"

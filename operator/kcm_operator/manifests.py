@@ -88,9 +88,7 @@ def _documents(file: Path) -> list[Manifest]:
     except UnicodeDecodeError:
         raise UserError(f"{file} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" line {where.line + 1}" if where is not None else ""
-        raise UserError(f"{file}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+        raise UserError(f"{file}: not valid YAML{strict_yaml.describe(exc)}") from None
     manifests = []
     for index, document in enumerate(documents, start=1):
         if document is None:
