@@ -9,7 +9,7 @@ import pytest
 from kafka.errors import KafkaTimeoutError
 
 from kcm_common.kafka import (KafkaConfigError, KafkaSettings, KafkaUnavailableError, check_reachable,
-                              diagnose_failure, kafka_python_options, parse_properties)
+                              diagnose_failure, kafka_python_options, load_properties, parse_properties)
 
 _NOT_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
 
@@ -46,7 +46,7 @@ def test_librdkafka_spellings_are_accepted(tmp_path):
 
 
 @pytest.mark.parametrize(("properties", "message"), [
-    ({"bogus": "1"}, "unsupported client property 'bogus'"),
+    ({"bogus.key": "1"}, "unsupported client property 'bogus.key'"),
     ({"security.protocol": "TLS"}, "security.protocol must be one of"),
     ({"security.protocol": "SASL_SSL"}, "needs sasl.username and sasl.password"),
     ({"sasl.mechanism": "GSSAPI", "sasl.username": "u"}, "sasl.mechanism must be one of"),
@@ -56,6 +56,16 @@ def test_librdkafka_spellings_are_accepted(tmp_path):
 def test_bad_properties_name_what_is_wrong(properties, message):
     with pytest.raises(KafkaConfigError, match=message):
         kafka_python_options(properties)
+
+
+@pytest.mark.parametrize("line", ["S3CRETpass word", "S3CRET:x", "S3CRETwith=sign", "s3cretpass x"])
+def test_a_line_missing_its_key_is_refused_without_showing_what_may_be_a_password(tmp_path, line):
+    config = tmp_path / "client.properties"
+    config.write_text(f"security.protocol=SASL_SSL\n{line}\n")
+    with pytest.raises(KafkaConfigError) as error:
+        kafka_python_options(load_properties(config))
+    assert "unsupported client property whose name is not a property name (not shown" in str(error.value)
+    assert "3cret" not in str(error.value).lower()
 
 
 def test_settings_never_show_secrets(tmp_path):

@@ -125,6 +125,9 @@ def _check_pem_file(key: str, path: str) -> None:
         raise KafkaConfigError(f"client property {key} names {path!r}, which is not a PEM file; {_PEM_CONVERSION}")
 
 
+_PROPERTY_NAME = re.compile(r"[a-z][a-z0-9-]*(\.[a-z0-9-]+)+")  # how every Kafka client property is spelt
+
+
 def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """Translate client properties into kafka-python keyword arguments, rejecting what it cannot honour."""
     options: dict[str, Any] = {}
@@ -134,7 +137,10 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
                 raise KafkaConfigError(f"{key}={value} is not supported; {_PEM_CONVERSION}")
             continue
         if key not in _PROPERTY_TO_KWARG:
-            raise KafkaConfigError(f"unsupported client property {key!r}; supported: "
+            # A key that is no property name may be a password on a line missing its key: never shown.
+            named = f"property {key!r}" if _PROPERTY_NAME.fullmatch(key) else (
+                "property whose name is not a property name (not shown: is a line missing its key?)")
+            raise KafkaConfigError(f"unsupported client {named}; supported: "
                                    f"{', '.join(sorted([*_PROPERTY_TO_KWARG, *_STORE_TYPES]))}")
         if key in _FILE_PROPERTIES:
             _check_pem_file(key, value)
