@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,42 @@ def test_settings_that_loaded_once_are_not_loaded_again_on_every_event(tmp_path,
     with pytest.raises(KafkaConfigError):  # other material is loaded, and refused, as before
         settings_from_spec({**spec, "tls": {"caSecretRef": {"name": "garbage"}}}, _read, tmp_path, validated)
     assert len(loads) == 2
+
+
+def test_no_operator_state_holds_a_password_in_the_clear(tmp_path):
+    """Caches are keyed by a fingerprint: a traceback or debugger showing them shows no password."""
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SASL_PLAINTEXT",
+            "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "creds", "usernameKey": "user", "passwordKey": "pass"}}}
+    validated: set = set()
+    settings = settings_from_spec(spec, _read, tmp_path, validated)
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9092"), resolve=lambda namespace, name: settings)
+    admin = config.admin("apps", "sasl")
+    try:
+        assert "p4ss" not in repr(config) and "p4ss" not in repr(validated)
+        # Another password is other settings: a new admin, the fingerprint tells them apart.
+        other = KafkaSettings(settings.bootstrap_servers, {**settings.properties, "sasl.password": "other"})
+        assert other.fingerprint() != settings.fingerprint()
+        assert KafkaSettings(settings.bootstrap_servers, dict(settings.properties)).fingerprint() == \
+            settings.fingerprint()
+    finally:
+        admin.close()
+
+
+def test_tls_material_written_by_handlers_side_by_side_is_always_whole(tmp_path):
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL", "tls": {"caSecretRef": {"name": "ca"}}}
+    errors: list[BaseException] = []
+
+    def resolve() -> None:
+        try:
+            with open(settings_from_spec(spec, _read, tmp_path).client_options()["ssl_cafile"], "rb") as ca:
+                assert ca.read() == SECRETS["ca", "ca.crt"]
+        except BaseException as exc:  # reported on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=resolve) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".partial-")] == []

@@ -5,6 +5,8 @@ Every kcm command that talks to Kafka builds its clients here, so TLS/SASL behav
 
 from __future__ import annotations
 
+import hashlib
+import json
 import queue
 import re
 import socket
@@ -208,6 +210,11 @@ class KafkaSettings:
     @property
     def security_protocol(self) -> str:
         return self.properties.get("security.protocol", "PLAINTEXT").upper()
+
+    def fingerprint(self) -> str:
+        """A digest telling distinct settings apart, to key caches by: it shows nothing of a password."""
+        content = json.dumps([self.bootstrap_servers, sorted(self.properties.items())])
+        return hashlib.sha256(content.encode()).hexdigest()
 
     def describe(self) -> str:
         """A log-safe one-line description (no secrets)."""

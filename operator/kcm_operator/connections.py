@@ -32,7 +32,7 @@ class ConnectionResolver:
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
         self._material_dir = material_dir or Path(tempfile.mkdtemp(prefix="kcm-operator-tls-"))
-        self._validated: set[tuple[Any, ...]] = set()   # settings whose TLS material loaded: not loaded per event
+        self._validated: set[str] = set()   # fingerprints of settings whose TLS material loaded: not per event
 
     def resolve(self, namespace: str, name: str) -> KafkaSettings:
         """The settings of KafkaConnection `namespace/name`; InvalidSpecError when it or a Secret is missing."""
@@ -60,7 +60,7 @@ class ConnectionResolver:
 
 
 def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir: Path,
-                       validated: set[tuple[Any, ...]] | None = None) -> KafkaSettings:
+                       validated: set[str] | None = None) -> KafkaSettings:
     """KafkaSettings for a (defaulted) KafkaConnection spec; `secret_value(secret, key) -> bytes` reads Secrets.
     Raises KafkaConfigError, naming Secrets and keys (never a value or the file a value was written to), unless the
     settings translate and their TLS material loads. Settings already in `validated` are not loaded again (material
@@ -97,7 +97,7 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
     if tls.get("verifyHostname") is False:
         properties["ssl.endpoint.identification.algorithm"] = ""
     settings = KafkaSettings(spec["bootstrapServers"], properties)
-    key = (settings.bootstrap_servers, tuple(sorted(properties.items())))
+    key = settings.fingerprint()
     if validated is not None and key in validated:
         return settings
     try:
@@ -118,9 +118,16 @@ def _material(directory: Path, content: bytes) -> str:
     # kafka-python reads TLS material from files; one private file per distinct content.
     path = directory / hashlib.sha256(content).hexdigest()[:16]
     if not path.exists():
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(content)
+        # Handlers run side by side: each writes its own file and renames it into place, so a reader never sees
+        # a half-written key and two writers of the same content never collide.
+        descriptor, partial = tempfile.mkstemp(dir=directory, prefix=".partial-")  # mode 0600
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(content)
+            os.replace(partial, path)
+        except BaseException:
+            os.unlink(partial)
+            raise
     return str(path)
 
 

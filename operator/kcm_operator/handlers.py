@@ -42,7 +42,8 @@ class OperatorConfig:
     drift_interval_s: float = 60.0
     resolve: Callable[[str, str], KafkaSettings] | None = None  # (namespace, connection name) → settings
     kafka_timeout_s: float = 10.0
-    admins: dict[tuple[str, str] | None, tuple[tuple[Any, ...], BatchedAdmin]] = field(default_factory=dict)
+    # (namespace, connection) or None for the default cluster → (settings fingerprint, admin)
+    admins: dict[tuple[str, str] | None, tuple[str, BatchedAdmin]] = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)  # uids of Ready resources, for the managed-subscriptions gauge
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -60,7 +61,7 @@ class OperatorConfig:
         retired = None
         try:
             settings = self.resolve(namespace, connection) if connection else self.settings
-            key = (settings.bootstrap_servers, tuple(sorted(settings.properties.items())))
+            key = settings.fingerprint()
             with self.lock:
                 cached = self.admins.get(ref)
                 if cached is None or cached[0] != key:
