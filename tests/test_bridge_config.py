@@ -227,3 +227,31 @@ def test_a_topic_named_twice_is_refused_naming_it():
     with pytest.raises(ConfigError, match="^kafka.topics names 'a' more than once$"):
         load(env={"KCM_BRIDGE_TOPICS": "a,b,a"}, overrides={("kafka", "bootstrap_servers"): "k:9092"},
              endpoints=["c:4317"])
+
+
+KAFKA, ENDPOINTS = "kafka: {bootstrap_servers: 'k:9092'}\n", "endpoints: [{endpoint: 'c:4317'}]\n"
+
+
+@pytest.mark.parametrize(("document", "where"), [
+    ("kafka: {bootstrap_servers: 'k:9092', properties: {sasl.password: 0777}}\n" + ENDPOINTS,
+     "kafka.properties.sasl.password"),
+    (KAFKA + "endpoints: [{endpoint: 'c:4317', headers: {authorization: yes}}]\n", "endpoints[0].headers.authorization"),
+    (KAFKA + ENDPOINTS + "enrich: {rules: [{attribute: a, action: hash, salt: 12:30}]}\n", "enrich.rules[0].salt"),
+])
+def test_a_secret_yaml_would_read_as_another_value_must_be_quoted(tmp_path, document, where):
+    path = tmp_path / "bridge.yaml"
+    path.write_text(document)
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    assert str(error.value) == (f"{where} must be a quoted string: YAML reads an unquoted 0777 as 511, yes as true "
+                                "and 12:30 as 750, which would change the value")
+
+
+def test_numbers_where_no_secret_is_expected_still_read_as_before(tmp_path):
+    path = tmp_path / "bridge.yaml"
+    path.write_text("kafka:\n  bootstrap_servers: 'k:9092'\n  properties: {session.timeout.ms: 6000}\n"
+                    "endpoints: [{endpoint: 'c:4317', headers: {x-scope-orgid: '0777'}}]\n"
+                    "enrich: {rules: [{attribute: a, action: hash, salt: '0777'}]}\n")
+    config = load(path, env={})
+    assert config.kafka.properties == {"session.timeout.ms": "6000"}
+    assert config.endpoints[0].headers == {"x-scope-orgid": "0777"} and config.enrich.rules[0].salt == "0777"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ class KafkaConfig:
     bootstrap_servers: str = ""
     command_config: str | None = None          # client properties file (TLS/SASL, consumer tuning)
     # Inline client properties, over the file's; they may hold sasl.password, so repr leaves them out.
-    properties: dict[str, str] = field(default_factory=dict, repr=False)
+    properties: dict[str, str] = field(default_factory=dict, repr=False, metadata={"verbatim": "secret-keys"})
     topics: list[str] = field(default_factory=lambda: [DEFAULT_METRICS_TOPIC])
     group_id: str = "kcm-bridge"
     client: Literal["confluent-kafka", "kafka-python"] = "confluent-kafka"
@@ -60,7 +61,7 @@ class EndpointConfig:
     endpoint: str = ""
     insecure: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
-    headers: dict[str, str] = field(default_factory=dict, repr=False)   # may hold tokens
+    headers: dict[str, str] = field(default_factory=dict, repr=False, metadata={"verbatim": "all"})  # tokens
     headers_from_files: dict[str, str] = field(default_factory=dict)
     headers_from_env: dict[str, str] = field(default_factory=dict)
     compression: Literal["gzip", "none"] = "gzip"
@@ -82,7 +83,7 @@ class AttributeRule:
     action: Literal["drop", "rename", "hash"] = "drop"
     attribute: str = ""
     to: str | None = None
-    salt: str | None = field(default=None, repr=False)
+    salt: str | None = field(default=None, repr=False, metadata={"verbatim": "all"})
     salt_file: str | None = None
     salt_env: str | None = None
 
@@ -365,8 +366,25 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown setting {_join(where, str(unknown[0]))}; known: {', '.join(sorted(names))}")
+    for item in dataclasses.fields(cls):
+        if item.name in raw and item.metadata.get("verbatim"):
+            _check_verbatim(raw[item.name], item.metadata["verbatim"], _join(where, item.name))
     values = {name: _convert(raw[name], hints[name], _join(where, name)) for name in names if name in raw}
     return cls(**values)
+
+
+_SECRET_KEY = re.compile(r"password|secret|jaas", re.IGNORECASE)
+
+
+def _check_verbatim(value: Any, which: str, where: str) -> None:
+    """Secrets must be YAML strings: unquoted, 0777 reads as 511, yes as true, 12:30 as 750; the value is not shown."""
+    items = value.items() if isinstance(value, dict) else [(None, value)]
+    for key, item in items:
+        if item is None or isinstance(item, (str, dict, list)) or (which != "all" and not _SECRET_KEY.search(str(key))):
+            continue  # strings pass; a wrong shape is _convert's to report
+        name = where if key is None else f"{where}.{key}"
+        raise ConfigError(f"{name} must be a quoted string: YAML reads an unquoted 0777 as 511, yes as true and "
+                          "12:30 as 750, which would change the value")
 
 
 def _join(where: str, name: str) -> str:
