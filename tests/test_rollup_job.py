@@ -429,3 +429,28 @@ def test_credentials_kafka_refuses_are_one_line_naming_the_user_before_spark_sta
 def test_a_local_master_listens_on_loopback_only(spark):
     """Not on whatever address the host name resolves to: a local run serves nobody else."""
     assert spark.sparkContext.getConf().get("spark.driver.host") in ("127.0.0.1", "localhost")
+
+
+def test_every_secret_option_given_to_either_kafka_reader_is_redacted_by_the_session(spark, tmp_path):
+    import re
+
+    from kcm_rollups.job import kafka_options
+    from kcm_rollups.session import REDACTED_OPTIONS, REDACTED_SETTINGS
+    from kcm_rollups.source import SOURCE_NAME
+
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test", "-days", "2",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    settings = KafkaSettings("127.0.0.1:9092", {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
+        "sasl.password": "S3CRET", "ssl.certificate.location": str(cert), "ssl.key.location": str(key)})
+    secret = {option for source in ("kafka", SOURCE_NAME) for option, value in kafka_options(source, settings).items()
+              if "S3CRET" in value or "PRIVATE KEY" in value}
+    assert secret == {"kafka.sasl.jaas.config", "kafka.ssl.keystore.key", "kafka.sasl.password"}
+    conf = spark.sparkContext.getConf()
+    # Plans and the UI redact data source options; Spark's own logs (the connector's at DEBUG) and environment
+    # page redact settings: both must hide every secret option.
+    assert conf.get("spark.redaction.regex") == REDACTED_SETTINGS
+    assert spark.conf.get("spark.sql.redaction.options.regex") == REDACTED_OPTIONS
+    for option in secret:
+        assert re.search(REDACTED_SETTINGS, option) and re.search(REDACTED_OPTIONS, option), option

@@ -11,6 +11,9 @@ from pyspark.sql import SparkSession
 from kcm_rollups.source import SOURCE_NAME, KafkaDataSource
 
 REDACTED_OPTIONS = "(?i)url|password|secret|token|jaas|keystore[.]key"
+# What Spark redacts in its own logs (the Kafka connector's client parameters at DEBUG) and the environment page:
+# Spark's default, plus the inline private key and JAAS line kcm passes to the connector.
+REDACTED_SETTINGS = "(?i)secret|password|token|access[.]?key|keystore[.]key|jaas"
 _CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 
@@ -34,7 +37,8 @@ def spark_session(master: str | None = None, app_name: str = "kcm-rollup",
     # Windows are computed and written in UTC whatever the machine's zone; plans and the UI show data source
     # options, so the ones carrying secrets (a JAAS line, an inline key) are redacted beside Spark's default (url).
     spark = (builder.config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.redaction.options.regex", REDACTED_OPTIONS).getOrCreate())
+             .config("spark.sql.redaction.options.regex", REDACTED_OPTIONS)
+             .config("spark.redaction.regex", REDACTED_SETTINGS).getOrCreate())
     spark.dataSource.register(KafkaDataSource)
     return spark
 
