@@ -34,6 +34,7 @@ class _Fault:
     message: str
     retry_after_s: float | None = None
     rejected_data_points: int = 0
+    stall_s: float = 0.0  # answer (OK) only after this long, as an overloaded collector does
 
 
 def data_point_count(request: ExportMetricsServiceRequest) -> int:
@@ -78,6 +79,11 @@ class FakeCollector(OtlpCollector):
         with self._lock:
             self._faults.extend(_Fault(None, message, rejected_data_points=rejected_data_points) for _ in range(times))
 
+    def stall_next(self, seconds: float, times: int = 1) -> None:
+        """Answer the next calls OK, but only after `seconds` (a client with a shorter timeout sees DEADLINE_EXCEEDED)."""
+        with self._lock:
+            self._faults.extend(_Fault(None, "", stall_s=seconds) for _ in range(times))
+
     @property
     def exports(self) -> list[Export]:
         with self._lock:
@@ -103,6 +109,8 @@ class FakeCollector(OtlpCollector):
             if fault.retry_after_s is not None:
                 context.set_trailing_metadata([("grpc-status-details-bin", _retry_status(fault).SerializeToString())])
             context.abort(fault.code, fault.message)
+        if fault is not None and fault.stall_s:
+            time.sleep(fault.stall_s)
         export = Export(request, {key.lower(): value for key, value in context.invocation_metadata()
                                   if isinstance(value, str)})
         with self._lock:
@@ -111,7 +119,7 @@ class FakeCollector(OtlpCollector):
         if self._on_record is not None:
             self._on_record(export)
         response = ExportMetricsServiceResponse()
-        if fault is not None:
+        if fault is not None and not fault.stall_s:
             response.partial_success.rejected_data_points = fault.rejected_data_points
             response.partial_success.error_message = fault.message
         return response

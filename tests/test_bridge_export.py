@@ -144,3 +144,66 @@ def test_garbled_status_details_from_a_server_mean_no_retry_delay_not_a_crash():
     status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=Duration(seconds=2, nanos=500_000_000)))
     assert retry_delay_s(Failure(status.SerializeToString())) == 2.5
     assert retry_delay_s(Failure(b"\xff\xff not a status")) is None
+
+
+def test_backoff_reaches_its_cap_and_stays_there_however_long_the_outage():
+    import random
+
+    from kcm_common.retry import backoff_s
+
+    rng = random.Random(7)
+    steady = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=30.0, jitter=0.0)
+    assert [backoff_s(attempt, steady, rng) for attempt in (1, 2, 6, 7, 1025, 10**9)] == [0.5, 1, 16, 30, 30, 30]
+    # Days of retries, or a huge multiplier, never overflow a float: the bridge's retries and Kafka checks go on.
+    assert backoff_s(3, RetryPolicy(multiplier=1e200, jitter=0.0), rng) == 30.0
+    assert 24 <= backoff_s(10**6, RetryPolicy(), rng) <= 30.0
+
+
+def test_every_failed_attempt_is_reported_as_it_happens(collector):
+    collector.fail_next(grpc.StatusCode.UNAVAILABLE, times=2)
+    collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT)
+    failures: list[tuple[str, bool]] = []
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True), RETRY, lambda: False,
+                             lambda code, retrying: failures.append((code, retrying)))
+    try:
+        outcome = endpoint.export(client_metrics().SerializeToString())
+    finally:
+        endpoint.close()
+    assert (outcome.delivered, outcome.error) == (False, "INVALID_ARGUMENT")
+    assert failures == [("UNAVAILABLE", True), ("UNAVAILABLE", True), ("INVALID_ARGUMENT", False)]
+
+
+def test_a_failure_that_is_not_the_servers_answer_is_retried_not_left_behind(collector, caplog):
+    failures: list[tuple[str, bool]] = []
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True), RETRY, lambda: False,
+                             lambda code, retrying: failures.append((code, retrying)))
+    call, calls = endpoint._call, []
+
+    def broken_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OverflowError("a bug")
+        return call(*args, **kwargs)
+
+    endpoint._call = broken_once
+    try:
+        with caplog.at_level("ERROR", logger="kcm"):
+            outcome = endpoint.export(client_metrics().SerializeToString())
+    finally:
+        endpoint.close()
+    assert (outcome.delivered, outcome.attempts) == (True, 2) and len(collector.exports) == 1
+    assert failures == [("UNEXPECTED", True)]
+    assert any("failed unexpectedly (attempt 1); retrying in" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_a_collector_slower_than_the_timeout_is_named_as_such(collector, caplog):
+    collector.stall_next(1.0)
+    endpoint = _endpoint(collector, timeout_s=0.3)
+    try:
+        with caplog.at_level("WARNING", logger="kcm"):
+            outcome = endpoint.export(client_metrics().SerializeToString())
+    finally:
+        endpoint.close()
+    assert outcome.delivered and outcome.attempts >= 2
+    assert any("failed with DEADLINE_EXCEEDED (no answer within the 0.3 s timeout: if the collector is only slow, "
+               "give it a longer one)" in r.getMessage() for r in caplog.records)

@@ -134,14 +134,21 @@ def test_a_batch_the_collector_refuses_for_good_is_dropped_logged_and_counted_an
     config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka")
     with caplog.at_level(logging.ERROR, logger="kcm.bridge"), running_bridge(config) as bridge:
         _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 1, 30, "commit past the refusal")
+        collector.fail_next(grpc.StatusCode.UNIMPLEMENTED, message="unknown service")
+        _produce(broker.bootstrap, topic, [_push("unimplemented", "00000000-0000-0000-0000-000000000003")])
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 2, 30, "commit past the second")
         _produce(broker.bootstrap, topic, [_push("accepted", "00000000-0000-0000-0000-000000000002")])
         assert collector.wait_for(lambda exports: "accepted" in _client_ids(exports), timeout=30)
-    assert _client_ids(collector.exports) == ["accepted"] and collector.rejected_calls == 1
+    assert _client_ids(collector.exports) == ["accepted"] and collector.rejected_calls == 2
     assert bridge.metrics.value(bridge.metrics.export_failures, code="INVALID_ARGUMENT") == 1
+    assert bridge.metrics.value(bridge.metrics.export_failures, code="UNIMPLEMENTED") == 1
     assert bridge.metrics.value(bridge.metrics.retries) == 0
-    [refusal] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert refusal == (f"export to {collector.endpoint} rejected with INVALID_ARGUMENT: bad request; dropping the batch "
-                       "of 2 points (not retryable)")
+    refusals = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert refusals == [
+        f"export to {collector.endpoint} rejected with INVALID_ARGUMENT: bad request; dropping the batch of 2 points "
+        "(not retryable)",
+        f"export to {collector.endpoint} rejected with UNIMPLEMENTED: unknown service; dropping the batch of 2 points "
+        "(not retryable); is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -163,7 +170,10 @@ def test_collector_outage_loses_nothing_and_corrupt_records_go_to_the_dead_lette
 
     assert set(_client_ids(collector.exports)) == {f"client-{i}" for i in range(30)}
     assert collector.rejected_calls == 5
-    assert bridge.metrics.value(bridge.metrics.retries) >= 5
+    # Every failed attempt is counted, though each export was delivered in the end.
+    assert bridge.metrics.value(bridge.metrics.retries) == 5
+    assert bridge.metrics.value(bridge.metrics.export_failures, code="UNAVAILABLE") == 4
+    assert bridge.metrics.value(bridge.metrics.export_failures, code="RESOURCE_EXHAUSTED") == 1
     assert bridge.metrics.value(bridge.metrics.decode_failures, reason="decompress-failed") == 1
     assert bridge.metrics.value(bridge.metrics.decode_failures, reason="invalid-protobuf") == 1
     assert bridge.metrics.value(bridge.metrics.dead_lettered) == 2
@@ -632,7 +642,7 @@ def test_kafka_python_dead_letters_with_writes_still_out_flush_and_close_without
 
 def test_a_flood_of_one_kind_of_event_is_logged_once_per_period_with_a_count(caplog):
     """A refusing dead-letter topic or a corrupt stream: one line per period, then how many were held back."""
-    from kcm_bridge.pacing import PacedLog
+    from kcm_common.pacing import PacedLog
 
     now = [100.0]
     paced = PacedLog(logging.getLogger("kcm.bridge.test"), logging.ERROR, period_s=10, clock=lambda: now[0])

@@ -7,6 +7,7 @@ bad one raises ConfigError naming the field (`batch.max_points`, `endpoints[1].t
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import re
@@ -22,7 +23,7 @@ import yaml
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import load_properties, parse_bootstrap
-from kcm_common.names import DEFAULT_METRICS_TOPIC
+from kcm_common.names import DEFAULT_METRICS_TOPIC, topic_problem
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
 
@@ -195,6 +196,16 @@ def validate(config: BridgeConfig) -> None:
     twice = sorted({t for t in config.kafka.topics if config.kafka.topics.count(t) > 1})
     if twice:
         raise ConfigError(f"kafka.topics names {twice[0]!r} more than once")
+    for index, name in enumerate(config.kafka.topics):
+        if problem := topic_problem(name):
+            raise ConfigError(f"kafka.topics[{index}]: {problem}")
+    if config.delivery.dead_letter_topic and (problem := topic_problem(config.delivery.dead_letter_topic)):
+        raise ConfigError(f"delivery.dead_letter_topic: {problem}")
+    try:
+        ipaddress.ip_address(config.metrics_host)
+    except ValueError:
+        raise ConfigError(f"metrics_host {config.metrics_host[:80]!r} is not an IP address "
+                          "(e.g. 0.0.0.0, 127.0.0.1 or ::)") from None
     if not config.kafka.group_id:
         raise ConfigError("kafka.group_id must not be empty")
     if not config.endpoints:

@@ -7,6 +7,7 @@ dead-lettered (see offsets.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -34,7 +35,7 @@ from kcm_bridge.export import open_endpoint
 from kcm_bridge.health import KAFKA_RETRY, KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
-from kcm_bridge.pacing import PacedLog
+from kcm_common.pacing import PacedLog
 from kcm_bridge.temporality import DeltaToCumulative
 from kcm_bridge.wire import count_points
 
@@ -51,6 +52,15 @@ _DEAD_LETTER_RETRIES_PER_TURN = 16
 _HEADER_CACHE_ENTRIES = 4096
 _HEADER_CACHE_MAX_BYTES = 1024
 
+
+
+# What to check when a collector refuses for good (the OTLP spec says not to retry these): said with the refusal.
+_REFUSAL_HINTS = {
+    "UNIMPLEMENTED": "; is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?",
+    "UNAUTHENTICATED": "; check the endpoint's headers (an expired or missing token?)",
+    "PERMISSION_DENIED": "; check the endpoint's headers (a token without the right to write metrics?)",
+    "RESOURCE_EXHAUSTED": "; a request over the collector's message limit? lower batch.max_bytes",
+}
 
 class _HeaderFacts(NamedTuple):
     media: str                 # content type without parameters, lower case; "" when absent
@@ -165,7 +175,8 @@ class Bridge:
         self._prepare = Preparer(Enricher(config.enrich), self._converter)
         self._stopping = threading.Event()
         self._drain_deadline = float("inf")
-        self._endpoints = [open_endpoint(e, config.retry, self._give_up) for e in config.endpoints]
+        self._endpoints = [open_endpoint(e, config.retry, self._give_up, functools.partial(self._failed, e.endpoint))
+                           for e in config.endpoints]
         workers = sum(e.concurrency for e in config.endpoints)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcm-bridge-export")
         self._tracker = OffsetTracker()
@@ -207,7 +218,7 @@ class Bridge:
                 server = serve(self.metrics, config.metrics_host, config.metrics_port, lambda: self.ready)
             except OSError as err:
                 raise UserError(f"metrics_port {config.metrics_port}: cannot listen on {config.metrics_host} "
-                                f"({err.strerror}); pick another --metrics-port") from None
+                                f"({err.strerror}); pick another --metrics-port, or another metrics_host") from None
             self.metrics_port = server.server_address[1]
             log.info("serving /metrics, /healthz and /readyz on port %d", self.metrics_port)
         if config.delivery.dead_letter_topic:
@@ -389,18 +400,21 @@ class Bridge:
         outcome = endpoint.export(request)
         labels = {"endpoint": endpoint.name}
         self.metrics.export_seconds.labels(**labels).observe(time.monotonic() - started)
-        if outcome.attempts > 1:
-            self.metrics.retries.labels(**labels).inc(outcome.attempts - 1)
         if outcome.error is not None:
-            self.metrics.export_failures.labels(endpoint.name, outcome.error).inc()
             if not outcome.delivered and not outcome.abandoned:
-                log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)",
-                          endpoint.name, outcome.error, outcome.detail, points)
+                log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)%s",
+                          endpoint.name, outcome.error, outcome.detail, points, _REFUSAL_HINTS.get(outcome.error, ""))
         if outcome.delivered:
             rejected = min(outcome.rejected_points, points)   # a server claiming more counts as rejecting all
             self.metrics.points.labels(**labels).inc(points - rejected)
             self.metrics.rejected.labels(**labels).inc(rejected)
         return outcome
+
+    def _failed(self, endpoint: str, code: str, retrying: bool) -> None:
+        """Each failed attempt, as it happens: the counters move during an outage, not once it is over."""
+        self.metrics.export_failures.labels(endpoint, code).inc()
+        if retrying:
+            self.metrics.retries.labels(endpoint=endpoint).inc()
 
     def _exported(self, future: Future[Outcome], ticket: Ticket) -> None:
         try:

@@ -147,13 +147,18 @@ class Endpoint:
 
     `give_up()` is asked before each wait: True abandons the export (the caller is shutting down or past its
     deadline). A server's RetryInfo delay is honoured up to `retry.max_backoff_s`. Each retry is logged as a warning;
-    a refusal for good is returned, not logged. `metadata` goes with every call and may hold tokens: never logged.
+    a refusal for good is returned, not logged. `on_failure(code, retrying)` is called at every failed attempt,
+    so a caller's counters move during an outage, not only once it ends. A failure that is not gRPC's answer (a bug)
+    is logged and retried with backoff like UNAVAILABLE: the batch is never left behind. `metadata` goes with every
+    call and may hold tokens: never logged.
     """
 
     def __init__(self, endpoint: str, retry: RetryPolicy, give_up: Callable[[], bool], *, insecure: bool = False,
                  tls: Tls = Tls(), metadata: Sequence[tuple[str, str]] = (),
-                 compression: Literal["gzip", "none"] = "gzip", timeout_s: float = 10.0) -> None:
+                 compression: Literal["gzip", "none"] = "gzip", timeout_s: float = 10.0,
+                 on_failure: Callable[[str, bool], None] = lambda code, retrying: None) -> None:
         self.name = endpoint
+        self._on_failure = on_failure
         self._retry = retry
         self._give_up = give_up
         self._timeout_s = timeout_s
@@ -183,15 +188,28 @@ class Endpoint:
                 code = error.code()
                 delay = retry_delay_s(error)
                 retryable = code in RETRYABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
+                self._on_failure(code.name, retryable)
                 if not retryable:
                     # What a refusal means is the caller's to say: the bridge drops the batch, the rollup stops.
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "")
                 wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
                 wait = min(wait, self._retry.max_backoff_s)
-                log.warning("export to %s failed with %s (attempt %d); retrying in %.2fs",
-                            self.name, code.name, attempt, wait)
+                slow = (f" (no answer within the {self._timeout_s:g} s timeout: if the collector is only slow, "
+                        "give it a longer one)" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "")
+                log.warning("export to %s failed with %s%s (attempt %d); retrying in %.2fs",
+                            self.name, code.name, slow, attempt, wait)
                 if self._wait(wait):
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
+                continue
+            except Exception as error:  # not the server's answer: a closed channel at shutdown, or a bug
+                if self._give_up():
+                    return Outcome(False, attempt, error="UNEXPECTED", detail=str(error), abandoned=True)
+                self._on_failure("UNEXPECTED", True)
+                wait = backoff_s(attempt, self._retry, self._rng)
+                log.error("export to %s failed unexpectedly (attempt %d); retrying in %.2fs", self.name, attempt,
+                          wait, exc_info=attempt == 1)  # the traceback once, not at every retry
+                if self._wait(wait):
+                    return Outcome(False, attempt, error="UNEXPECTED", detail=str(error), abandoned=True)
                 continue
             # A count below zero is the server's error; it must not turn into points delivered twice.
             rejected = max(0, response.partial_success.rejected_data_points)

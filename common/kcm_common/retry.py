@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -21,6 +22,10 @@ class RetryPolicy:
 
 
 def backoff_s(attempt: int, retry: RetryPolicy, rng: random.Random) -> float:
-    """Exponential backoff with jitter, capped; `attempt` counts from 1."""
-    base = min(retry.max_backoff_s, retry.initial_backoff_s * retry.multiplier ** (attempt - 1))
-    return base * (1 - retry.jitter * rng.random())
+    """Exponential backoff with jitter, capped; `attempt` counts from 1 and may grow without bound (days of outage)."""
+    base = retry.initial_backoff_s
+    if retry.multiplier > 1 and 0 < base < retry.max_backoff_s:
+        # The cap is reached after this many steps; past them the power is never computed (it would overflow).
+        steps_to_cap = math.log(retry.max_backoff_s / base, retry.multiplier)
+        base = retry.max_backoff_s if attempt - 1 >= steps_to_cap else base * retry.multiplier ** (attempt - 1)
+    return min(retry.max_backoff_s, base) * (1 - retry.jitter * rng.random())
