@@ -63,6 +63,10 @@ def test_flags_alone_run_it_with_defaults():
     ("enrich: {rules: [{action: rename, attribute: client_id}]}", "enrich.rules[0]"),
     ("batch: {max_pointz: 3}", "batch.max_pointz"),
     ("endpoints: [{endpoint: 'c:4317', tls: {ca_file: /nonexistent/ca.pem}}]", "endpoints[0].tls.ca_file"),
+    ("kafka: {topics: [ok, 'bad topic!']}", "kafka.topics[1]: 'bad topic!' is not a Kafka topic name"),
+    ("delivery: {dead_letter_topic: '..'}", "delivery.dead_letter_topic: '..' is not a Kafka topic name"),
+    ("metrics_host: 999.1.1.1", "metrics_host '999.1.1.1' is not an IP address"),
+    ("endpoints: [{endpoint: 'c:4317', concurrency: 1000000}]", "endpoints[0].concurrency must be at most 64"),
 ])
 def test_a_bad_setting_is_an_error_naming_its_field(tmp_path, yaml_text, field):
     document = {"kafka": {"bootstrap_servers": "k:9092"}, "endpoints": [{"endpoint": "c:4317"}]}
@@ -170,7 +174,7 @@ def test_a_key_given_twice_is_refused_naming_where_not_silently_replaced(tmp_pat
                     "kafka: {client: kafka-python}\n")
     with pytest.raises(ConfigError) as error:
         load(path, env={})
-    assert str(error.value) == (f"config file {path}: invalid YAML at line 3, column 1: the key \"kafka\" is given "
+    assert str(error.value) == (f"config file {path}: invalid YAML at line 3, column 1: the key `kafka` is given "
                                 "twice in one mapping")
 
 
@@ -178,6 +182,7 @@ def test_a_key_given_twice_is_refused_naming_where_not_silently_replaced(tmp_pat
     ("  sasl.password: !Xk9$mP2@q", "could not determine a constructor for the tag '…'"),
     ("  sasl.password: !!Xk9mP2q", "could not determine a constructor for the tag '…'"),
     ("  sasl.password: *Kp9xL2qZ", "found undefined alias '…'"),
+    ("  sasl.password: !Xk9'mP2", "could not determine a constructor for the tag '…'"),  # repr'd in double quotes
     ("  sasl.password: &Kp9xL2qZ x\n  sasl.username: &Kp9xL2qZ y", "found duplicate anchor '…'"),
 ])
 def test_a_yaml_error_never_quotes_the_value_it_could_not_read(tmp_path, line, problem):

@@ -9,6 +9,7 @@ import copy
 import functools
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -401,6 +402,8 @@ def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> Non
     ({"enrich": {"rules": [{"attribute": "a", "action": "drop"},
                            {"attribute": "b", "action": "hash", "salt": "S3CRET"}]}},
      "bridge.config.enrich.rules[1].salt would put the hashing salt into a ConfigMap: use salt_file"),
+    ({"endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": 123}}]},
+     "bridge.config.endpoints[0].headers.x-scope-orgid must be a quoted string"),
 ])
 def test_a_credential_inline_in_the_bridge_config_is_refused_naming_the_secret_backed_way(
         helm: Path, tmp_path: Path, config: dict[str, Any], refused: str) -> None:
@@ -411,11 +414,20 @@ def test_a_credential_inline_in_the_bridge_config_is_refused_naming_the_secret_b
     assert "S3CRET" not in result.stdout + result.stderr
 
 
+def test_the_chart_and_the_bridge_agree_on_which_client_properties_are_credentials() -> None:
+    from kcm_common.kafka import SECRET_PROPERTY
+
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    (chart_pattern,) = re.findall(r'regexMatch "\(\?i\)\((password[^"]*)\)" \$key', helpers)
+    assert chart_pattern.replace("\\\\", "\\") == SECRET_PROPERTY.pattern
+
+
 def test_bridge_config_without_inline_credentials_renders(helm: Path, tmp_path: Path) -> None:
     config = {"kafka": {"properties": {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}},
               "endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": "team"},
                              "headers_from_files": {"authorization": "/etc/kcm/secrets/token/authorization"}}],
-              "enrich": {"rules": [{"attribute": "b", "action": "hash", "salt_file": "/etc/kcm/secrets/s/salt"}]}}
+              "enrich": {"rules": [{"attribute": "b", "action": "hash", "salt": None,
+                                    "salt_file": "/etc/kcm/secrets/s/salt"}]}}
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"bridge": {"config": config}}))
     result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(values))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -256,3 +257,23 @@ def test_an_empty_option_value_is_a_one_line_mistake_not_a_default(arguments, ca
     error = capsys.readouterr().err
     assert exited.value.code == 2 and len(error.strip().splitlines()) == 1, error
     assert "needs a value, not an empty string" in error
+
+
+@pytest.mark.parametrize("command", [["tail", "--bootstrap-server", "127.0.0.1:1"], ["sandbox"],
+                                     ["rollup", "--bootstrap-server", "127.0.0.1:1", "--last", "1h", "--output", "o"],
+                                     ["bridge", "--bootstrap-server", "127.0.0.1:1", "--endpoint", "c:4317"]])
+def test_a_topic_kafka_would_refuse_is_a_one_line_error(command):
+    _one_line_error(_kcm(*command, "--topic", "bad topic!"),
+                    "argument --topic: 'bad topic!' is not a Kafka topic name: 1 to 249 characters of a-z, A-Z, 0-9")
+
+
+def test_ctrl_c_while_a_command_starts_is_quiet():
+    process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", "127.0.0.1:1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)  # the command's modules are still loading
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode in (130, 2) and "Traceback" not in err, (process.returncode, err)

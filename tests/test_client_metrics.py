@@ -305,6 +305,32 @@ def test_an_invalid_subscription_in_the_state_file_is_reported(tmp_path):
         SubscriptionStore(state)
 
 
+def test_a_state_file_that_cannot_be_written_is_refused_at_start_not_at_the_first_change(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+
+    with pytest.raises(StateFileError, match=r"^--state .*/a-file/subscriptions.json: cannot write there \("):
+        SubscriptionStore(blocker / "subscriptions.json")
+
+
+def test_a_change_that_cannot_be_saved_is_refused_and_changes_nothing(tmp_path, monkeypatch, caplog):
+    from kcm_sandbox import store as store_module
+
+    state = tmp_path / "subscriptions.json"
+    store = SubscriptionStore(state)
+    store.incremental_alter("subs", _set(metrics="a"))
+
+    def disk_full(path, configs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "_save_state", disk_full)
+    with pytest.raises(ConfigError) as refused:
+        store.incremental_alter("subs", _set(metrics="b"))
+    assert (refused.value.error_code, refused.value.message) == (
+        -1, "the sandbox cannot save its state file: No space left on device")
+    assert store.configs("subs") == {"metrics": "a"} and "the change to subs is refused" in caplog.text
+
+
 # --- Java behaviour the rules depend on (kcm_common.java); expected values printed by JDK 17's jshell ----------
 
 

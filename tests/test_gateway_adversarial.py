@@ -323,7 +323,7 @@ def test_stopping_the_gateway_does_not_wait_for_answers_still_due(sandbox_factor
         push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
                                        subscription_id=got.subscription_id, terminating=True, compression_type=0,
                                        metrics=client_metrics().SerializeToString())
-        requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(5)]
+        requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(100)]  # more than the queue holds
         for correlation_id, request in enumerate(requests, start=100):
             request.with_header(correlation_id=correlation_id, client_id="stuck")
         with warnings.catch_warnings(record=True) as caught:

@@ -148,4 +148,4 @@ def test_tls_material_written_by_handlers_side_by_side_is_always_whole(tmp_path)
     for thread in threads:
         thread.join(60)
     assert errors == []
-    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".partial-")] == []
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no temp file left

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from kcm_sandbox.java_receiver import build_dir, ensure_built, jar_path, runtime_classpath
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,7 +27,10 @@ def test_every_junit_test_of_the_plugin_passes():
                           timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     succeeded = int(re.search(r"(\d+) tests successful", done.stdout).group(1))
-    assert succeeded >= 17, done.stdout
+    # Every @Test in the sources ran and passed: one the launcher did not find would otherwise pass unseen.
+    written = sum(len(re.findall(r"^\s*@Test\b", path.read_text(), re.MULTILINE))
+                  for path in (REPO / "receiver" / "src" / "test" / "java").rglob("*.java"))
+    assert succeeded == written > 0, done.stdout
 
 
 def test_the_plugin_jar_bundles_no_kafka_classes():

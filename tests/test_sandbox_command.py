@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,21 +25,30 @@ STARTUP_TIMEOUT_S = 60
 
 @contextmanager
 def _sandbox(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A running `kcm sandbox` and its bootstrap address; on exit, it and everything it started are killed."""
+    """A running `kcm sandbox` and its bootstrap address; on exit, it and everything it started are killed.
+    Its stderr goes to a file (`process.stderr_file`), so a chatty sandbox never blocks on a full pipe."""
+    stderr = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "sandbox", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stderr=stderr, text=True, start_new_session=True)
+    process.stderr_file = stderr  # type: ignore[attr-defined]
     try:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
         reader.start()
         reader.join(STARTUP_TIMEOUT_S)  # the sandbox prints its address once it is ready
         line = lines[0] if lines else ""
-        assert "bootstrap" in line, (line, process.stderr.read() if process.poll() is not None else "")
+        assert "bootstrap" in line, (line, _stderr(process) if process.poll() is not None else "")
         yield process, line.split("bootstrap ")[1].split()[0]
     finally:
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # the sandbox and its broker: one process group
         process.wait(10)
+        stderr.close()
+
+
+def _stderr(process: subprocess.Popen[str]) -> str:
+    process.stderr_file.seek(0)  # type: ignore[attr-defined]
+    return process.stderr_file.read()  # type: ignore[attr-defined]
 
 
 def _children(pid: int) -> set[int]:
@@ -126,3 +136,24 @@ def test_a_non_positive_idle_timeout_is_refused_before_anything_starts():
     with pytest.raises(SandboxError, match="--connections-max-idle-ms must be from 1 to"):
         sandbox.start()
     assert sandbox.broker is None and sandbox.gateway is None
+
+
+def test_a_sandbox_whose_broker_dies_says_so_and_exits_non_zero():
+    with _sandbox("--listen", "127.0.0.1:0") as (process, _):
+        (broker_pid,) = _children(process.pid)
+        os.kill(broker_pid, signal.SIGKILL)
+        assert process.wait(timeout=20) == 1
+        error = _stderr(process)
+    assert "ERROR kcm.sandbox: the embedded broker exited with code -9; see its log at" in error
+    assert "Traceback" not in error
+    # Its own producer reconnecting through the gateway meanwhile is not a flood: paced, counted.
+    assert error.count("cannot reach the upstream broker") <= 2, error
+
+
+def test_a_sandbox_whose_java_receiver_dies_says_so_and_exits_non_zero():
+    with _sandbox("--listen", "127.0.0.1:0", "--receiver", "java") as (process, _):
+        (jvm,) = [pid for pid in _children(process.pid) if b"java" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(jvm, signal.SIGKILL)
+        assert process.wait(timeout=20) == 1
+        error = _stderr(process)
+    assert "ERROR kcm.sandbox: the Java receiver exited with code -9" in error and "Traceback" not in error

@@ -207,7 +207,7 @@ def test_a_key_given_twice_in_a_manifest_is_refused_as_kubectl_does(tmp_path, ca
     code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
 
     assert code == 2
-    assert err == (f"kcm subscriptions: {path}: not valid YAML at line 8, column 3: the key \"metrics\" is given twice "
+    assert err == (f"kcm subscriptions: {path}: not valid YAML at line 8, column 3: the key `metrics` is given twice "
                    "in one mapping\n")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -130,6 +131,30 @@ def test_table_has_a_row_per_metric_point(broker, new_topic, producer):
     assert "invalid-json" in broken
 
 
+def test_control_characters_from_a_client_are_shown_escaped_and_nan_is_valid_json(broker, new_topic, producer):
+    topic = new_topic()
+    hostile = "evil\x1b[31mRED\x1b[0m\nsecond-line"
+    data = client_metrics(hostile)
+    data.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].as_double = float("nan")
+    value, headers = contract.encode(data, attributes={"client_instance_id": INSTANCE, "client_id": hostile},
+                                     content_encoding="none")
+    _send(producer, topic, value, headers)
+
+    table = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--max-records", "1")
+    jsonl = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--max-records", "1", "--output", "jsonl")
+
+    assert table.returncode == 0 and jsonl.returncode == 0, table.stderr + jsonl.stderr
+    rows = table.stdout.splitlines()[1:]
+    assert len(rows) == 2 and "\x1b" not in table.stdout  # one row per point, no escape reaches the terminal
+    assert rows[0].startswith("evil\\x1b[31mRED\\x1b[0m")
+    assert rows[0].split()[-1] == "nan"
+    item = json.loads(jsonl.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert item["resource"]["client_id"] == hostile
+    assert item["metrics"][0]["points"][0]["value"] == "NaN"
+
+
 def test_without_from_beginning_only_new_records_are_printed(broker, new_topic, producer):
     topic = new_topic(partitions=2)
     _send(producer, topic, *_contract_record("old-client"))
@@ -148,6 +173,25 @@ def test_without_from_beginning_only_new_records_are_printed(broker, new_topic, 
     assert tail.returncode == 0, err
     [line] = out.splitlines()
     assert json.loads(line)["resource"]["client_id"] == "new-client"
+
+
+def test_ctrl_c_ends_tail_with_exit_code_0_and_no_traceback(broker, new_topic, producer):
+    topic = new_topic()
+    _send(producer, topic, *_contract_record("seen"))
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", broker.bootstrap, "--topic", topic,
+         "--output", "jsonl", "--from-beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(tail.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert lines and json.loads(lines[0])["resource"]["client_id"] == "seen", lines
+        tail.send_signal(signal.SIGINT)
+        _, err = tail.communicate(timeout=30)
+    finally:
+        tail.kill()
+    assert tail.returncode == 0 and "Traceback" not in err, err
 
 
 def test_timeout_ends_tail_when_no_record_arrives(broker, new_topic):

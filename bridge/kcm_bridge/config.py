@@ -7,10 +7,8 @@ bad one raises ConfigError naming the field (`batch.max_points`, `endpoints[1].t
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
 import os
-import re
 import types
 import typing
 from collections.abc import Mapping
@@ -22,8 +20,8 @@ import yaml
 
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
-from kcm_common.kafka import load_properties, parse_bootstrap
-from kcm_common.names import DEFAULT_METRICS_TOPIC, topic_problem
+from kcm_common.kafka import SECRET_PROPERTY, load_properties, parse_bootstrap
+from kcm_common.names import DEFAULT_METRICS_TOPIC, listen_address_problem, topic_problem
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
 
@@ -53,6 +51,9 @@ class TlsConfig:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+
+
+MAX_CONCURRENCY = 64  # export threads per endpoint: far more than a collector gains from, and each holds a batch
 
 
 @dataclass(frozen=True)
@@ -201,11 +202,8 @@ def validate(config: BridgeConfig) -> None:
             raise ConfigError(f"kafka.topics[{index}]: {problem}")
     if config.delivery.dead_letter_topic and (problem := topic_problem(config.delivery.dead_letter_topic)):
         raise ConfigError(f"delivery.dead_letter_topic: {problem}")
-    try:
-        ipaddress.ip_address(config.metrics_host)
-    except ValueError:
-        raise ConfigError(f"metrics_host {config.metrics_host[:80]!r} is not an IP address "
-                          "(e.g. 0.0.0.0, 127.0.0.1 or ::)") from None
+    if problem := listen_address_problem(config.metrics_host):
+        raise ConfigError(f"metrics_host {problem}")
     if not config.kafka.group_id:
         raise ConfigError("kafka.group_id must not be empty")
     if not config.endpoints:
@@ -262,6 +260,9 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
     endpoint_metadata(endpoint, where)
     _seconds(endpoint.timeout_s, f"{where}.timeout_s")
     _positive(endpoint.concurrency, f"{where}.concurrency")
+    if endpoint.concurrency > MAX_CONCURRENCY:
+        raise ConfigError(f"{where}.concurrency must be at most {MAX_CONCURRENCY} (export threads), not "
+                          f"{endpoint.concurrency}")
 
 
 def endpoint_metadata(endpoint: EndpointConfig, where: str = "endpoints") -> list[tuple[str, str]]:
@@ -384,14 +385,13 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     return cls(**values)
 
 
-_SECRET_KEY = re.compile(r"password|secret|jaas", re.IGNORECASE)
 
 
 def _check_verbatim(value: Any, which: str, where: str) -> None:
     """Secrets must be YAML strings: unquoted, 0777 reads as 511, yes as true, 12:30 as 750; the value is not shown."""
     items = value.items() if isinstance(value, dict) else [(None, value)]
     for key, item in items:
-        if item is None or isinstance(item, (str, dict, list)) or (which != "all" and not _SECRET_KEY.search(str(key))):
+        if item is None or isinstance(item, (str, dict, list)) or (which != "all" and not SECRET_PROPERTY.search(str(key))):
             continue  # strings pass; a wrong shape is _convert's to report
         name = where if key is None else f"{where}.{key}"
         raise ConfigError(f"{name} must be a quoted string: YAML reads an unquoted 0777 as 511, yes as true and "

@@ -16,7 +16,7 @@ from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, diagnose_failure, rejected_message
 from kcm_common.librdkafka import librdkafka_config
 
-from kcm_bridge.pacing import PacedLog
+from kcm_common.pacing import PacedLog
 
 log = logging.getLogger("kcm.bridge.consumer")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -75,7 +77,11 @@ def serve(metrics: BridgeMetrics, host: str, port: int, ready: Callable[[], bool
         def log_message(self, *_: object) -> None:
             pass  # scrapes every few seconds would drown the bridge's own log
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    class Server(ThreadingHTTPServer):
+        # ThreadingHTTPServer is IPv4 only: `::` (every interface, IPv6 too) or `::1` need the other family.
+        address_family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+
+    server = Server((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="kcm-bridge-metrics", daemon=True).start()
     return server

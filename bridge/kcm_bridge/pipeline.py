@@ -177,8 +177,11 @@ class Bridge:
         self._drain_deadline = float("inf")
         self._endpoints = [open_endpoint(e, config.retry, self._give_up, functools.partial(self._failed, e.endpoint))
                            for e in config.endpoints]
-        workers = sum(e.concurrency for e in config.endpoints)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcm-bridge-export")
+        # One pool per endpoint, of its concurrency: an endpoint down (its exports retrying) never takes the
+        # workers another endpoint's exports need.
+        self._pools = {id(endpoint): ThreadPoolExecutor(max_workers=e.concurrency,
+                                                        thread_name_prefix=f"kcm-bridge-export-{index}")
+                       for index, (endpoint, e) in enumerate(zip(self._endpoints, config.endpoints))}
         self._tracker = OffsetTracker()
         self._batch = _Batch()
         self._inflight: deque[Ticket] = deque()
@@ -392,7 +395,7 @@ class Bridge:
             # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest.
             request = b"".join(part[0] for part in parts)
             points = sum(part[1] for part in parts)
-            future = self._pool.submit(self._export, endpoint, request, points)
+            future = self._pools[id(endpoint)].submit(self._export, endpoint, request, points)
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
 
     def _export(self, endpoint: Endpoint, request: bytes, points: int) -> Outcome:
@@ -545,10 +548,12 @@ class Bridge:
         if self._dead_letters is not None:
             self._dead_letters.close(max(0.0, self._drain_deadline - time.monotonic()))
         # Closing the channels ends exports still running past the deadline; they give up rather than retry.
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
         for endpoint in self._endpoints:
             endpoint.close()
-        self._pool.shutdown(wait=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
         log.info("bridge stopped")
 
 

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from kcm_common.names import topic_problem
 from kcm_common.retry import LONGEST_WAIT_S
 
 
@@ -26,6 +27,14 @@ def path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("needs a value, not an empty string")
     return Path(text)
+
+
+def topic(text: str) -> str:
+    """A name Kafka accepts for a topic."""
+    problem = topic_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def seconds(text: str) -> float:

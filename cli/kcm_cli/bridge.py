@@ -8,7 +8,7 @@ import os
 import signal
 from types import FrameType
 
-from kcm_cli.arguments import kafka_connection
+from kcm_cli.arguments import kafka_connection, topic
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.bridge")
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="bridge configuration YAML (see docs/bridge.md)")
     kafka_connection(parser, required=False,
                      properties="client properties file: TLS/SASL and consumer settings (session.timeout.ms, ...)")
-    parser.add_argument("--topic", action="append", metavar="TOPIC",
+    parser.add_argument("--topic", action="append", metavar="TOPIC", type=topic,
                         help=f"topic to read (repeatable; default: {DEFAULT_METRICS_TOPIC})")
     parser.add_argument("--group-id", help="consumer group (default: kcm-bridge)")
     parser.add_argument("--endpoint", action="append", metavar="HOST:PORT",
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fanout: every endpoint gets everything; hash: each client sticks to one endpoint")
     parser.add_argument("--kafka-client", choices=("confluent-kafka", "kafka-python"),
                         help="consumer implementation (default: confluent-kafka)")
-    parser.add_argument("--dead-letter-topic", metavar="TOPIC",
+    parser.add_argument("--dead-letter-topic", metavar="TOPIC", type=topic,
                         help="write undecodable records here (default: count and log them)")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve Prometheus /metrics, /healthz and /readyz on this port")

@@ -95,6 +95,13 @@ def _configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command handles it (while its modules load): quiet, as after
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -124,8 +131,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kcm {args.command}: needs the '{extra}' extra (missing module {exc.name}): "
               f"pip install 'kcm[{extra}]'", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

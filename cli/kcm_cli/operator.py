@@ -15,6 +15,7 @@ import urllib.parse
 
 from kcm_cli.arguments import kafka_connection, seconds_from
 from kcm_common.errors import UserError
+from kcm_common.names import listen_address_problem
 
 log = logging.getLogger("kcm.operator")
 
@@ -82,11 +83,9 @@ def run(args: argparse.Namespace) -> int:
     for option in ("metrics_port", "liveness_port"):
         if not 0 <= getattr(args, option) <= 65535:
             raise UserError(f"--{option.replace('_', '-')} must be a port from 0 to 65535")
-    try:
-        address = ipaddress.ip_address(args.listen_address)
-    except ValueError:
-        raise UserError(f"--listen-address {args.listen_address[:80]!r} is not an IP address "
-                        "(e.g. 0.0.0.0, 127.0.0.1 or ::)") from None
+    if problem := listen_address_problem(args.listen_address):
+        raise UserError(f"--listen-address {problem}")
+    address = ipaddress.ip_address(args.listen_address)
     if args.log_format == "json":
         use_json()
     # kafka-python logs its whole configuration, SASL password included, at DEBUG.

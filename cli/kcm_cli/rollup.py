@@ -6,7 +6,7 @@ import argparse
 import json
 from datetime import timedelta
 
-from kcm_cli.arguments import kafka_connection
+from kcm_cli.arguments import kafka_connection, topic
 from kcm_common.errors import UserError
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
@@ -21,7 +21,7 @@ DESCRIPTION = ("Read the metrics topic, decode it in Spark and write 1m/1h rollu
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka_connection(parser)
-    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic (default: %(default)s)")
+    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, type=topic, help="metrics topic (default: %(default)s)")
     parser.add_argument("--from", dest="start", metavar="TIME",
                         help="first record time (Kafka timestamp), ISO 8601 or epoch seconds; widened to a window start")
     parser.add_argument("--to", dest="end", metavar="TIME",

@@ -9,7 +9,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING
 
-from kcm_cli.arguments import path
+from kcm_cli.arguments import path, topic
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, check_reachable
 from kcm_common.names import DEFAULT_METRICS_TOPIC
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # How long --upstream gets to answer as a Kafka broker before start-up gives up.
 _UPSTREAM_PROBE_S = 5.0
+_HEALTH_CHECK_S = 1.0  # how often the broker and Java receiver are checked for having died
 
 log = logging.getLogger("kcm.sandbox")
 
@@ -31,7 +32,7 @@ DESCRIPTION = ("Run an embedded Kafka-compatible broker behind a KIP-714 gateway
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT",
                         help="where clients connect: the bootstrap address (default: %(default)s; port 0 picks one)")
-    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic the receiver writes (default: %(default)s)")
+    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, type=topic, help="metrics topic the receiver writes (default: %(default)s)")
     parser.add_argument("--partitions", type=int, default=1, help="partitions of the metrics topic if it is created (default: %(default)s)")
     parser.add_argument("--compression", default="zstd,lz4,gzip,snappy", metavar="LIST",
                         help="compression types offered to clients, in preference order (default: %(default)s)")
@@ -94,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"kcm sandbox: bootstrap {sandbox.bootstrap} (metrics topic {sandbox.options.topic}); "
               "Ctrl-C stops it", flush=True)
-        stop.wait()
+        while not stop.wait(_HEALTH_CHECK_S):
+            if problem := sandbox.problem():  # serving on without it would only refuse every client
+                log.error("%s; stopping", problem)
+                return 1
         log.info("stopping")
     finally:
         sandbox.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
-from kcm_cli.arguments import kafka_connection, seconds
+from kcm_cli.arguments import kafka_connection, seconds, topic
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
@@ -29,7 +31,7 @@ _COLUMNS = (("CLIENT ID", 24), ("INSTANCE", 8), ("METRIC", 52), ("ATTRIBUTES", 3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka_connection(parser)
-    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, help="metrics topic (default: %(default)s)")
+    parser.add_argument("--topic", default=DEFAULT_METRICS_TOPIC, type=topic, help="metrics topic (default: %(default)s)")
     parser.add_argument("--from-beginning", action="store_true",
                         help="start at the oldest record instead of only new ones")
     parser.add_argument("--max-records", type=int, metavar="N", help="exit after printing N records")
@@ -63,9 +65,29 @@ def _point_value(point: dict[str, Any]) -> str:
     return f"count={point['count']} sum={point['sum']}"
 
 
+# Control characters (and the bidi overrides) a client may put in its client id, metric names or attributes: shown
+# escaped, never sent to the terminal (escape sequences could recolour, retitle or clear it; newlines split rows).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    return _UNPRINTABLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities as the strings protobuf's JSON mapping uses: bare NaN/Infinity are not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
+
+
 def _format_row(cells: tuple[str, ...]) -> str:
     parts = []
-    for cell, (_, width) in zip(cells, _COLUMNS):
+    for cell, (_, width) in zip(map(_printable, cells), _COLUMNS):
         parts.append(cell if not width else (cell[: width - 1] + "…" if len(cell) > width else cell.ljust(width)))
     return "  ".join(parts).rstrip()
 
@@ -133,7 +155,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         for record in _consume(consumer, args):
             item, error_message = record_json(record)
             if args.output == "jsonl":
-                print(json.dumps(item, separators=(",", ":")), file=out, flush=True)
+                print(json.dumps(_json_safe(item), separators=(",", ":"), allow_nan=False), file=out, flush=True)
             else:
                 for line in table_lines(item, error_message):
                     print(line, file=out, flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 # Error codes (org.apache.kafka.common.protocol.Errors).
+UNKNOWN_SERVER_ERROR = -1
 NONE = 0
 UNSUPPORTED_VERSION = 35
 INVALID_CONFIG = 40

@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 DEFAULT_METRICS_TOPIC = "kafka-client-metrics"
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def listen_address_problem(text: str) -> str | None:
+    """Why `text` cannot be an address to listen on (an IP address, v4 or v6), or None."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return f"{text[:80]!r} is not an IP address (e.g. 0.0.0.0, 127.0.0.1 or ::)"
+    return None
+
+
+def topic_problem(name: str) -> str | None:
+    """Why `name` is not a topic name Kafka accepts (Topic.validate), or None."""
+    if name in (".", "..") or not _TOPIC_NAME.fullmatch(name):
+        return (f"{name[:80]!r} is not a Kafka topic name: 1 to 249 characters of a-z, A-Z, 0-9, '.', '_' and '-', "
+                "and not '.' or '..'")
+    return None
 
 # The client attributes KIP-714 defines: what CLIENT_METRICS `match` entries test, and the first contract headers.
 CLIENT_ATTRIBUTES: tuple[str, ...] = (

@@ -178,7 +178,7 @@ class Endpoint:
 
     def export(self, request: bytes) -> Outcome:
         """Send a serialised ExportMetricsServiceRequest until delivered, refused for good, or given up on."""
-        attempt = 0
+        attempt, traced = 0, False
         while True:
             attempt += 1
             try:
@@ -207,7 +207,8 @@ class Endpoint:
                 self._on_failure("UNEXPECTED", True)
                 wait = backoff_s(attempt, self._retry, self._rng)
                 log.error("export to %s failed unexpectedly (attempt %d); retrying in %.2fs", self.name, attempt,
-                          wait, exc_info=attempt == 1)  # the traceback once, not at every retry
+                          wait, exc_info=not traced)  # the traceback once, not at every retry
+                traced = True
                 if self._wait(wait):
                     return Outcome(False, attempt, error="UNEXPECTED", detail=str(error), abandoned=True)
                 continue

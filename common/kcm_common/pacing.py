@@ -1,5 +1,6 @@
 """Log lines about one kind of event at most once per period, counting the ones held back in between: a stream of
-corrupt records, or a dead-letter topic that refuses every write, must not flood the log (metrics count each)."""
+corrupt records, a dead-letter topic that refuses every write, or clients reconnecting to a gateway whose broker is
+gone, must not flood the log (metrics count each)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ MAX_VALUES values (an alias bomb: a kilobyte of nested aliases can stand for bil
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -25,8 +24,8 @@ class StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                shown = json.dumps(key) if isinstance(key, str) else key  # double quotes: kept by `describe`
-                raise yaml.constructor.ConstructorError(None, None, f"the key {shown} is given twice in one mapping",
+                # In backquotes, which `describe` keeps: a key is a name, not a value.
+                raise yaml.constructor.ConstructorError(None, None, f"the key `{key}` is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -79,12 +78,13 @@ def describe(error: yaml.YAMLError) -> str:
     return f"{where}: {problem}"
 
 
-_QUOTED = re.compile(r"'([^']*)'")
+# What PyYAML quotes with repr: single quotes, or double quotes (with backslash escapes) when the text has a '.
+_QUOTED = re.compile(r"'([^']*)'" + r'|"((?:[^"\\]|\\.)*)"')
 _VALUE_AS_NAME = re.compile(r"\b(tag|alias|anchor)\b")
 
 
 def _redacted(match: re.Match[str]) -> str:
-    text = match.group(1)
+    text = match.group(1) if match.group(1) is not None else match.group(2)
     if len(text) <= 1 or re.fullmatch(r"<[\w ]+>|\\[a-z0-9]+", text):  # a character, a token kind, an escape
         return match.group(0)
     return "'…'"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kcm_common.files import write_atomically
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import schema
 from kcm_operator.errors import InvalidSpecError, KubernetesApiError
@@ -118,16 +118,8 @@ def _material(directory: Path, content: bytes) -> str:
     # kafka-python reads TLS material from files; one private file per distinct content.
     path = directory / hashlib.sha256(content).hexdigest()[:16]
     if not path.exists():
-        # Handlers run side by side: each writes its own file and renames it into place, so a reader never sees
-        # a half-written key and two writers of the same content never collide.
-        descriptor, partial = tempfile.mkstemp(dir=directory, prefix=".partial-")  # mode 0600
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(content)
-            os.replace(partial, path)
-        except BaseException:
-            os.unlink(partial)
-            raise
+        # Handlers run side by side: none may read a half-written key, nor collide with another writing it.
+        write_atomically(path, content)
     return str(path)
 
 

@@ -92,6 +92,13 @@ class EmbeddedBroker:
                 f"see its log at {self.log_path}"
             )
 
+    def problem(self) -> str | None:
+        """Why the broker is no longer running, or None while it runs (or was never started)."""
+        code = self._process.poll() if self._process is not None else None
+        if code is None:
+            return None
+        return f"the embedded broker exited with code {code}; see its log at {self.log_path}"
+
     def stop(self) -> None:
         """Stop the broker process (terminate, then kill after a grace period)."""
         process, self._process = self._process, None

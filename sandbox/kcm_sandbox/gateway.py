@@ -17,6 +17,7 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 
 from kcm_common import contract
 from kcm_common.codes import INVALID_RECORD, INVALID_REQUEST, UNSUPPORTED_VERSION
+from kcm_common.pacing import PacedLog
 from kcm_sandbox import config_apis, wire
 from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.messages import (
@@ -80,6 +81,7 @@ class _Upstream:
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    failed: PacedLog  # "upstream connection failed", paced by the gateway
     pending: dict[int, asyncio.Future[bytes]] = field(default_factory=dict)
 
     def send(self, frame_bytes: bytes, correlation_id: int, expect_response: bool = True) -> asyncio.Future[bytes] | None:
@@ -102,7 +104,7 @@ class _Upstream:
                 if not future.done():  # its waiter may have been cancelled when the client left
                     future.set_result(frame_bytes)
         except (OSError, wire.FrameError) as exc:
-            log.warning("upstream connection failed: %s", exc)
+            self.failed("upstream connection failed: %s", exc)
         finally:
             for future in self.pending.values():
                 if not future.done():
@@ -139,6 +141,10 @@ class Gateway:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
+        # A broker gone makes every client reconnect in a loop, each connection closed at once: each kind of
+        # upstream trouble is logged once per 10 s, with a count.
+        self.upstream_failed, self.upstream_unreachable, self.upstream_closed = (
+            PacedLog(log, logging.WARNING, period_s=10.0) for _ in range(3))
 
     async def start(self) -> None:
         self.upstream_versions = await self._fetch_upstream_versions()
@@ -177,8 +183,8 @@ class Gateway:
         except asyncio.CancelledError:
             pass
         except _UpstreamUnreachable as exc:
-            log.warning("%s: cannot reach the upstream broker %s:%d (%s); closing the connection",
-                        client, *self.upstream, exc.__cause__)
+            self.upstream_unreachable("%s: cannot reach the upstream broker %s:%d (%s); closing the connection",
+                                      client, *self.upstream, exc.__cause__)
         except OSError as exc:  # the client went away (e.g. a probe closing with an answer unread: a reset)
             log.debug("%s: connection ended: %s", client, exc)
         except Exception:  # one misbehaving client must never take the gateway down
@@ -204,6 +210,7 @@ class _Connection:
 
     async def run(self) -> None:
         replies = asyncio.create_task(self._write_answers())
+        stopping = False
         try:
             budget = self.gateway.frame_budget
             while (frame_bytes := await wire.read_frame(self.reader, self.gateway.idle_timeout_s, budget)) is not None:
@@ -222,10 +229,11 @@ class _Connection:
         except wire.FrameError as exc:
             log.warning("%s: closing the connection: %s", self.client, exc)
         except asyncio.CancelledError:  # the gateway is stopping: answers still due are not waited for
+            stopping = True
             replies.cancel()
             raise
         finally:
-            if not replies.done():  # the answers already started are written, in order, then the writer ends
+            if not stopping and not replies.done():  # answers already started are written in order, then it ends
                 await self.answers.put(None)
             await asyncio.gather(replies, return_exceptions=True)
             while not self.answers.empty():  # answers never written: started work is let go, not leaked
@@ -247,7 +255,7 @@ class _Connection:
             try:
                 payload = await answer
             except (ConnectionError, wire.FrameError) as exc:  # the upstream broker went away or misbehaved
-                log.warning("%s: %s; closing the connection", self.client, exc)
+                self.gateway.upstream_closed("%s: %s; closing the connection", self.client, exc)
             except Exception:  # one misbehaving client must never take the gateway down
                 log.exception("%s: answering failed; closing the connection", self.client)
             else:
@@ -267,7 +275,7 @@ class _Connection:
                 reader, writer = await asyncio.open_connection(*self.gateway.upstream)
             except OSError as exc:
                 raise _UpstreamUnreachable() from exc
-            self.upstream = _Upstream(reader, writer)
+            self.upstream = _Upstream(reader, writer, self.gateway.upstream_failed)
             self._pump = asyncio.create_task(self.upstream.pump())
         return self.upstream
 

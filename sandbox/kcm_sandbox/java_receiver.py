@@ -123,6 +123,13 @@ class JavaReceiver:
                 (length,) = struct.unpack(">i", self._read(4, _REPLY_TIMEOUT_S))
                 raise RuntimeError(f"the plugin threw: {self._read(length, _REPLY_TIMEOUT_S).decode()}")
 
+    def problem(self) -> str | None:
+        """Why the JVM is no longer there to take pushes, or None while it runs."""
+        code = self._process.poll()
+        if code is None:
+            return None
+        return f"the Java receiver exited with code {code}: {self._last_error() or 'no message'}"
+
     def close(self) -> None:
         """Close stdin: the host closes the plugin, which flushes what it holds, and exits."""
         if self._process.stdin is not None and not self._process.stdin.closed:

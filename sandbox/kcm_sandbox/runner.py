@@ -116,10 +116,10 @@ class Sandbox:
         host, port = options.listen
         try:
             port = port or free_port(host)
+            self.store = SubscriptionStore(options.state)  # a state file it cannot use stops it before the broker
             if options.upstream is None:
                 self.broker = EmbeddedBroker(host=host, advertised=f"{host}:{port}")
                 self.broker.start()
-            self.store = SubscriptionStore(options.state)
             telemetry = TelemetryManager(self.store, options.compression, options.telemetry_max_bytes)
             self.gateway = Gateway(parse_address(self.upstream_bootstrap, "--upstream"), self.store, telemetry,
                                    self._receive, host=host, port=port,
@@ -144,6 +144,14 @@ class Sandbox:
         if self._receiver is None:
             raise SandboxError("the metrics topic is not ready yet")
         self._receiver(instance_id, identity, push)
+
+    def problem(self) -> str | None:
+        """Why the sandbox can no longer serve (its broker or Java receiver died), or None."""
+        if self.broker is not None and (problem := self.broker.problem()):
+            return problem
+        if isinstance(self._receiver, JavaReceiver):
+            return self._receiver.problem()
+        return None
 
     def stop(self) -> None:
         # The receiver's producer goes first, while the gateway it writes through is still there.

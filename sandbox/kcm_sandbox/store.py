@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import tempfile
 
 from kcm_common.errors import UserError
+from kcm_common.files import write_atomically
 from kcm_common.client_metrics import (
     ConfigEntry,
     ConfigError,
@@ -17,7 +19,9 @@ from kcm_common.client_metrics import (
     to_subscription,
     validate,
 )
-from kcm_common.codes import INVALID_REQUEST
+from kcm_common.codes import INVALID_REQUEST, UNKNOWN_SERVER_ERROR
+
+log = logging.getLogger("kcm.sandbox")
 
 _STATE_VERSION = 1
 
@@ -33,8 +37,10 @@ class SubscriptionStore:
         self._state_file = pathlib.Path(state_file) if state_file is not None else None
         self._configs: dict[str, dict[str, str]] = {}
         self._generation = 0
-        if self._state_file is not None and self._state_file.exists():
-            self._configs = _load_state(self._state_file)
+        if self._state_file is not None:
+            if self._state_file.exists():
+                self._configs = _load_state(self._state_file)
+            _check_writable(self._state_file)  # at start, not at the first subscription change
 
     @property
     def generation(self) -> int:
@@ -82,7 +88,13 @@ class SubscriptionStore:
         else:
             configs.pop(name, None)
         if self._state_file is not None:
-            _save_state(self._state_file, configs)
+            try:
+                _save_state(self._state_file, configs)
+            except OSError as exc:  # nothing changed: the client is told, as a broker answers a failure
+                log.warning("cannot save the subscriptions to %s (%s); the change to %s is refused",
+                            self._state_file, exc.strerror or exc, name)
+                raise ConfigError(UNKNOWN_SERVER_ERROR, f"the sandbox cannot save its state file: "
+                                                        f"{exc.strerror or exc}") from None
         self._configs = configs
         self._generation += 1
 
@@ -109,17 +121,18 @@ def _load_state(path: pathlib.Path) -> dict[str, dict[str, str]]:
     return configs
 
 
+def _check_writable(path: pathlib.Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise StateFileError(f"--state {path}: cannot write there ({exc.strerror or exc}); choose a path in a "
+                             "writable directory") from None
+
+
 def _save_state(path: pathlib.Path, configs: dict[str, dict[str, str]]) -> None:
-    # Write a sibling temp file and rename it over the old one, so a crash never leaves half a file.
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"version": _STATE_VERSION, "subscriptions": configs}, indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, (text + "\n").encode("utf-8"))  # a crash never leaves half a file

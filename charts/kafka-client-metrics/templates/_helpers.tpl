@@ -169,26 +169,38 @@ seccompProfile:
 {{- define "kcm.bridgeConfigHasNoCredentials" -}}
 {{- $config := .Values.bridge.config | default dict -}}
 {{- $kafka := get $config "kafka" | default dict -}}
-{{- if kindIs "map" $kafka -}}
-{{- range $key, $_ := (get $kafka "properties" | default dict) -}}
+{{- $properties := dict -}}
+{{- if kindIs "map" $kafka -}}{{- $properties = get $kafka "properties" | default dict -}}{{- end -}}
+{{- if kindIs "map" $properties -}}
+{{- range $key, $_ := $properties -}}
 {{- if regexMatch "(?i)(password|secret|jaas|ssl\\.key\\.pem|keystore\\.key|oauthbearer\\.config)" $key -}}
 {{- fail (printf "bridge.config.kafka.properties.%s would put a credential into a ConfigMap: put the client properties in a Secret and set kafka.clientConfig.existingSecret" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- range $i, $endpoint := (get $config "endpoints" | default list) -}}
-{{- if kindIs "map" $endpoint -}}
-{{- range $name, $_ := (get $endpoint "headers" | default dict) -}}
+{{- $endpoints := get $config "endpoints" | default list -}}
+{{- if kindIs "slice" $endpoints -}}
+{{- range $i, $endpoint := $endpoints -}}
+{{- $headers := dict -}}
+{{- if kindIs "map" $endpoint -}}{{- $headers = get $endpoint "headers" | default dict -}}{{- end -}}
+{{- if kindIs "map" $headers -}}
+{{- range $name, $value := $headers -}}
 {{- if regexMatch "(?i)(auth|token|key|secret|passw|cookie|signature)" $name -}}
 {{- fail (printf "bridge.config.endpoints[%d].headers.%s would put a credential into a ConfigMap: use headers_from_files with a Secret in bridge.secretMounts, or headers_from_env with bridge.env valueFrom.secretKeyRef" $i $name) -}}
+{{- end -}}
+{{- if not (kindIs "string" $value) -}}
+{{- fail (printf "bridge.config.endpoints[%d].headers.%s must be a quoted string (the bridge refuses a number or true/false there)" $i $name) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $enrich := get $config "enrich" | default dict -}}
-{{- if kindIs "map" $enrich -}}
-{{- range $i, $rule := (get $enrich "rules" | default list) -}}
-{{- if and (kindIs "map" $rule) (hasKey $rule "salt") -}}
+{{- $rules := list -}}
+{{- if kindIs "map" $enrich -}}{{- $rules = get $enrich "rules" | default list -}}{{- end -}}
+{{- if kindIs "slice" $rules -}}
+{{- range $i, $rule := $rules -}}
+{{- if and (kindIs "map" $rule) (get $rule "salt") -}}
 {{- fail (printf "bridge.config.enrich.rules[%d].salt would put the hashing salt into a ConfigMap: use salt_file with a Secret in bridge.secretMounts, or salt_env with bridge.env valueFrom.secretKeyRef" $i) -}}
 {{- end -}}
 {{- end -}}

@@ -11,7 +11,10 @@ import org.junit.platform.launcher.core.LauncherFactory;
 import org.junit.platform.launcher.listeners.SummaryGeneratingListener;
 import org.junit.platform.launcher.listeners.TestExecutionSummary;
 
-/** Runs every JUnit test of the plugin and exits non-zero when one fails (the console launcher is not shipped). */
+/**
+ * Runs every JUnit test of the plugin and exits non-zero when one fails, is aborted or is skipped (the console
+ * launcher is not shipped).
+ */
 public final class RunTests {
     private RunTests() {
     }
@@ -26,7 +29,9 @@ public final class RunTests {
         PrintWriter out = new PrintWriter(System.out, true);
         summary.printFailuresTo(out, 25);
         summary.printTo(out);
-        boolean passed = summary.getTotalFailureCount() == 0 && summary.getTestsSucceededCount() > 0;
+        // An aborted (failed assumption) or skipped (@Disabled) test is a missing part, not a pass.
+        boolean passed = summary.getTotalFailureCount() == 0 && summary.getTestsAbortedCount() == 0
+                && summary.getTestsSkippedCount() == 0 && summary.getTestsSucceededCount() > 0;
         System.exit(passed ? 0 : 1);
     }
 }
