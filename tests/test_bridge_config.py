@@ -260,3 +260,21 @@ def test_numbers_where_no_secret_is_expected_still_read_as_before(tmp_path):
     config = load(path, env={})
     assert config.kafka.properties == {"session.timeout.ms": "6000"}
     assert config.endpoints[0].headers == {"x-scope-orgid": "0777"} and config.enrich.rules[0].salt == "0777"
+
+
+def test_a_misspelt_environment_variable_is_named_not_silently_ignored(caplog, monkeypatch):
+    env = {"KCM_BRIDGE_BATCH_MAXPOINTS": "5", "KCM_BRIDGE_BATCH_MAX_POINTS": "7", "KCM_BRIDGE_TOKEN": "t",
+           "HOME": "/root"}
+    with caplog.at_level("WARNING", logger="kcm.bridge"):
+        config = load(env=env, overrides={("kafka", "bootstrap_servers"): "k:9092"}, endpoints=["c:4317"])
+    assert config.batch.max_points == 7
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("ignoring KCM_BRIDGE_BATCH_MAXPOINTS, KCM_BRIDGE_TOKEN: not a bridge setting")
+
+    caplog.clear()
+    monkeypatch.setenv("KCM_BRIDGE_TOKEN", "t")  # a variable a header reads is the bridge's to use
+    with caplog.at_level("WARNING", logger="kcm.bridge"):
+        load(env={"KCM_BRIDGE_TOKEN": "t"}, overrides={
+            ("kafka", "bootstrap_servers"): "k:9092",
+            ("endpoints",): [{"endpoint": "c:4317", "headers_from_env": {"authorization": "KCM_BRIDGE_TOKEN"}}]})
+    assert caplog.records == []

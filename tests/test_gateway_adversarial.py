@@ -340,3 +340,43 @@ def test_stopping_the_gateway_does_not_wait_for_answers_still_due(sandbox_factor
     finally:
         release.set()
         client.close()
+
+
+def test_stopping_while_a_departed_clients_answers_wait_lets_them_go(sandbox_factory):
+    sandbox = sandbox_factory()
+    entered, release = threading.Event(), threading.Event()
+    receive = sandbox.gateway.receiver
+
+    def stuck_receiver(*args: Any) -> None:
+        entered.set()
+        release.wait(TIMEOUT_S)
+        receive(*args)
+
+    sandbox.gateway.receiver = stuck_receiver
+    subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
+    leaver = Connection(sandbox.bootstrap, "leaver")
+    try:
+        got = leaver.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
+        push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
+                                       subscription_id=got.subscription_id, terminating=True, compression_type=0,
+                                       metrics=client_metrics().SerializeToString())
+        requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(20)]
+        for correlation_id, request in enumerate(requests, start=100):
+            request.with_header(correlation_id=correlation_id, client_id="leaver")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            leaver.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in requests))
+            assert entered.wait(TIMEOUT_S)
+            time.sleep(0.3)
+            # The client is killed (a reset) while its push is stuck, then the gateway stops: what it queued for
+            # that client is let go, not left for the garbage collector to find unawaited.
+            leaver.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            leaver.close()
+            time.sleep(0.3)
+            sandbox.stop()
+            gc.collect()
+        unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+        assert not unawaited, unawaited
+    finally:
+        release.set()
+        leaver.close()

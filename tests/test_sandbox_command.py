@@ -115,6 +115,8 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
     corrupt = tmp_path / "state.json"
     corrupt.write_text("{not json")
     for args, message in [(["--compression", "brotli"], "unknown compression 'brotli'"),
+                          (["--compression", "zstd,ZSTD"], "--compression names 'zstd' twice"),
+                          (["--receiver-api", "3.8"], "--receiver-api applies to the Java receiver only"),
                           (["--listen", "nowhere"], "--listen must be HOST:PORT"),
                           (["--listen", "127.0.0.1:0", "--connections-max-idle-ms", "0"],
                            "--connections-max-idle-ms must be from 1 to 31536000000 (a year), not 0"),

@@ -7,6 +7,7 @@ bad one raises ConfigError naming the field (`batch.max_points`, `endpoints[1].t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import types
@@ -26,6 +27,7 @@ from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_probl
 from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
 
 ENV_PREFIX = "KCM_BRIDGE_"
+log = logging.getLogger("kcm.bridge")
 
 
 class ConfigError(UserError):
@@ -179,7 +181,20 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
                 entry["insecure"] = insecure
     config = _build(BridgeConfig, document, "")
     validate(config)
+    _warn_of_unknown_variables(config, env)
     return config
+
+
+def _warn_of_unknown_variables(config: BridgeConfig, env: Mapping[str, str]) -> None:
+    """A misspelt `KCM_BRIDGE_*` variable would be ignored without a word (the YAML file refuses unknown keys; the
+    environment also holds variables that are not the bridge's, such as a token a header reads)."""
+    known = {ENV_PREFIX + suffix for suffix in (*_ENV_FIELDS, "ENDPOINTS", "INSECURE")}
+    read = {variable for endpoint in config.endpoints for variable in endpoint.headers_from_env.values()}
+    read |= {rule.salt_env for rule in config.enrich.rules if rule.salt_env}
+    unknown = sorted(name for name in env if name.startswith(ENV_PREFIX) and name not in known | read)
+    if unknown:
+        log.warning("ignoring %s: not a bridge setting (the variables are %s)", ", ".join(unknown),
+                    ", ".join(sorted(known)))
 
 
 def validate(config: BridgeConfig) -> None:

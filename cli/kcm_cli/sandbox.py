@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what writes accepted pushes to the metrics topic: the built-in Python receiver, or "
                              "kcm's Java broker plugin hosted in a JVM as a broker hosts it (needs java; "
                              "default: %(default)s)")
-    parser.add_argument("--receiver-api", choices=("3.8", "4.2"), default="4.2",
+    parser.add_argument("--receiver-api", choices=("3.8", "4.2"),
                         help="with --receiver java: call the plugin as Kafka 3.7-4.1 (ClientTelemetry) or 4.2+ "
-                             "(ClientTelemetryExporterProvider) brokers do (default: %(default)s)")
+                             "(ClientTelemetryExporterProvider) brokers do (default: 4.2)")
     parser.add_argument("--upstream", metavar="HOST:PORT",
                         help="use this running broker instead of starting the embedded one; it must advertise "
                              "the --listen address")
@@ -65,10 +65,12 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
     except socket.gaierror:
         raise UserError(f"--listen host {listen[0]!r} cannot be resolved on this machine; "
                         "use an address such as 127.0.0.1") from None
+    if args.receiver_api is not None and args.receiver != "java":
+        raise UserError("--receiver-api applies to the Java receiver only: add --receiver java")
     upstream = parse_address(args.upstream, "--upstream") if args.upstream else None
     options = SandboxOptions(listen=listen, topic=args.topic, partitions=args.partitions,
                              compression=compression_ids(args.compression), state=args.state, upstream=upstream,
-                             receiver=args.receiver, receiver_api=args.receiver_api)
+                             receiver=args.receiver, receiver_api=args.receiver_api or "4.2")
     if args.telemetry_max_bytes is not None:
         options.telemetry_max_bytes = args.telemetry_max_bytes
     if args.connections_max_idle_ms is not None:

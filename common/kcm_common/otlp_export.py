@@ -192,6 +192,8 @@ class Endpoint:
                 if not retryable:
                     # What a refusal means is the caller's to say: the bridge drops the batch, the rollup stops.
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "")
+                if self._give_up():  # the caller has stopped waiting (a shutdown closed the channel): no retry to log
+                    return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
                 wait = min(wait, self._retry.max_backoff_s)
                 slow = (f" (no answer within the {self._timeout_s:g} s timeout: if the collector is only slow, "

@@ -233,11 +233,14 @@ class _Connection:
             replies.cancel()
             raise
         finally:
-            if not stopping and not replies.done():  # answers already started are written in order, then it ends
-                await self.answers.put(None)
-            await asyncio.gather(replies, return_exceptions=True)
-            while not self.answers.empty():  # answers never written: started work is let go, not leaked
-                _discard(self.answers.get_nowait())
+            try:
+                if not stopping and not replies.done():  # answers already started are written in order, then it ends
+                    await self.answers.put(None)
+                await asyncio.gather(replies, return_exceptions=True)
+            finally:  # also when the gateway stops during that wait
+                replies.cancel()
+                while not self.answers.empty():  # answers never written: started work is let go, not leaked
+                    _discard(self.answers.get_nowait())
 
     def close(self) -> None:
         if self.upstream is not None:

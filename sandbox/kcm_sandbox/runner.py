@@ -42,6 +42,8 @@ def compression_ids(names: str) -> list[int]:
     for name in (part.strip().lower() for part in names.split(",")):
         if name not in _COMPRESSION_BY_NAME:
             raise SandboxError(f"unknown compression {name!r}; choose from {', '.join(_COMPRESSION_BY_NAME)}")
+        if _COMPRESSION_BY_NAME[name] in ids:
+            raise SandboxError(f"--compression names {name!r} twice; give each codec once, in the order to offer")
         ids.append(_COMPRESSION_BY_NAME[name])
     return ids
 
