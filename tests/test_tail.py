@@ -272,3 +272,11 @@ def test_tail_prints_what_a_real_librdkafka_client_pushed_through_the_sandbox(sa
         names = {metric["name"] for metric in record["metrics"]}
         assert "org.apache.kafka.producer.node.request.latency.avg" in names, names
         assert all(metric["type"] in ("gauge", "sum") for metric in record["metrics"])
+
+
+def test_a_histogram_point_without_a_sum_shows_its_count_only():
+    from kcm_cli.tail import _point_value
+
+    assert _point_value({"count": 4, "sum": 10.5}) == "count=4 sum=10.5"
+    assert _point_value({"count": 4, "sum": None}) == "count=4"
+    assert _point_value({"value": float("nan")}) == "nan"

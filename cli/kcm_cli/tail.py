@@ -62,7 +62,8 @@ def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
 def _point_value(point: dict[str, Any]) -> str:
     if "value" in point:
         return str(point["value"])
-    return f"count={point['count']} sum={point['sum']}"
+    total = point.get("sum")  # optional in OTLP histograms (absent when a bucket could hold negative values)
+    return f"count={point['count']}" + (f" sum={total}" if total is not None else "")
 
 
 # Control characters (and the bidi overrides) a client may put in its client id, metric names or attributes: shown
