@@ -326,6 +326,9 @@ def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> Non
     assert mounts["secret-otel-token"] == {"name": "secret-otel-token", "mountPath": "/etc/kcm/secrets/otel-token",
                                            "readOnly": True}
     assert not [m for m in app["spec"]["template"]["executor"]["volumeMounts"] if m["name"].startswith("secret-")]
+    # Credentials for the output reach the driver and the executors (both write it) from a Secret, not sparkConf.
+    s3_key = [{"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "rollup-s3", "key": "access-key"}}}]
+    assert app["spec"]["template"]["driver"]["env"] == app["spec"]["template"]["executor"]["env"] == s3_key
     assert one(everything, "Role", "-rollup-driver")
     # The executors run as an account without a token: the driver's may create pods.
     executor_account = app["spec"]["template"]["executor"]["serviceAccount"]
