@@ -146,3 +146,43 @@ def test_demo_subscriptions_are_checked_before_anything_starts(tmp_path, content
                              "--duration", "5"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr   # nothing started, nothing logged
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_twice_in_a_terminal_stops_everything_with_exit_code_130(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground process group, and impatient users press it twice. Before,
+    the broker and JVMs died with the demo's SIGINT (out of order), and a second signal arriving inside the first
+    handler's Event.set() deadlocked the demo for good."""
+    marker = uuid.uuid4().hex
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ.update(_demo_env(tmp_path, marker))
+        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "120"])
+    screen = b""
+    status = None
+    try:
+        deadline = time.monotonic() + 120
+        pressed = None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    break  # the demo exited and closed the terminal
+                if not chunk:
+                    break
+                screen += chunk
+            if pressed is None and b"confluent-kafka-python" in screen and b"apache-kafka-java" in screen:
+                os.write(fd, b"\x03")  # the terminal sends SIGINT to the foreground process group
+                os.write(fd, b"\x03")
+                pressed = time.monotonic()
+        status = _wait(pid, 30)
+    finally:
+        left = _processes_with(marker)
+        _kill(left)
+    text = screen.decode(errors="replace")
+    assert pressed is not None, text[-3000:]
+    assert status is not None and os.waitstatus_to_exitcode(status) == 130, text[-3000:]
+    assert "Traceback" not in text
+    assert left == [], "the demo left processes running"

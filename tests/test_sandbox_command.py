@@ -159,3 +159,23 @@ def test_a_sandbox_whose_java_receiver_dies_says_so_and_exits_non_zero():
         assert process.wait(timeout=20) == 1
         error = _stderr(process)
     assert "ERROR kcm.sandbox: the Java receiver exited with code -9" in error and "Traceback" not in error
+
+
+def test_a_clean_stop_removes_the_brokers_log_and_a_death_keeps_it():
+    from kcm_sandbox.broker import EmbeddedBroker
+
+    stopped = EmbeddedBroker()
+    stopped.start()
+    assert stopped.log_path.exists()
+    stopped.stop()
+    assert not stopped.log_path.exists()
+
+    died = EmbeddedBroker()
+    died.start()
+    try:
+        died._process.kill()
+        died._process.wait(10)
+        assert died.problem() and died.log_path.exists()  # the error names it: it stays
+    finally:
+        died.stop()
+        died.log_path.unlink(missing_ok=True)

@@ -11,14 +11,15 @@ from kcm_common.names import topic_problem
 from kcm_common.retry import LONGEST_WAIT_S
 
 
-def _seconds(text: str, fits: Callable[[float], bool], wanted: str) -> float:
+def _seconds(text: str, fits: Callable[[float], bool], wanted: str, longest: float = LONGEST_WAIT_S,
+             longest_name: str = "a year") -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not fits(value) or value > LONGEST_WAIT_S:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {LONGEST_WAIT_S} "
-                                         f"(a year), not {text}")
+    if not math.isfinite(value) or not fits(value) or value > longest:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {longest:g} "
+                                         f"({longest_name}), not {text}")
     return value
 
 
@@ -40,6 +41,11 @@ def topic(text: str) -> str:
 def seconds(text: str) -> float:
     """A finite number of seconds above zero (`nan`, `inf` and negatives are refused)."""
     return _seconds(text, lambda value: value > 0, "above 0")
+
+
+def seconds_up_to(longest: float, longest_name: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds above 0, at most `longest` (named, e.g. "a day")."""
+    return lambda text: _seconds(text, lambda value: value > 0, "above 0", longest, longest_name)
 
 
 def seconds_from(minimum: float) -> Callable[[str], float]:

@@ -6,9 +6,9 @@ import argparse
 import logging
 import os
 import signal
-from types import FrameType
 
 from kcm_cli.arguments import kafka_connection, topic
+from kcm_cli.signals import on_stop_signals
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.bridge")
@@ -59,10 +59,9 @@ def run(args: argparse.Namespace) -> int:
                                 insecure=args.insecure)
     bridge = Bridge(config)
 
-    def stop(signum: int, _: FrameType | None) -> None:
-        log.info("%s received: draining", signal.Signals(signum).name)
+    def stop(signum: signal.Signals) -> None:
+        log.info("%s received: draining", signum.name)
         bridge.stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    on_stop_signals(stop)
     return bridge.run()

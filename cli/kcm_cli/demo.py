@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import signal
+import os
 import sys
 import threading
 
-from kcm_cli.arguments import path, seconds
+from kcm_cli.arguments import path, seconds_up_to
+from kcm_cli.signals import on_stop_signals
 from kcm_common.errors import UserError
 
 HELP = "run the whole pipeline on this machine with real clients"
@@ -17,16 +18,9 @@ DESCRIPTION = ("Start the sandbox (embedded broker + KIP-714 gateway + receiver)
                "started is stopped when it ends or on Ctrl-C.")
 
 
-def _seconds(text: str) -> float:
-    value = seconds(text)
-    if value > 86400:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, not {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=_seconds, default=60.0, metavar="SECONDS",
-                        help="how long the clients run once started (default: %(default)s)")
+    parser.add_argument("--duration", type=seconds_up_to(86400, "a day"), default=60.0, metavar="SECONDS",
+                        help="how long the clients run once started, at most 86400 (default: %(default)g)")
     parser.add_argument("--output", choices=("live", "jsonl"), default="live",
                         help="live: a table redrawn as pushes arrive; jsonl: one JSON object per client instance "
                              "at the end, with every metric's last value (default: %(default)s)")
@@ -40,14 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The demo starts processes while its embedded collector's gRPC threads run; gRPC's fork handlers would only
+    # print "skipping fork() handlers" (nothing in the children uses this process's gRPC). Read at gRPC's import.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from kcm_demo.run import DemoOptions, default_workdir, run_demo
 
     options = DemoOptions(duration_s=args.duration, output=args.output, rollup=args.rollup, java=args.java)
     if args.subscriptions is not None:
         options.subscriptions = args.subscriptions
     interrupted = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: interrupted.set())
+    on_stop_signals(lambda _: interrupted.set())
     try:
         return run_demo(options, sys.stdout, default_workdir(), interrupted)
     except OSError as exc:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import threading
 from typing import TYPE_CHECKING
 
 from kcm_cli.arguments import path, topic
+from kcm_cli.signals import on_stop_signals
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, check_reachable
 from kcm_common.names import DEFAULT_METRICS_TOPIC
@@ -88,8 +88,7 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
 def run(args: argparse.Namespace) -> int:
     """Start the sandbox, print its bootstrap address, and stop everything on SIGINT/SIGTERM."""
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    on_stop_signals(lambda _: stop.set())
     from kcm_sandbox.runner import Sandbox
 
     sandbox = Sandbox(options_from(args))

@@ -65,7 +65,8 @@ class ClientInstance:
         return None
 
     def summary(self) -> dict[str, Any]:
-        """The jsonl summary object: identity, push count, and every metric's last value (NaN as null)."""
+        """The jsonl summary object: identity, push count, and every metric's last value (NaN and infinities as
+        null, so every line is standard JSON)."""
         return {
             "client_instance_id": self.instance_id,
             "client_id": self.client_id,
@@ -74,7 +75,7 @@ class ClientInstance:
             "client_source": self.source,
             "pushes": self.pushes,
             "broker": dict(sorted(self.broker.items())),
-            "metrics": {name: None if math.isnan(value) else value for name, value in sorted(self.values.items())},
+            "metrics": {name: value if math.isfinite(value) else None for name, value in sorted(self.values.items())},
         }
 
 
@@ -132,5 +133,5 @@ def _apply(values: dict[str, float], metric: points.MetricDict) -> None:
     if metric["type"] == "sum" and metric["temporality"] == "delta":
         values[name] = values.get(name, 0.0) + float(sum(numbers))
     else:
-        finite = [float(n) for n in numbers if not math.isnan(n)]
+        finite = [float(n) for n in numbers if math.isfinite(n)]
         values[name] = max(finite) if finite else math.nan

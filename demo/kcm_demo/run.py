@@ -36,6 +36,8 @@ DEFAULT_SUBSCRIPTIONS = REPO_ROOT / "examples" / "demo"
 _BRIDGE_GROUP = "kcm-demo-bridge"
 _BRIDGE_SESSION_TIMEOUT_MS = 6000
 _STOP_TIMEOUT_S = 20.0
+# After the clients close, their final (terminating) pushes still travel gateway → topic → bridge → collector.
+_FINAL_PUSH_GRACE_S = 3.0
 
 
 @dataclass
@@ -135,6 +137,8 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
 
             bridge = _start_bridge(sandbox.bootstrap, collector.endpoint, workdir)
             stack.callback(bridge.stop)
+            # Runs once the clients have stopped (the stack unwinds in reverse), before the bridge stops.
+            stack.callback(lambda: interrupted.is_set() or interrupted.wait(_FINAL_PUSH_GRACE_S))
 
             workload = Workload(sandbox.bootstrap)
             workload.start()

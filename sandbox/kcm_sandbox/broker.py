@@ -56,6 +56,7 @@ class EmbeddedBroker:
         self.advertised = advertised or f"{host}:{self.port}"
         self.cluster_id = cluster_id
         self.log_path = log_path or Path(tempfile.gettempdir()) / f"kcm-tansu-{self.port}.log"
+        self._own_log = log_path is None  # removed after a clean stop; kept when the broker died (errors name it)
         self.authentication = authentication  # SASL required; Tansu's memory storage knows no user: all refused
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -83,9 +84,12 @@ class EmbeddedBroker:
             env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                preexec_fn=dying_with_us(),  # a SIGKILLed sandbox leaves no broker holding its port
+                # Its own session: a terminal's Ctrl-C reaches kcm, which stops it in order (not both at once), and a
+                # SIGKILLed sandbox leaves no broker holding its port.
+                start_new_session=True, preexec_fn=dying_with_us(),
             )
         if not wait_for_port(self.host, self.port, timeout):
+            self._own_log = False  # the error below names it
             self.stop()
             raise BrokerError(
                 f"the embedded broker did not listen on {self.bootstrap} within {timeout:.0f}s; "
@@ -110,6 +114,8 @@ class EmbeddedBroker:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+        if self._own_log:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()

@@ -83,8 +83,13 @@ class _Upstream:
     writer: asyncio.StreamWriter
     failed: PacedLog  # "upstream connection failed", paced by the gateway
     pending: dict[int, asyncio.Future[bytes]] = field(default_factory=dict)
+    closed: bool = False  # the pump has ended: nothing more will be answered
 
     def send(self, frame_bytes: bytes, correlation_id: int, expect_response: bool = True) -> asyncio.Future[bytes] | None:
+        if self.closed or self.writer.is_closing():
+            # The broker went away: writing on would only make asyncio warn at every frame. The client's connection
+            # closes, and its reconnect tries the broker afresh.
+            raise ConnectionError("upstream broker closed the connection")
         self.writer.write(wire.frame(frame_bytes))
         if not expect_response:
             return None
@@ -106,6 +111,7 @@ class _Upstream:
         except (OSError, wire.FrameError) as exc:
             self.failed("upstream connection failed: %s", exc)
         finally:
+            self.closed = True
             for future in self.pending.values():
                 if not future.done():
                     future.set_exception(ConnectionError("upstream broker closed the connection"))

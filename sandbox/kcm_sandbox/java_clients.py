@@ -54,8 +54,9 @@ class JavaClient:
                    self.role, self.bootstrap, self.topic, self.client_id, str(self.max_seconds),
                    *(f"{key}={value}" for key, value in self.extra_config.items())]
         self._log = self.log_path.open("ab") if self.log_path is not None else None
+        # Its own session: a terminal's Ctrl-C reaches kcm, which stops the client in order.
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         self._reader = threading.Thread(target=self._read_output, name=f"java-client-{self.client_id}",
                                         daemon=True)
         self._reader.start()

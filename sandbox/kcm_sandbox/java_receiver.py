@@ -89,8 +89,9 @@ class JavaReceiver:
                    *(f"{key}={value}" for key, value in config.items())]
         self._lock = threading.Lock()
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        # Its own session: a terminal's Ctrl-C reaches kcm, which closes the plugin in order; it ends with our stdin.
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, bufsize=0)
+                                         stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
         self._drain = threading.Thread(target=self._read_stderr, name="kcm-java-receiver-log", daemon=True)
         self._drain.start()
         try:
