@@ -455,6 +455,8 @@ def test_bridge_config_is_rendered_verbatim_and_a_change_rolls_the_pods(helm: Pa
 
 def test_the_bridge_accepts_the_rendered_config_and_environment(helm: Path, tmp_path: Path) -> None:
     manifests = rendered(helm)
+    # No service links: a Service named like the bridge's own (kcm-bridge-metrics) would inject KCM_BRIDGE_METRICS_*.
+    assert one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]["enableServiceLinks"] is False
     config = tmp_path / "bridge.yaml"
     config.write_text(one(manifests, "ConfigMap", "-bridge")["data"]["bridge.yaml"])
     container = one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]["containers"][0]

@@ -18,7 +18,7 @@ def _seconds(text: str, fits: Callable[[float], bool], wanted: str, longest: flo
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or not fits(value) or value > longest:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {longest:g} "
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {wanted}, at most {longest:.10g} "
                                          f"({longest_name}), not {text}")
     return value
 

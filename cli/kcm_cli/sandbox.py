@@ -88,10 +88,10 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
 def run(args: argparse.Namespace) -> int:
     """Start the sandbox, print its bootstrap address, and stop everything on SIGINT/SIGTERM."""
     stop = threading.Event()
-    on_stop_signals(lambda _: stop.set())
     from kcm_sandbox.runner import Sandbox
 
     sandbox = Sandbox(options_from(args))
+    on_stop_signals(lambda _: stop.set())  # once the options are good: nothing else changes before that
     sandbox.start()
     try:
         print(f"kcm sandbox: bootstrap {sandbox.bootstrap} (metrics topic {sandbox.options.topic}); "

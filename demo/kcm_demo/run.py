@@ -137,8 +137,10 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
 
             bridge = _start_bridge(sandbox.bootstrap, collector.endpoint, workdir)
             stack.callback(bridge.stop)
-            # Runs once the clients have stopped (the stack unwinds in reverse), before the bridge stops.
-            stack.callback(lambda: interrupted.is_set() or interrupted.wait(_FINAL_PUSH_GRACE_S))
+            # Runs once the clients have stopped (the stack unwinds in reverse), before the bridge stops; only
+            # when the run ended normally (not on Ctrl-C, nor on an error).
+            ended = threading.Event()
+            stack.callback(lambda: not ended.is_set() or interrupted.is_set() or interrupted.wait(_FINAL_PUSH_GRACE_S))
 
             workload = Workload(sandbox.bootstrap)
             workload.start()
@@ -154,6 +156,7 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
                 while not interrupted.is_set() and time.monotonic() < deadline:
                     bridge.check_alive()
                     interrupted.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            ended.set()
             log.info("stopping: clients, bridge, collector")
         if options.output == "jsonl":
             for client in fleet.clients():
@@ -182,8 +185,9 @@ def _receiver_jar_exists() -> bool:
 
 def _apply_subscriptions(bootstrap: str, path: Path) -> list[str]:
     """Apply the example subscriptions through `kcm subscriptions apply`, the operator's reconcile core."""
+    # Its own session: a terminal's Ctrl-C reaches the demo, which stops in order, not this step.
     result = subprocess.run(_kcm("subscriptions", "apply", "-f", str(path), "--bootstrap-server", bootstrap),
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, start_new_session=True)
     if result.returncode != 0:
         reason = (result.stderr.strip() or result.stdout.strip()).removeprefix("kcm subscriptions: ")
         raise UserError(f"applying the demo subscriptions failed: {reason}")
@@ -247,7 +251,13 @@ def _rollup(bootstrap: str, workdir: Path, out: IO[str]) -> None:
     from kcm_rollups.job import run_rollup
 
     log.info("running the Spark rollup over %s (local Spark; the first run takes a while)", DEFAULT_METRICS_TOPIC)
-    result = run_rollup(bootstrap, DEFAULT_METRICS_TOPIC, str(workdir / "rollups"), resolutions="1m", top=10)
+    # PySpark installs its own SIGINT handler (it cancels jobs and raises KeyboardInterrupt): put the demo's back
+    # afterwards, so a Ctrl-C while the sandbox stops does not break that off half-way.
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        result = run_rollup(bootstrap, DEFAULT_METRICS_TOPIC, str(workdir / "rollups"), resolutions="1m", top=10)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     out.write(f"rollup: Parquet in {workdir / 'rollups'}\n")
     for row in result.top_rows:
         out.write("  ".join(f"{name}={_cell(value)}" for name, value in row.items() if value is not None) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -114,7 +115,7 @@ class EmbeddedBroker:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
-        if self._own_log:
+        if self._own_log and process.returncode in (0, -signal.SIGTERM):  # a clean stop; a kill keeps the evidence
             self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> EmbeddedBroker:

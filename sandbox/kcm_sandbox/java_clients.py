@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from kcm_common.children import dying_with_us
 from kcm_common.errors import UserError
 from kcm_sandbox.java_receiver import build_dir, ensure_built, runtime_classpath
 
@@ -56,7 +57,8 @@ class JavaClient:
         self._log = self.log_path.open("ab") if self.log_path is not None else None
         # Its own session: a terminal's Ctrl-C reaches kcm, which stops the client in order.
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=dying_with_us())
         self._reader = threading.Thread(target=self._read_output, name=f"java-client-{self.client_id}",
                                         daemon=True)
         self._reader.start()
