@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,24 @@ def _wait(pid: int, timeout_s: float) -> int:
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
     return os.waitpid(pid, 0)[1]
+
+
+def _read_terminal(fd: int, seconds: float, on_screen: Callable[[bytes], None] = lambda screen: None) -> bytes:
+    """What the demo writes to its terminal until it closes it or `seconds` pass; `on_screen` sees it as it grows."""
+    screen = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break  # the demo exited and closed the terminal
+            if not chunk:
+                break
+            screen += chunk
+        on_screen(screen)
+    return screen
 
 
 @pytest.mark.timeout(240)
@@ -106,19 +125,8 @@ def test_live_view_renders_each_client_in_a_terminal(tmp_path):
     if pid == 0:
         os.environ.update(_demo_env(tmp_path, marker))
         os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "25", "--java", "no"])
-    screen = b""
     try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 1.0)
-            if ready:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    break  # the demo exited and closed the terminal
-                if not chunk:
-                    break
-                screen += chunk
+        screen = _read_terminal(fd, 150)
         status = _wait(pid, 30)
     finally:
         left = _processes_with(marker)
@@ -158,31 +166,21 @@ def test_ctrl_c_twice_in_a_terminal_stops_everything_with_exit_code_130(tmp_path
     if pid == 0:
         os.environ.update(_demo_env(tmp_path, marker))
         os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "120"])
-    screen = b""
-    status = None
+    status, pressed = None, []
+
+    def press_ctrl_c_once_clients_push(screen: bytes) -> None:
+        if not pressed and b"confluent-kafka-python" in screen and b"apache-kafka-java" in screen:
+            os.write(fd, b"\x03\x03")  # the terminal sends SIGINT to the foreground process group, twice
+            pressed.append(time.monotonic())
+
     try:
-        deadline = time.monotonic() + 120
-        pressed = None
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if ready:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    break  # the demo exited and closed the terminal
-                if not chunk:
-                    break
-                screen += chunk
-            if pressed is None and b"confluent-kafka-python" in screen and b"apache-kafka-java" in screen:
-                os.write(fd, b"\x03")  # the terminal sends SIGINT to the foreground process group
-                os.write(fd, b"\x03")
-                pressed = time.monotonic()
+        screen = _read_terminal(fd, 120, press_ctrl_c_once_clients_push)
         status = _wait(pid, 30)
     finally:
         left = _processes_with(marker)
         _kill(left)
     text = screen.decode(errors="replace")
-    assert pressed is not None, text[-3000:]
+    assert pressed, text[-3000:]
     assert status is not None and os.waitstatus_to_exitcode(status) == 130, text[-3000:]
     assert "Traceback" not in text
     assert left == [], "the demo left processes running"

@@ -258,46 +258,72 @@ def connection_tasks(sandbox: Any) -> set[Any]:
     return asyncio.run_coroutine_threadsafe(copy(), sandbox._loop).result(TIMEOUT_S)
 
 
-def test_a_client_leaving_with_answers_unread_lets_them_go_and_others_are_still_served(sandbox_factory):
-    sandbox = sandbox_factory()
-    entered, release = threading.Event(), threading.Event()
-    receive = sandbox.gateway.receiver
+class StuckPush:
+    """A client whose push waits in the receiver until `release` is set, with `behind` requests pipelined after it:
+    `send()` sends them all and returns once the push is in the receiver and the rest are read and queued."""
 
-    def slow_receiver(*args: Any) -> None:
-        entered.set()
-        release.wait(TIMEOUT_S)
-        receive(*args)
+    def __init__(self, sandbox: Any, client_id: str, behind: int) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        receive = sandbox.gateway.receiver
 
-    sandbox.gateway.receiver = slow_receiver
-    subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
-    before = connection_tasks(sandbox)
-    leaver = Connection(sandbox.bootstrap, "leaver")
-    got = leaver.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
-    (leaver_task,) = connection_tasks(sandbox) - before
-    push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id, subscription_id=got.subscription_id,
-                                   terminating=True, compression_type=0,
-                                   metrics=client_metrics().SerializeToString())
-    requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(20)]
-    for correlation_id, request in enumerate(requests, start=100):
-        request.with_header(correlation_id=correlation_id, client_id="leaver")
+        def stuck_receiver(*args: Any) -> None:
+            self.entered.set()
+            self.release.wait(TIMEOUT_S)
+            receive(*args)
+
+        sandbox.gateway.receiver = stuck_receiver
+        subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
+        before = connection_tasks(sandbox)
+        self.client = Connection(sandbox.bootstrap, client_id)
+        got = self.client.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
+        (self.task,) = connection_tasks(sandbox) - before  # the gateway's task serving this client
+        push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
+                                       subscription_id=got.subscription_id, terminating=True, compression_type=0,
+                                       metrics=client_metrics().SerializeToString())
+        self.requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(behind)]
+        for correlation_id, request in enumerate(self.requests, start=100):
+            request.with_header(correlation_id=correlation_id, client_id=client_id)
+
+    def send(self) -> None:
+        self.client.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in self.requests))
+        assert self.entered.wait(TIMEOUT_S)
+        time.sleep(0.3)
+
+    def reset(self) -> None:
+        """The client goes away with its answers unread: a reset, as a killed process's socket."""
+        self.client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.client.close()
+        time.sleep(0.3)
+
+    def close(self) -> None:
+        self.release.set()
+        self.client.close()
+
+
+@contextmanager
+def no_unawaited_coroutines() -> Iterator[None]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # The push waits in the receiver; the requests behind it are read and their answers queued, in order.
-        leaver.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in requests))
-        assert entered.wait(TIMEOUT_S)
-        time.sleep(0.5)
-        # The client resets the connection with 21 answers unread, then the push finishes.
-        leaver.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        leaver.close()
-        time.sleep(0.2)
-        release.set()
-        deadline = time.monotonic() + TIMEOUT_S
-        while not leaver_task.done() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert leaver_task.done(), "the connection's task never ended"
+        yield
         gc.collect()
     unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert not unawaited, unawaited
+
+
+def test_a_client_leaving_with_answers_unread_lets_them_go_and_others_are_still_served(sandbox_factory):
+    sandbox = sandbox_factory()
+    leaver = StuckPush(sandbox, "leaver", behind=20)
+    try:
+        with no_unawaited_coroutines():
+            leaver.send()  # the push waits in the receiver; the requests behind it are read, their answers queued
+            leaver.reset()  # 21 answers unread; then the push finishes
+            leaver.release.set()
+            deadline = time.monotonic() + TIMEOUT_S
+            while not leaver.task.done() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert leaver.task.done(), "the connection's task never ended"
+    finally:
+        leaver.close()
     other = Connection(sandbox.bootstrap, "other")
     try:
         assert other.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse).error_code == 0
@@ -307,76 +333,26 @@ def test_a_client_leaving_with_answers_unread_lets_them_go_and_others_are_still_
 
 def test_stopping_the_gateway_does_not_wait_for_answers_still_due(sandbox_factory):
     sandbox = sandbox_factory()
-    entered, release = threading.Event(), threading.Event()
-    receive = sandbox.gateway.receiver
-
-    def stuck_receiver(*args: Any) -> None:
-        entered.set()
-        release.wait(TIMEOUT_S)
-        receive(*args)
-
-    sandbox.gateway.receiver = stuck_receiver
-    subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
-    client = Connection(sandbox.bootstrap, "stuck")
+    stuck = StuckPush(sandbox, "stuck", behind=100)  # more than the answer queue holds
     try:
-        got = client.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
-        push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
-                                       subscription_id=got.subscription_id, terminating=True, compression_type=0,
-                                       metrics=client_metrics().SerializeToString())
-        requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(100)]  # more than the queue holds
-        for correlation_id, request in enumerate(requests, start=100):
-            request.with_header(correlation_id=correlation_id, client_id="stuck")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            client.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in requests))
-            assert entered.wait(TIMEOUT_S)
-            time.sleep(0.3)
+        with no_unawaited_coroutines():
+            stuck.send()
             start = time.monotonic()
             sandbox.stop()
             assert time.monotonic() - start < TIMEOUT_S / 2, "stopping waited for the stuck push"
-            gc.collect()
-        unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
-        assert not unawaited, unawaited
     finally:
-        release.set()
-        client.close()
+        stuck.close()
 
 
 def test_stopping_while_a_departed_clients_answers_wait_lets_them_go(sandbox_factory):
     sandbox = sandbox_factory()
-    entered, release = threading.Event(), threading.Event()
-    receive = sandbox.gateway.receiver
-
-    def stuck_receiver(*args: Any) -> None:
-        entered.set()
-        release.wait(TIMEOUT_S)
-        receive(*args)
-
-    sandbox.gateway.receiver = stuck_receiver
-    subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
-    leaver = Connection(sandbox.bootstrap, "leaver")
+    leaver = StuckPush(sandbox, "leaver", behind=20)
     try:
-        got = leaver.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
-        push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
-                                       subscription_id=got.subscription_id, terminating=True, compression_type=0,
-                                       metrics=client_metrics().SerializeToString())
-        requests = [push] + [ListConfigResourcesRequest[0]() for _ in range(20)]
-        for correlation_id, request in enumerate(requests, start=100):
-            request.with_header(correlation_id=correlation_id, client_id="leaver")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            leaver.sock.sendall(b"".join(request.encode(header=True, framed=True) for request in requests))
-            assert entered.wait(TIMEOUT_S)
-            time.sleep(0.3)
-            # The client is killed (a reset) while its push is stuck, then the gateway stops: what it queued for
-            # that client is let go, not left for the garbage collector to find unawaited.
-            leaver.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            leaver.close()
-            time.sleep(0.3)
+        with no_unawaited_coroutines():
+            leaver.send()
+            # The client is killed while its push is stuck, then the gateway stops: what it queued for that client
+            # is let go, not left for the garbage collector to find unawaited.
+            leaver.reset()
             sandbox.stop()
-            gc.collect()
-        unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
-        assert not unawaited, unawaited
     finally:
-        release.set()
         leaver.close()
