@@ -15,7 +15,6 @@ from typing import Any, NamedTuple, Protocol
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, diagnose_failure, rejected_message
 from kcm_common.librdkafka import librdkafka_config
-
 from kcm_common.pacing import PacedLog
 
 log = logging.getLogger("kcm.bridge.consumer")

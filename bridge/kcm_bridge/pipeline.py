@@ -25,6 +25,7 @@ from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
 from kcm_common.names import ATTRIBUTE_HEADERS
 from kcm_common.otlp_export import Endpoint, Outcome
+from kcm_common.pacing import PacedLog
 from kcm_common.retry import backoff_s
 
 from kcm_bridge.config import BridgeConfig
@@ -35,7 +36,6 @@ from kcm_bridge.export import open_endpoint
 from kcm_bridge.health import KAFKA_RETRY, KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
-from kcm_common.pacing import PacedLog
 from kcm_bridge.temporality import DeltaToCumulative
 from kcm_bridge.wire import count_points
 
@@ -53,7 +53,6 @@ _HEADER_CACHE_ENTRIES = 4096
 _HEADER_CACHE_MAX_BYTES = 1024
 
 
-
 # What to check when a collector refuses for good (the OTLP spec says not to retry these): said with the refusal.
 _REFUSAL_HINTS = {
     "UNIMPLEMENTED": "; is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?",
@@ -61,6 +60,7 @@ _REFUSAL_HINTS = {
     "PERMISSION_DENIED": "; check the endpoint's headers (a token without the right to write metrics?)",
     "RESOURCE_EXHAUSTED": "; a request over the collector's message limit? lower batch.max_bytes",
 }
+
 
 class _HeaderFacts(NamedTuple):
     media: str                 # content type without parameters, lower case; "" when absent
