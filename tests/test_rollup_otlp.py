@@ -67,7 +67,8 @@ def test_a_receiver_that_refuses_is_one_clear_error_and_partial_rejections_are_c
         export([row("lat", count=1)], OtlpTarget(collector.endpoint), retry=FAST, give_up_after_s=0)
     collector.fail_next(code=grpc.StatusCode.PERMISSION_DENIED, message="token expired")
     with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint} failed after 0 data points: "
-                                        "PERMISSION_DENIED token expired; the Parquet output is complete"):
+                                        r"PERMISSION_DENIED token expired; check the endpoint's headers \(a token "
+                                        r"without the right to write metrics\?\); the Parquet output is complete"):
         export([row("lat", count=1)], OtlpTarget(collector.endpoint))
 
 

@@ -24,7 +24,7 @@ from kcm_common import contract
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
 from kcm_common.names import ATTRIBUTE_HEADERS
-from kcm_common.otlp_export import Endpoint, Outcome
+from kcm_common.otlp_export import Endpoint, Outcome, refusal_hint
 from kcm_common.pacing import PacedLog
 from kcm_common.retry import backoff_s
 
@@ -51,15 +51,6 @@ _DEAD_LETTER_RETRIES_PER_TURN = 16
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
 _HEADER_CACHE_MAX_BYTES = 1024
-
-
-# What to check when a collector refuses for good (the OTLP spec says not to retry these): said with the refusal.
-_REFUSAL_HINTS = {
-    "UNIMPLEMENTED": "; is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?",
-    "UNAUTHENTICATED": "; check the endpoint's headers (an expired or missing token?)",
-    "PERMISSION_DENIED": "; check the endpoint's headers (a token without the right to write metrics?)",
-    "RESOURCE_EXHAUSTED": "; a request over the collector's message limit? lower batch.max_bytes",
-}
 
 
 class _HeaderFacts(NamedTuple):
@@ -406,7 +397,7 @@ class Bridge:
         if outcome.error is not None:
             if not outcome.delivered and not outcome.abandoned:
                 log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)%s",
-                          endpoint.name, outcome.error, outcome.detail, points, _REFUSAL_HINTS.get(outcome.error, ""))
+                          endpoint.name, outcome.error, outcome.detail, points, refusal_hint(outcome.error))
         if outcome.delivered:
             rejected = min(outcome.rejected_points, points)   # a server claiming more counts as rejecting all
             self.metrics.points.labels(**labels).inc(points - rejected)

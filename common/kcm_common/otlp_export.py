@@ -142,6 +142,21 @@ def tls_problem(tls: Tls) -> tuple[str, str] | None:
     return None
 
 
+# What to check when a collector refuses for good (the OTLP spec says not to retry these): said with the refusal.
+_REFUSAL_HINTS = {
+    "UNIMPLEMENTED": "is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?",
+    "UNAUTHENTICATED": "check the endpoint's headers (an expired or missing token?)",
+    "PERMISSION_DENIED": "check the endpoint's headers (a token without the right to write metrics?)",
+    "RESOURCE_EXHAUSTED": "a request over the collector's message limit? send smaller batches (bridge: batch.max_bytes)",
+}
+
+
+def refusal_hint(code: str | None) -> str:
+    """`; what to check` for a refusal for good with gRPC status `code`, or "" when there is nothing to add."""
+    hint = _REFUSAL_HINTS.get(code or "")
+    return f"; {hint}" if hint else ""
+
+
 class Endpoint:
     """One OTLP/gRPC collector: a channel, its call metadata, and the retry loop.
 

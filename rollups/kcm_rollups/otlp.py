@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from kcm_common.errors import UserError
-from kcm_common.otlp_export import (Endpoint, RetryPolicy, Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value,
-                                     tls_problem)
+from kcm_common.otlp_export import (Endpoint, RetryPolicy, Tls, is_endpoint, metadata_problem, pem_problem,
+                                     read_metadata_value, refusal_hint, tls_problem)
 
 log = logging.getLogger("kcm.rollup.otlp")
 
@@ -172,7 +172,7 @@ def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget, timeout_s: flo
             deadline = time.monotonic() + give_up_after_s
             outcome = exporter.export(request.SerializeToString())
             if not outcome.delivered:
-                why = f"{outcome.error} {outcome.detail}".strip()
+                why = f"{outcome.error} {outcome.detail}".strip() + refusal_hint(outcome.error)
                 if outcome.abandoned:
                     why = f"still {why} after {outcome.attempts} attempts over {give_up_after_s:g} s"
                 raise UserError(f"OTLP export to {endpoint} failed after {sent} data points: {why}"
