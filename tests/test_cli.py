@@ -269,14 +269,23 @@ def test_a_topic_kafka_would_refuse_is_a_one_line_error(command):
                     "argument --topic: 'bad topic!' is not a Kafka topic name: 1 to 249 characters of a-z, A-Z, 0-9")
 
 
+# What the `kcm` script runs, with a line once `main` is imported (a Ctrl-C before that is Python's own start-up).
+_KCM_AFTER_A_READY_LINE = """
+import sys
+from kcm_cli.main import main
+print("ready", flush=True)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_ctrl_c_while_a_command_starts_is_quiet():
     # The sandbox takes seconds to start, so the signal lands while its modules load or while it starts; either way
     # it is quiet (130 before its handler is installed, 0 after: it stops what it started).
-    process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "sandbox", "--listen", "127.0.0.1:0"],
+    process = subprocess.Popen([sys.executable, "-c", _KCM_AFTER_A_READY_LINE, "sandbox", "--listen", "127.0.0.1:0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        time.sleep(0.3)  # the command's modules are still loading
-        process.send_signal(signal.SIGINT)
+        assert process.stdout.readline() == "ready\n"
+        process.send_signal(signal.SIGINT)  # the command's modules are still loading
         _, err = process.communicate(timeout=30)
     finally:
         with contextlib.suppress(ProcessLookupError):
