@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kcm's Java broker plugin hosted in a JVM as a broker hosts it (needs java; "
                              "default: %(default)s)")
     parser.add_argument("--receiver-api", choices=("3.8", "4.2"),
-                        help="with --receiver java: call the plugin as Kafka 3.7-4.1 (ClientTelemetry) or 4.2+ "
+                        help="with --receiver java: call the plugin as Kafka 3.8-4.1 (ClientTelemetry) or 4.2+ "
                              "(ClientTelemetryExporterProvider) brokers do (default: 4.2)")
     parser.add_argument("--upstream", metavar="HOST:PORT",
                         help="use this running broker instead of starting the embedded one; it must advertise "
