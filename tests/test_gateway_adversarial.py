@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import statistics
 import struct
 import threading
 import time
@@ -36,9 +37,11 @@ from kcm_sandbox.messages import (
 
 TIMEOUT_S = 10.0
 CLIENT_METRICS, SET, ZSTD = 16, 0, 4
-# What a bystander may wait for one locally answered request while an attack runs (an unloaded gateway answers
-# in about a millisecond; the attacks measured before the fixes stalled everyone for 1 s to 8 s).
-BYSTANDER_LATENCY_S = 0.5
+# What a bystander may wait for one locally answered request while an attack runs: typically (the median) and at
+# worst. An unloaded gateway answers in about a millisecond; the attacks measured before the fixes stalled everyone
+# for 1 s to 8 s. The worst case leaves room for a pause of the shared interpreter on a loaded machine.
+BYSTANDER_TYPICAL_S = 0.1
+BYSTANDER_WORST_S = 1.0
 
 
 class Connection:
@@ -129,7 +132,9 @@ def bystander(bootstrap: str) -> Iterator[Bystander]:
     finally:
         latencies = probe.stop()
     assert len(latencies) >= 3, "the bystander got almost no answers during the attack"
-    assert max(latencies) < BYSTANDER_LATENCY_S, f"a bystander waited {max(latencies):.2f} s"
+    typical = statistics.median(latencies)
+    assert typical < BYSTANDER_TYPICAL_S, f"a bystander typically waited {typical:.2f} s"
+    assert max(latencies) < BYSTANDER_WORST_S, f"a bystander waited {max(latencies):.2f} s"
 
 
 def run_for(seconds: float, attack: Callable[[], None]) -> int:
@@ -184,7 +189,7 @@ def test_a_catastrophic_match_pattern_does_not_stall_other_clients(sandbox_facto
         try:
             start = time.perf_counter()
             got = connection.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
-            assert time.perf_counter() - start < BYSTANDER_LATENCY_S
+            assert time.perf_counter() - start < BYSTANDER_WORST_S
             assert (got.error_code, got.requested_metrics) == (0, [])
         finally:
             connection.close()
@@ -230,7 +235,7 @@ def test_huge_frames_wait_for_the_frame_budget_without_stalling_other_clients(sa
 
 @pytest.mark.parametrize("attack", ["idle", "slow-loris"])
 def test_idle_and_slow_connections_are_closed_after_connections_max_idle_ms(sandbox_factory, attack):
-    sandbox = sandbox_factory(connections_max_idle_ms=500)
+    sandbox = sandbox_factory(connections_max_idle_ms=1500)
     lazy = Connection(sandbox.bootstrap, "lazy")
     busy = Connection(sandbox.bootstrap, "busy")
     try:
@@ -239,12 +244,12 @@ def test_idle_and_slow_connections_are_closed_after_connections_max_idle_ms(sand
             for _ in range(3):  # a byte now and then, never the whole frame
                 lazy.sock.sendall(b"\0")
                 time.sleep(0.1)
-        # A client that keeps sending requests stays connected meanwhile.
-        for _ in range(8):
+        # A client that keeps sending requests stays connected meanwhile, for longer than the idle limit.
+        for _ in range(25):
             assert busy.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse).error_code == 0
             time.sleep(0.1)
 
-        assert lazy.closed_within(5.0)
+        assert lazy.closed_within(10.0)
         assert busy.call(ListConfigResourcesRequest[0](), ListConfigResourcesResponse).error_code == 0
     finally:
         lazy.close()

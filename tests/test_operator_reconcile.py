@@ -296,7 +296,8 @@ def test_deleting_with_no_cluster_to_remove_from_lets_go_after_a_few_tries_and_s
 
     cluster.delete("payments")
 
-    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    # Three tries with the operator's own backoff (1 + 2 + 4 s) and kopf's rounds between them.
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go", 60)
     (event,) = cluster.events("NotRemoved")
     assert event["type"] == "Warning"
     assert event["message"].startswith("subscription team.payments was not removed from Kafka")

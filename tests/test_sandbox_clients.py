@@ -53,12 +53,12 @@ class MetricsTopic:
                       for p in sorted(self._consumer.partitions_for_topic(sandbox.options.topic))]
         self._consumer.assign(partitions)
         self._consumer.seek_to_beginning(*partitions)
-        self.pushes: list[tuple[float, str, DecodedRecord]] = []
+        self.pushes: list[tuple[float, str, DecodedRecord]] = []  # (the record's timestamp in s, key, record)
 
     def poll(self) -> None:
         for records in self._consumer.poll(timeout_ms=200).values():
             for record in records:
-                self.pushes.append((time.monotonic(), record.key.decode(), contract.decode(record.value, record.headers)))
+                self.pushes.append((record.timestamp / 1000, record.key.decode(), contract.decode(record.value, record.headers)))
 
     def wait_for(self, predicate: Callable[[list[DecodedRecord]], bool], timeout: float) -> list[DecodedRecord]:
         deadline = time.monotonic() + timeout
