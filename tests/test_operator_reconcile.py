@@ -287,6 +287,53 @@ def test_deleting_a_subscription_whose_connection_is_gone_removes_it_with_the_la
     assert other.store.names() == [] and cluster.events("NotRemoved") == []
 
 
+def test_resources_reaching_one_cluster_through_different_connections_conflict(run_operator, sandbox_factory):
+    # As when every team namespace has its own KafkaConnection to a shared cluster.
+    cluster = run_operator()
+    for connection in ("team-a", "team-b"):
+        _connection(cluster, connection, {"bootstrapServers": cluster.sandbox.bootstrap})
+    other = sandbox_factory()
+    _connection(cluster, "elsewhere", {"bootstrapServers": other.bootstrap})
+    cluster.apply("one", {**SPEC, "subscriptionName": "shared"})
+    cluster.wait_condition("one", "True", "Applied")
+    time.sleep(1.0)  # creationTimestamp has one-second resolution: the others must be visibly newer
+
+    cluster.apply("two", {**SPEC, "subscriptionName": "shared", "intervalMs": 1000, "connection": "team-a"})
+    cluster.apply("three", {**SPEC, "subscriptionName": "shared", "intervalMs": 2000, "connection": "team-b"})
+    cluster.apply("four", {**SPEC, "subscriptionName": "shared", "intervalMs": 3000, "connection": "elsewhere"})
+
+    for newer in ("two", "three"):
+        assert "team/one" in cluster.wait_condition(newer, "False", "Conflict")["message"]
+    cluster.wait_condition("four", "True", "Applied")  # another cluster: no conflict
+    assert cluster.kafka("shared")["interval.ms"] == "60000"
+    assert other.store.configs("shared")["interval.ms"] == "3000"
+
+    cluster.delete("three")  # deletionPolicy Delete, but not its subscription to delete
+
+    wait_for(lambda: cluster.get("three") is None, "the resource to go")
+    assert cluster.kafka("shared")["interval.ms"] == "60000"
+    assert cluster.events("Drift") == []
+
+
+def test_deleting_when_the_connection_is_gone_and_its_cluster_is_down_lets_go_after_a_few_tries(run_operator,
+                                                                                                sandbox_factory):
+    cluster = run_operator()
+    other = sandbox_factory()
+    _connection(cluster, "analytics", {"bootstrapServers": other.bootstrap})
+    cluster.apply("payments", {**SPEC, "connection": "analytics", "deletionPolicy": "Delete"})
+    cluster.wait_condition("payments", "True", "Applied")
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "analytics")
+    other.stop()  # a decommissioned cluster, then `kubectl delete namespace`
+
+    cluster.delete("payments")
+
+    # Three tries with the operator's own backoff (1 + 2 + 4 s) and kopf's rounds between them.
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go", 60)
+    (event,) = cluster.events("NotRemoved")
+    assert "KafkaConnection team/analytics does not exist" in event["message"]
+    assert "with its last settings" in event["message"]
+
+
 def test_deleting_with_no_cluster_to_remove_from_lets_go_after_a_few_tries_and_says_what_stays(run_operator):
     cluster = run_operator()
     _connection(cluster, "analytics", {"bootstrapServers": "127.0.0.1:9", "securityProtocol": "SASL_PLAINTEXT",

@@ -40,6 +40,15 @@ def test_no_match_means_every_client_and_no_match_key():
     assert desired.configs() == {"metrics": "*", "interval.ms": str(cm.DEFAULT_INTERVAL_MS)}
 
 
+def test_white_space_kafka_trims_is_trimmed_so_what_kafka_holds_is_no_drift():
+    # The CRD now refuses such values; resources created before it may still hold them.
+    desired = desired_from_spec("ns", "app", {"metrics": [" x.", "y.\t", "x."], "match": {"clientId": "foo "}})
+
+    assert desired.configs() == {"metrics": "x.,y.", "interval.ms": str(cm.DEFAULT_INTERVAL_MS),
+                                 "match": "client_id=foo"}
+    assert diff(desired, desired.configs()).ops == ()
+
+
 @pytest.mark.parametrize("namespace, spec, expected", [
     ("payments", {}, "payments.producers"),
     ("payments", {"subscriptionName": "shared-name"}, "shared-name"),

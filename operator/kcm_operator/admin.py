@@ -96,6 +96,13 @@ class SubscriptionAdmin:
                     _error(result.error_code, result.error_message or "") if result.error_code else None)
         return outcome
 
+    def cluster_id(self) -> str:
+        """Which cluster this is, to tell whether two connections reach the same one: Kafka's cluster id, or (from a
+        broker too old to give one) its sorted bootstrap servers."""
+        with self._send_lock:
+            cluster_id = self._connected()._manager.cluster.cluster_id
+        return cluster_id or ",".join(sorted(self.settings.client_options()["bootstrap_servers"]))
+
     def close(self) -> None:
         """Close the client for good: a call still under way, or made later, fails (KafkaUnavailableError) rather
         than connecting again with these settings."""
@@ -179,6 +186,9 @@ class BatchedAdmin:
         if isinstance(result, Exception):
             raise result
         return result or {}
+
+    def cluster_id(self) -> str:
+        return self.admin.cluster_id()
 
     def alter_one(self, change: Change) -> Exception | None:
         """Send one change's ops; None, or the error Kafka gave for it."""

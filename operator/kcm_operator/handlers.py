@@ -21,7 +21,7 @@ from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, SubscriptionAdmin
 from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
-from kcm_operator.reconcile import DELETE_POLICY, Claim, Desired, desired_from_spec, diff, drift, owner, removal
+from kcm_operator.reconcile import DELETE_POLICY, Claim, Desired, desired_from_spec, diff, drift, oldest_first, removal
 
 GROUP, VERSION = "kcm.dev", "v1alpha1"
 SUBSCRIPTIONS = "clientmetricssubscriptions"
@@ -77,6 +77,13 @@ class OperatorConfig:
                 # Not under the lock: closing waits for a connect under way, which must not hold up other clusters.
                 threading.Thread(target=retired.close, name="kcm-admin-close", daemon=True).start()
 
+    def cluster_id(self, namespace: str, connection: str | None) -> str | None:
+        """The id of the default cluster or of a KafkaConnection's; None when it cannot be resolved or reached now."""
+        try:
+            return self.admin(namespace, connection).cluster_id()
+        except (InvalidSpecError, UnsupportedError, *RETRIED):
+            return None
+
     def last_admin(self, namespace: str, connection: str | None) -> BatchedAdmin | None:
         """The admin built from a KafkaConnection's last good settings, if any (for deleting after it went away)."""
         with self.lock:
@@ -109,9 +116,12 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.index(**resource, id="claims")
     def claims(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any],
-               **_: Any) -> dict[tuple[str, str], Claim]:
-        return {_claim_key(namespace, name, spec): Claim(namespace, name, meta.get("creationTimestamp") or "",
-                                                         meta.get("uid") or "")}
+               **_: Any) -> dict[str, Claim]:
+        # By subscription name only: resources naming different KafkaConnections (or one and the default cluster)
+        # may still reach one cluster; `_older_owner` compares the clusters themselves.
+        desired = desired_from_spec(namespace, name, spec)
+        return {desired.name: Claim(namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "",
+                                    desired.connection)}
 
     @kopf.on.resume(**resource, id="reconcile")
     @kopf.on.create(**resource, id="reconcile")
@@ -142,11 +152,6 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     return registry
 
 
-def _claim_key(namespace: str, name: str, spec: Mapping[str, Any]) -> tuple[str, str]:
-    connection = spec.get("connection")
-    return (f"{namespace}/{connection}" if connection else "", desired_from_spec(namespace, name, spec).name)
-
-
 def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
                drift_check: bool) -> None:
     started = time.monotonic()
@@ -158,16 +163,16 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         metrics.record(started, "skipped", "Paused")
         return
     status.set("Paused", "False", "Reconciling", "")
-    me = Claim(namespace, name, body.metadata.get("creationTimestamp") or "", body.metadata.uid or "")
-    first = owner(claims.get(_claim_key(namespace, name, body.spec), [me]))
-    if first is not None and (first.namespace, first.name) != (namespace, name):
-        status.set("Ready", "False", "Conflict",
-                   f"subscription {desired.name} is managed by the older resource {first.ref}")
-        config.mark_ready(body.metadata.uid, False)
-        metrics.record(started, "failed", "Conflict")
-        return
     try:
-        change = _apply(config, namespace, desired)
+        admin = config.admin(namespace, desired.connection)
+        first = _older_owner(config, admin, _claim(body, desired), claims.get(desired.name, []))
+        if first is not None:
+            status.set("Ready", "False", "Conflict",
+                       f"subscription {desired.name} is managed by the older resource {first.ref}")
+            config.mark_ready(body.metadata.uid, False)
+            metrics.record(started, "failed", "Conflict")
+            return
+        change = _apply(admin, desired)
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
@@ -194,8 +199,29 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     metrics.record(started, "applied" if change.ops else "unchanged", "Applied")
 
 
-def _apply(config: OperatorConfig, namespace: str, desired: Desired) -> Any:
-    admin = config.admin(namespace, desired.connection)
+def _claim(body: kopf.Body, desired: Desired) -> Claim:
+    meta = body.metadata
+    return Claim(meta.namespace, meta.name, meta.get("creationTimestamp") or "", meta.uid or "", desired.connection)
+
+
+def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims: list[Claim]) -> Claim | None:
+    """The oldest resource naming `me`'s subscription on the same Kafka cluster, if it is older than `me`. Resources
+    naming the same KafkaConnection (or both the default cluster) share it; any other is asked for its cluster id,
+    and one whose cluster cannot be reached or resolved is not counted: it cannot be applying anything."""
+    mine = None
+    for claim in oldest_first([*claims, me]):
+        if (claim.namespace, claim.name) == (me.namespace, me.name):
+            return None
+        if claim.cluster_ref == me.cluster_ref:
+            return claim
+        if mine is None:
+            mine = admin.cluster_id()
+        if config.cluster_id(claim.namespace, claim.connection) == mine:
+            return claim
+    return None
+
+
+def _apply(admin: BatchedAdmin, desired: Desired) -> Any:
     change = diff(desired, admin.describe_one(desired.name))
     if change.ops:
         error = admin.alter_one(change)
@@ -208,35 +234,36 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
     namespace, name = body.metadata.namespace, body.metadata.name
     desired = desired_from_spec(namespace, name, body.spec)
     config.mark_ready(body.metadata.uid, False)
-    others = [claim for claim in claims.get(_claim_key(namespace, name, body.spec), [])
-              if (claim.namespace, claim.name) != (namespace, name)]
-    me = Claim(namespace, name, body.metadata.get("creationTimestamp") or "", body.metadata.uid or "")
-    if owner([*others, me]) != me:
-        log.info("%s/%s: deleted without touching %s, which %s manages", namespace, name, desired.name,
-                 owner(others).ref)
+    me = _claim(body, desired)
+    others = claims.get(desired.name, [])
+    keeper = next((claim for claim in oldest_first([*others, me]) if claim.cluster_ref == me.cluster_ref), me)
+    if keeper != me:  # an older resource on the same connection: no need to ask Kafka
+        log.info("%s/%s: deleted without touching %s, which %s manages", namespace, name, desired.name, keeper.ref)
         return
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true" or desired.deletion_policy != DELETE_POLICY:
         log.info("%s/%s: deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
                  namespace, name, desired.name)
         return
+    gone = None  # why the KafkaConnection no longer resolves, when it does not
     try:
         admin = config.admin(namespace, desired.connection)
     except InvalidSpecError as exc:
         # The KafkaConnection or a Secret is gone, as when a whole namespace is deleted: remove the subscription with
         # the connection's last good settings if this operator has them; else retry a little (a Secret may be
         # re-created) and then let go rather than hold the resource, and its namespace, forever.
+        gone = exc
         admin = config.last_admin(namespace, desired.connection)
-        if admin is None and retry < LET_GO_AFTER_RETRIES:
-            raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
         if admin is None:
-            message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {exc}; "
-                       f"remove it there if it should go (kcm subscriptions delete {desired.name})")
-            log.warning("%s/%s: %s", namespace, name, message)
-            kopf.event(body, type="Warning", reason="NotRemoved", message=message)
+            _retry_or_let_go(body, desired, retry, exc)
             return
     except RETRIED as exc:
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
     try:
+        keeper = _older_owner(config, admin, me, others)
+        if keeper is not None:
+            log.info("%s/%s: deleted without touching %s, which %s manages on the same cluster", namespace, name,
+                     desired.name, keeper.ref)
+            return
         change = removal(desired.name, admin.describe_one(desired.name))
         error = admin.alter_one(change)
     except UnsupportedError:
@@ -244,10 +271,24 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
     except (InvalidSpecError, *RETRIED) as exc:
         if not isinstance(exc, (InvalidSpecError, KubernetesApiError)):
             metrics.KAFKA_ERRORS.labels(reason_of(exc)).inc()
+        if gone is not None:  # the last good settings do not reach it either: no more than a few tries
+            _retry_or_let_go(body, desired, retry, f"{gone}, and with its last settings: {exc}")
+            return
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
     if error is not None:
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=MAX_BACKOFF_S)
     log.info("%s/%s: %s", namespace, name, change.describe())
+
+
+def _retry_or_let_go(body: kopf.Body, desired: Desired, retry: int, why: object) -> None:
+    """Retry a deletion whose cluster cannot be reached a few times, then let the resource go with an event saying
+    what stays in Kafka."""
+    if retry < LET_GO_AFTER_RETRIES:
+        raise kopf.TemporaryError(f"removing subscription {desired.name}: {why}", delay=_backoff(retry))
+    message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {why}; "
+               f"remove it there if it should go (kcm subscriptions delete {desired.name})")
+    log.warning("%s/%s: %s", body.metadata.namespace, body.metadata.name, message)
+    kopf.event(body, type="Warning", reason="NotRemoved", message=message)
 
 
 def _backoff(retry: int) -> float:

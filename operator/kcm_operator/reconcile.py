@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcm_common import client_metrics as cm
+from kcm_common.java import TRIM_CHARACTERS
 
 # CR field → Kafka match key, in the order Kafka lists the client attributes.
 MATCH_FIELDS: dict[str, str] = {
@@ -83,9 +84,12 @@ def desired_from_spec(namespace: str | None, name: str, spec: Mapping[str, Any])
     match = spec.get("match") or {}
     return Desired(
         name=subscription_name(namespace, name, spec),
-        metrics=tuple(dict.fromkeys(spec.get("metrics") or ())),
+        # Trimmed as Kafka trims them, so what it holds compares equal (the CRD refuses such values; older resources
+        # may still have them).
+        metrics=tuple(dict.fromkeys(str(metric).strip(TRIM_CHARACTERS) for metric in spec.get("metrics") or ())),
         interval_ms=int(spec.get("intervalMs", cm.DEFAULT_INTERVAL_MS)),
-        match=tuple((key, str(match[field_])) for field_, key in MATCH_FIELDS.items() if field_ in match),
+        match=tuple((key, str(match[field_]).strip(TRIM_CHARACTERS)) for field_, key in MATCH_FIELDS.items()
+                    if field_ in match),
         connection=spec.get("connection") or None,
         deletion_policy=spec.get("deletionPolicy", DELETE_POLICY),
     )
@@ -131,21 +135,32 @@ def drift(change: Change) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A resource naming a subscription on a cluster; the oldest claim owns it."""
+    """A resource naming a subscription on a cluster; the oldest claim on a cluster owns it there."""
 
     namespace: str
     name: str
     created: str  # RFC 3339 creationTimestamp; sorts chronologically as text
     uid: str = ""
+    connection: str | None = None  # its spec.connection: a KafkaConnection in its namespace, or the default cluster
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def cluster_ref(self) -> tuple[str, str] | None:
+        """Which cluster the resource names: (namespace, KafkaConnection), or None for the default cluster."""
+        return (self.namespace, self.connection) if self.connection else None
+
+
+def oldest_first(claims: Iterable[Claim]) -> list[Claim]:
+    """Claims by age; ties broken by namespace/name so every replica agrees."""
+    return sorted(claims, key=lambda claim: (claim.created, claim.namespace, claim.name, claim.uid))
+
 
 def owner(claims: Iterable[Claim]) -> Claim | None:
-    """The claim that owns a subscription: the oldest; ties broken by namespace/name so every replica agrees."""
-    ordered = sorted(claims, key=lambda claim: (claim.created, claim.namespace, claim.name, claim.uid))
+    """The claim that owns a subscription: the oldest."""
+    ordered = oldest_first(claims)
     return ordered[0] if ordered else None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -48,14 +49,16 @@ class EmbeddedBroker:
         host: str = "127.0.0.1",
         port: int = 0,
         advertised: str | None = None,
-        cluster_id: str = "kcm-sandbox",
+        cluster_id: str | None = None,
         log_path: Path | None = None,
         authentication: bool = False,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.advertised = advertised or f"{host}:{self.port}"
-        self.cluster_id = cluster_id
+        # Memory-only, so every broker is a cluster of its own, and says so: tools (the operator's conflict check)
+        # tell clusters apart by their id.
+        self.cluster_id = cluster_id or f"kcm-sandbox-{secrets.token_hex(4)}"
         self.log_path = log_path or Path(tempfile.gettempdir()) / f"kcm-tansu-{self.port}.log"
         self._own_log = log_path is None  # removed after a clean stop; kept when the broker died (errors name it)
         self.authentication = authentication  # SASL required; Tansu's memory storage knows no user: all refused
