@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,7 @@ import pytest
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError
 from kcm_operator import admin as admin_module
 from kcm_operator.admin import BatchedAdmin, SubscriptionAdmin
-from kcm_operator.errors import KafkaRefusedError
+from kcm_operator.errors import InvalidSpecError, KafkaRefusedError
 from kcm_operator.reconcile import desired_from_spec, diff
 
 
@@ -112,3 +113,16 @@ def test_a_client_closed_under_a_call_is_unavailable_and_a_closed_admin_never_re
     with pytest.raises(KafkaUnavailableError, match="was closed"):
         admin.list_names()
     assert admin._client is None
+
+
+def test_tls_material_that_no_longer_loads_is_invalid_spec_naming_the_setting(tmp_path):
+    # As when a file the settings name was removed after they were checked: a status reason, not a traceback.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        settings = KafkaSettings(f"127.0.0.1:{listener.getsockname()[1]}",
+                                 {"security.protocol": "SSL", "ssl.ca.location": str(tmp_path / "gone.pem")})
+        admin = SubscriptionAdmin(settings, timeout_s=2)
+        try:
+            with pytest.raises(InvalidSpecError, match="ssl.ca.location"):
+                admin.list_names()
+        finally:
+            admin.close()

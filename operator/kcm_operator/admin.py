@@ -25,7 +25,13 @@ from kcm_common.codes import (
     INVALID_REQUEST,
     PUSH_TELEMETRY,
 )
-from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
+from kcm_common.kafka import (
+    KafkaConfigError,
+    KafkaSettings,
+    KafkaUnavailableError,
+    check_reachable,
+    diagnose_failure,
+)
 from kcm_operator.errors import InvalidSpecError, KafkaRefusedError, UnsupportedError
 from kcm_operator.reconcile import Change, ops_for_kafka
 
@@ -142,7 +148,10 @@ class SubscriptionAdmin:
             return self._client
 
     def _connect(self) -> KafkaAdminClient:
-        check_reachable(self.settings, self.timeout_s)
+        try:
+            check_reachable(self.settings, self.timeout_s)
+        except KafkaConfigError as exc:  # TLS material that no longer loads (a file removed since it was checked)
+            raise InvalidSpecError(f"Kafka at {self.settings.describe()}: {exc}") from None
         timeout_ms = int(self.timeout_s * 1000)
         try:
             client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms,
