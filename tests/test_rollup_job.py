@@ -403,6 +403,12 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     (["--from", "0001-01-01T00:00:00+14:00", "--to", "2026-01-01"], "is outside 1970-01-01 to 9000-01-01"),
     (["--from", "1969-12-31T23:59:59Z"], "is outside 1970-01-01 to 9000-01-01"),
     (["--from", "2026-01-01", "--to", "9999-12-31T23:59:59Z", "--resolution", "1d"], "is outside"),
+    # Epoch seconds are held to the same range (they crashed after the Spark job, or inside kafka-python).
+    (["--from", "253402300000", "--to", "253402300799", "--resolution", "1d"], "is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "-100", "--to", "0"], "time '-100' is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "2.5e11"], "is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "nan"], "is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "2026-01-01", "--to", "inf"], "is outside 1970-01-01 to 9000-01-01"),
     (["--top", "99999999999"], "--top must be from 0 to 100,000"),
     (["--min-partitions", "99999999999999999999"], "--min-partitions must be from 1 to 100,000"),
 ])

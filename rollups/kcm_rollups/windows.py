@@ -72,20 +72,25 @@ def widen(start: float, end: float, size: int) -> tuple[int, int]:
 def parse_time(text: str) -> datetime:
     """ISO 8601 (a zone-less time is UTC) or epoch seconds, as an aware UTC datetime; raises UserError."""
     value = text.strip()
+    moment: datetime | None
     try:
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
-    except (ValueError, OverflowError):
-        pass
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        seconds = float(value)
     except ValueError:
-        raise UserError(f"time {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    try:
-        moment = moment.astimezone(timezone.utc)
-    except OverflowError:  # year 1 or 9999 moved past what dates hold: outside the range below either way
-        moment = None
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise UserError(f"time {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        try:
+            moment = moment.astimezone(timezone.utc)
+        except OverflowError:  # year 1 or 9999 moved past what dates hold: outside the range below either way
+            moment = None
+    else:
+        try:
+            moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
+        except (ValueError, OverflowError, OSError):  # NaN, or beyond what dates hold
+            moment = None
     if moment is None or not EARLIEST_TIME <= moment < LATEST_TIME:
         raise UserError(f"time {text!r} is outside {EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}: Kafka "
                         "timestamps count from 1970, and windows beyond must still be dates")
