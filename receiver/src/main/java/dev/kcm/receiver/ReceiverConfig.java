@@ -26,6 +26,8 @@ public final class ReceiverConfig {
 
     public static final String DEFAULT_TOPIC = "kafka-client-metrics";
     public static final long DEFAULT_QUEUE_MAX_BYTES = 16L * 1024 * 1024;
+    static final int DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024; // the producer's own default max.request.size
+    static final String KAFKA_DEFAULT_LISTENERS = "PLAINTEXT://:9092"; // SocketServerConfigs.LISTENERS_DEFAULT
 
     // The serializers are the plugin's business: records are built as bytes.
     private static final Set<String> FIXED_PRODUCER_KEYS = Set.of(
@@ -79,11 +81,11 @@ public final class ReceiverConfig {
         }
         List<String> bootstrap = parsed.getList(BOOTSTRAP_SERVERS);
         Map<String, Object> producer = new HashMap<>();
-        if (bootstrap.isEmpty()) {
+        if (bootstrap.isEmpty() && !overrides.containsKey(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG)) {
             BrokerListener listener = BrokerListener.choose(brokerConfig);
             producer.put(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG, listener.address);
             producer.put(CommonClientConfigs.SECURITY_PROTOCOL_CONFIG, listener.securityProtocol);
-        } else {
+        } else if (!bootstrap.isEmpty()) {
             producer.put(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG, String.join(",", bootstrap));
         }
         String nodeId = nodeId(brokerConfig);
@@ -92,13 +94,18 @@ public final class ReceiverConfig {
         producer.put(ProducerConfig.ACKS_CONFIG, "all");
         producer.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "zstd");
         producer.put(ProducerConfig.LINGER_MS_CONFIG, 20);
+        // The producer checks a record's uncompressed size against max.request.size (1 MiB by default), and the
+        // broker hands over pushes decompressed: any push the queue can hold may be sent (zstd makes it far smaller).
+        long queueMaxBytes = parsed.getLong(QUEUE_MAX_BYTES);
+        producer.put(ProducerConfig.MAX_REQUEST_SIZE_CONFIG,
+                (int) Math.max(DEFAULT_MAX_REQUEST_BYTES, Math.min(queueMaxBytes, Integer.MAX_VALUE)));
         // The plugin's own producer must not push telemetry into the broker that feeds it.
         producer.put(ProducerConfig.ENABLE_METRICS_PUSH_CONFIG, false);
         producer.putAll(overrides);
         producer.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
         producer.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
         checkProducer(producer);
-        return new ReceiverConfig(parsed.getString(TOPIC), parsed.getLong(QUEUE_MAX_BYTES),
+        return new ReceiverConfig(parsed.getString(TOPIC), queueMaxBytes,
                 parsed.getLong(CLOSE_TIMEOUT_MS), producer);
     }
 
@@ -143,8 +150,7 @@ public final class ReceiverConfig {
         static BrokerListener choose(Map<String, ?> brokerConfig) {
             String listeners = text(brokerConfig.get("listeners"));
             if (listeners.isBlank()) {
-                throw new ConfigException(BOOTSTRAP_SERVERS, "",
-                        "the broker has no 'listeners' to derive it from; set it to this cluster's bootstrap servers");
+                listeners = KAFKA_DEFAULT_LISTENERS; // what the broker itself listens on when `listeners` is not set
             }
             Map<String, String> protocols = protocolMap(text(brokerConfig.get("listener.security.protocol.map")));
             List<String> controllers = new ArrayList<>();

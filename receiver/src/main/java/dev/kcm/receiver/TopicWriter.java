@@ -38,6 +38,8 @@ final class TopicWriter implements AutoCloseable {
     private final PacedWarning writeFailures = new PacedWarning();
     private volatile Producer<byte[], byte[]> producer;
     private volatile boolean closing;
+    private final Object producerHandOver = new Object();
+    private boolean producerClosed; // under producerHandOver: a producer built after close() is closed at once
 
     TopicWriter(Supplier<Producer<byte[], byte[]>> producerFactory, RecordBuilder builder, ReceiverMetrics metrics,
                 long maxBytes, long closeTimeoutMs) {
@@ -80,10 +82,17 @@ final class TopicWriter implements AutoCloseable {
         long retryMs = FIRST_RETRY_MS;
         while (producer == null && !closing) {
             try {
-                producer = producerFactory.get();
+                Producer<byte[], byte[]> built = producerFactory.get();
+                synchronized (producerHandOver) {
+                    if (producerClosed) {
+                        built.close(Duration.ZERO);
+                        return;
+                    }
+                    producer = built;
+                }
             } catch (RuntimeException e) {
                 LOG.warn("kcm receiver: cannot create the producer for the metrics topic yet ({}); pushes queue up "
-                        + "(and are dropped once the queue is full) until it can, retrying in {} ms", e.toString(),
+                        + "(and are dropped once the queue is full) until it can, retrying in {} ms", causes(e),
                         retryMs);
                 try {
                     Thread.sleep(retryMs);
@@ -92,6 +101,9 @@ final class TopicWriter implements AutoCloseable {
                 }
                 retryMs = Math.min(LAST_RETRY_MS, retryMs * 2);
             }
+        }
+        if (producer == null) {
+            return; // closed before a producer could be built: close() counts what is queued as dropped
         }
         while (!closing || !queue.isEmpty()) {
             Push push;
@@ -133,7 +145,7 @@ final class TopicWriter implements AutoCloseable {
     public void close() {
         closing = true;
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(closeTimeoutMs);
-        if (closeTimeoutMs > 0) {
+        if (closeTimeoutMs > 0 && producer != null) { // without a producer there is nothing to wait for
             try {
                 sender.join(closeTimeoutMs);
             } catch (InterruptedException e) {
@@ -145,10 +157,25 @@ final class TopicWriter implements AutoCloseable {
             heldBytes.addAndGet(-left.weight());
             metrics.pushesDropped.increment();
         }
-        Producer<byte[], byte[]> current = producer;
+        Producer<byte[], byte[]> current;
+        synchronized (producerHandOver) {
+            producerClosed = true;
+            current = producer;
+        }
         if (current != null) {
             current.close(Duration.ofNanos(Math.max(0, deadline - System.nanoTime())));
         }
+    }
+
+    /** An exception and its causes, each once: "Failed to construct kafka producer" alone does not say why. */
+    static String causes(Throwable error) {
+        StringBuilder text = new StringBuilder(error.toString());
+        java.util.Set<Throwable> seen = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
+        seen.add(error);
+        for (Throwable cause = error.getCause(); cause != null && seen.add(cause); cause = cause.getCause()) {
+            text.append("; caused by ").append(cause);
+        }
+        return text.toString();
     }
 
     /** One WARN line per 10 s at most, saying how many more failures there were: an outage must not flood the log. */

@@ -33,12 +33,30 @@ class ReceiverConfigTest {
     }
 
     @Test
-    void withoutListenersTheBootstrapServersMustBeGiven() {
-        KcmClientTelemetry plugin = new KcmClientTelemetry();
-        java.util.Map<String, Object> config = Fixtures.brokerConfig();
-        config.remove("listeners");
-        String message = assertThrows(ConfigException.class, () -> plugin.configure(config)).getMessage();
-        assertTrue(message.contains("kcm.receiver.bootstrap.servers"), message);
+    void withoutListenersTheProducerUsesKafkasDefaultListener() {
+        java.util.Map<String, Object> broker = Fixtures.brokerConfig();
+        broker.remove("listeners");  // the broker listens on PLAINTEXT://:9092 then
+        ReceiverConfig config = ReceiverConfig.parse(broker);
+        assertEquals("localhost:9092", config.producerConfig.get("bootstrap.servers"));
+        assertEquals("PLAINTEXT", config.producerConfig.get("security.protocol"));
+    }
+
+    @Test
+    void aProducerBootstrapOverrideNeedsNoListenerToDeriveFrom() {
+        java.util.Map<String, Object> broker = Fixtures.brokerConfig(
+                "kcm.receiver.producer.bootstrap.servers", "kafka-0:9091");
+        broker.put("listeners", "nonsense");
+        ReceiverConfig config = ReceiverConfig.parse(broker);
+        assertEquals("kafka-0:9091", config.producerConfig.get("bootstrap.servers"));
+    }
+
+    @Test
+    void anyPushTheQueueCanHoldMayBeSent() {
+        assertEquals(16 * 1024 * 1024, ReceiverConfig.parse(Fixtures.brokerConfig()).producerConfig.get("max.request.size"));
+        assertEquals(1024 * 1024, ReceiverConfig.parse(Fixtures.brokerConfig("kcm.receiver.queue.max.bytes", "4096"))
+                .producerConfig.get("max.request.size"));
+        assertEquals("2000000", ReceiverConfig.parse(Fixtures.brokerConfig(
+                "kcm.receiver.producer.max.request.size", "2000000")).producerConfig.get("max.request.size"));
     }
 
     @Test

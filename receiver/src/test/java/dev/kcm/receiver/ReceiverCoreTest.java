@@ -242,6 +242,49 @@ class ReceiverCoreTest {
         assertTrue(tookMs < 2000, "close took " + tookMs + " ms; each queued push could wait 5 s for metadata");
     }
 
+    @Test
+    void closedBeforeAProducerCouldBeBuiltDropsAndCountsWithoutWaitingOrLeaking() throws Exception {
+        java.util.concurrent.CountDownLatch building = new java.util.concurrent.CountDownLatch(1);
+        java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
+        MockProducer<byte[], byte[]> late = mockProducer(true);
+        ReceiverMetrics metrics = new ReceiverMetrics(() -> 0);
+        TopicWriter writer = new TopicWriter(() -> {
+            building.countDown();
+            try {
+                release.await();  // a slow build: DNS, say
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+            return late;
+        }, push -> ContractRecord.build("t", push, "1", "c"), metrics, 1 << 20, 5000);
+        try {
+            building.await();
+            for (int i = 0; i < 3; i++) {
+                writer.offer(Fixtures.push(Fixtures.requestContext(), METRICS, null));
+            }
+            long started = System.nanoTime();
+            writer.close();
+            long tookMs = (System.nanoTime() - started) / 1_000_000;
+            release.countDown();
+            await(late::closed);  // built after close(): closed, not leaked
+            assertTrue(tookMs < 2000, "close waited " + tookMs + " ms with no producer to wait for");
+            assertEquals(3, metrics.pushesDropped.sum());
+            assertEquals(0, metrics.producerErrors.sum());
+            assertEquals(0, late.history().size());
+        } finally {
+            release.countDown();
+            metrics.close();
+        }
+    }
+
+    @Test
+    void aWarningNamesWhatCausedTheFailure() {
+        KafkaException failure = new KafkaException("Failed to construct kafka producer",
+                new IllegalArgumentException("Could not find a 'KafkaClient' entry in the JAAS configuration"));
+        String text = TopicWriter.causes(failure);
+        assertTrue(text.contains("Failed to construct kafka producer") && text.contains("'KafkaClient' entry"), text);
+    }
+
     private static ClientTelemetryContext context(AuthorizableRequestContext request, int interval) {
         return new ClientTelemetryContext() {
             @Override
