@@ -99,6 +99,7 @@ def test_defaults_fill_interval_and_deletion_policy():
     (SUBSCRIPTION, "spec.match", {"clientId": "a,b"}, "spec.match.clientId: 'a,b' does not match"),
     (SUBSCRIPTION, "spec.metrics", [" x."], "spec.metrics[0]: ' x.' does not match"),
     (SUBSCRIPTION, "spec.metrics", [" "], "spec.metrics[0]: ' ' does not match"),
+    (SUBSCRIPTION, "spec.metrics", ["\x0bx."], "spec.metrics[0]: '\\x0bx.' does not match"),  # Java trims it too
     (SUBSCRIPTION, "spec.match", {"clientId": "payments "}, "spec.match.clientId: 'payments ' does not match"),
     (SUBSCRIPTION, "spec.match", {"clientId": "(?=p)payments"}, "spec.match.clientId: '(?=p)payments' does not match"),
     (SUBSCRIPTION, "spec.subscriptionName", "", "spec.subscriptionName: '' should be non-empty"),

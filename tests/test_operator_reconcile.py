@@ -315,6 +315,48 @@ def test_resources_reaching_one_cluster_through_different_connections_conflict(r
     assert cluster.events("Drift") == []
 
 
+def test_an_older_owner_whose_connection_breaks_still_owns_the_subscription(run_operator):
+    # Its cluster id was seen while it worked: the newer resource must not take over meanwhile (and flip the
+    # subscription between the two specs), nor remove it when deleted.
+    cluster = run_operator()
+    _connection(cluster, "team-a", {"bootstrapServers": cluster.sandbox.bootstrap})
+    cluster.apply("older", {**SPEC, "subscriptionName": "shared", "connection": "team-a"})
+    cluster.wait_condition("older", "True", "Applied")
+    time.sleep(1.0)  # creationTimestamp has one-second resolution
+    cluster.apply("newer", {**SPEC, "subscriptionName": "shared", "intervalMs": 1000})
+    cluster.wait_condition("newer", "False", "Conflict")
+
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "team-a")
+    generation = cluster.patch("newer", {"spec": {"intervalMs": 2000}})["metadata"]["generation"]
+
+    seen = wait_for(lambda: (c := cluster.condition("newer")) and c["observedGeneration"] == generation and c,
+                    "the newer resource's edit to be reconciled")
+    assert seen["reason"] == "Conflict" and "team/older" in seen["message"]
+    assert cluster.kafka("shared")["interval.ms"] == "60000"
+    cluster.delete("newer")
+    wait_for(lambda: cluster.get("newer") is None, "the resource to go")
+    assert cluster.kafka("shared")["interval.ms"] == "60000"
+
+
+def test_another_connections_cluster_id_is_asked_for_once(sandbox):
+    resolved = []
+
+    def resolve(namespace: str, name: str) -> KafkaSettings:
+        resolved.append((namespace, name))
+        return KafkaSettings(sandbox.bootstrap)
+
+    operator_config = OperatorConfig(KafkaSettings(sandbox.bootstrap), resolve=resolve, kafka_timeout_s=2)
+    try:
+        ids = {operator_config.cluster_id("team", "a") for _ in range(5)}
+        assert ids == {operator_config.cluster_id("other", None)} and None not in ids
+        assert resolved == [("team", "a")]
+        assert operator_config.cluster_id("team", "nowhere-yet") is not None  # resolved, then remembered too
+        operator_config.resolve = None
+        assert operator_config.cluster_id("team", "never-seen") is None  # no way to resolve it: not known
+    finally:
+        operator_config.close()
+
+
 def test_deleting_when_the_connection_is_gone_and_its_cluster_is_down_lets_go_after_a_few_tries(run_operator,
                                                                                                 sandbox_factory):
     cluster = run_operator()

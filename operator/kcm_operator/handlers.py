@@ -45,6 +45,9 @@ class OperatorConfig:
     # (namespace, connection) or None for the default cluster → (settings fingerprint, admin)
     admins: dict[tuple[str, str] | None, tuple[str, BatchedAdmin]] = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)  # uids of Ready resources, for the managed-subscriptions gauge
+    # (namespace, connection) or None → the Kafka cluster id last seen through it: a cluster's id never changes, so
+    # ownership checks need not resolve and connect to every other resource's cluster at every event.
+    cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def mark_ready(self, uid: str, ready: bool) -> None:
@@ -78,11 +81,25 @@ class OperatorConfig:
                 threading.Thread(target=retired.close, name="kcm-admin-close", daemon=True).start()
 
     def cluster_id(self, namespace: str, connection: str | None) -> str | None:
-        """The id of the default cluster or of a KafkaConnection's; None when it cannot be resolved or reached now."""
+        """The id of the default cluster or of a KafkaConnection's cluster, as last seen; asked for (resolving the
+        connection and connecting) only the first time. None when it has never been known and cannot be now."""
+        ref = (namespace, connection) if connection else None
+        with self.lock:
+            known = self.cluster_ids.get(ref)
+        if known is not None:
+            return known
         try:
-            return self.admin(namespace, connection).cluster_id()
-        except (InvalidSpecError, UnsupportedError, *RETRIED):
+            return self.remember_cluster_id(ref, self.admin(namespace, connection).cluster_id())
+        except Exception as exc:  # another resource's connection: its own reconcile reports what is wrong with it
+            log.debug("the cluster of %s is not known: %s", f"{namespace}/{connection}" if connection else
+                      "the default cluster", exc)
             return None
+
+    def remember_cluster_id(self, ref: tuple[str, str] | None, cluster_id: str) -> str:
+        """Note the cluster id seen through a connection (kept up to date by that connection's own reconciles)."""
+        with self.lock:
+            self.cluster_ids[ref] = cluster_id
+        return cluster_id
 
     def last_admin(self, namespace: str, connection: str | None) -> BatchedAdmin | None:
         """The admin built from a KafkaConnection's last good settings, if any (for deleting after it went away)."""
@@ -163,9 +180,10 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         metrics.record(started, "skipped", "Paused")
         return
     status.set("Paused", "False", "Reconciling", "")
+    me = _claim(body, desired)
     try:
         admin = config.admin(namespace, desired.connection)
-        first = _older_owner(config, admin, _claim(body, desired), claims.get(desired.name, []))
+        first = _older_owner(config, admin, me, claims.get(desired.name, []))
         if first is not None:
             status.set("Ready", "False", "Conflict",
                        f"subscription {desired.name} is managed by the older resource {first.ref}")
@@ -173,6 +191,8 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             metrics.record(started, "failed", "Conflict")
             return
         change = _apply(admin, desired)
+        # Connected now: what newer resources naming this subscription through other connections compare with.
+        config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
@@ -206,8 +226,9 @@ def _claim(body: kopf.Body, desired: Desired) -> Claim:
 
 def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims: list[Claim]) -> Claim | None:
     """The oldest resource naming `me`'s subscription on the same Kafka cluster, if it is older than `me`. Resources
-    naming the same KafkaConnection (or both the default cluster) share it; any other is asked for its cluster id,
-    and one whose cluster cannot be reached or resolved is not counted: it cannot be applying anything."""
+    naming the same KafkaConnection (or both the default cluster) share it; any other is compared by the cluster id
+    last seen through its connection, so one whose connection breaks for a while still counts. One whose cluster
+    this operator has never reached (and cannot now) is not counted: it cannot have applied anything."""
     mine = None
     for claim in oldest_first([*claims, me]):
         if (claim.namespace, claim.name) == (me.namespace, me.name):
@@ -215,8 +236,9 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
         if claim.cluster_ref == me.cluster_ref:
             return claim
         if mine is None:
-            mine = admin.cluster_id()
-        if config.cluster_id(claim.namespace, claim.connection) == mine:
+            mine = config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
+        theirs = config.cluster_id(claim.namespace, claim.connection)
+        if theirs == mine:
             return claim
     return None
 
@@ -261,8 +283,8 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
     try:
         keeper = _older_owner(config, admin, me, others)
         if keeper is not None:
-            log.info("%s/%s: deleted without touching %s, which %s manages on the same cluster", namespace, name,
-                     desired.name, keeper.ref)
+            log.info("%s/%s: deleted without touching %s, which the older %s manages on the same cluster", namespace,
+                     name, desired.name, keeper.ref)
             return
         change = removal(desired.name, admin.describe_one(desired.name))
         error = admin.alter_one(change)
