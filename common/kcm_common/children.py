@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -33,3 +34,10 @@ def dying_with_us() -> Callable[[], None] | None:
             os._exit(1)
 
     return in_child
+
+
+def own_child() -> dict[str, Any]:
+    """subprocess options for a child kcm starts and stops itself: its own session, so a terminal's Ctrl-C reaches
+    kcm alone, which stops the child in order (not both at once); and `dying_with_us`, so a SIGKILLed kcm leaves
+    nothing running (a broker holding its port, a JVM waiting on stdin)."""
+    return {"start_new_session": True, "preexec_fn": dying_with_us()}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from kcm_common.children import dying_with_us
+from kcm_common.children import own_child
 from kcm_common.errors import UserError
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
@@ -74,7 +74,7 @@ class _Process:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, preexec_fn=dying_with_us())
+                                      **own_child())
 
     def check_alive(self) -> None:
         if self.popen.poll() is not None:
@@ -185,9 +185,8 @@ def _receiver_jar_exists() -> bool:
 
 def _apply_subscriptions(bootstrap: str, path: Path) -> list[str]:
     """Apply the example subscriptions through `kcm subscriptions apply`, the operator's reconcile core."""
-    # Its own session: a terminal's Ctrl-C reaches the demo, which stops in order, not this step.
     result = subprocess.run(_kcm("subscriptions", "apply", "-f", str(path), "--bootstrap-server", bootstrap),
-                            capture_output=True, text=True, timeout=60, start_new_session=True)
+                            capture_output=True, text=True, timeout=60, **own_child())
     if result.returncode != 0:
         reason = (result.stderr.strip() or result.stdout.strip()).removeprefix("kcm subscriptions: ")
         raise UserError(f"applying the demo subscriptions failed: {reason}")

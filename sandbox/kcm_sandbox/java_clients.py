@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from kcm_common.children import dying_with_us
+from kcm_common.children import own_child
 from kcm_common.errors import UserError
 from kcm_sandbox.java_receiver import build_dir, ensure_built, runtime_classpath
 
@@ -55,10 +55,8 @@ class JavaClient:
                    self.role, self.bootstrap, self.topic, self.client_id, str(self.max_seconds),
                    *(f"{key}={value}" for key, value in self.extra_config.items())]
         self._log = self.log_path.open("ab") if self.log_path is not None else None
-        # Its own session: a terminal's Ctrl-C reaches kcm, which stops the client in order.
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=dying_with_us())
+                                         stderr=subprocess.STDOUT, **own_child())
         self._reader = threading.Thread(target=self._read_output, name=f"java-client-{self.client_id}",
                                         daemon=True)
         self._reader.start()

@@ -18,7 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from kcm_common.children import dying_with_us
+from kcm_common.children import own_child
 from kcm_common.errors import UserError
 from kcm_sandbox.telemetry import ClientIdentity, PushResult
 
@@ -90,10 +90,9 @@ class JavaReceiver:
                    *(f"{key}={value}" for key, value in config.items())]
         self._lock = threading.Lock()
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
-        # Its own session: a terminal's Ctrl-C reaches kcm, which closes the plugin in order; it ends with our stdin.
+        # Stopped by closing its stdin (the plugin's close runs then).
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
-                                         preexec_fn=dying_with_us())
+                                         stderr=subprocess.PIPE, bufsize=0, **own_child())
         self._drain = threading.Thread(target=self._read_stderr, name="kcm-java-receiver-log", daemon=True)
         self._drain.start()
         try:
