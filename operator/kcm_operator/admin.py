@@ -57,6 +57,7 @@ class SubscriptionAdmin:
         # probing again: a cluster that never answers holds the handler threads for one timeout, not one each.
         self._failed: tuple[float, Exception] | None = None
         self._closed = False
+        self._cluster_id: str | None = None  # known from the first connection's metadata; a cluster keeps its id
 
     def list_names(self) -> list[str]:
         """Every CLIENT_METRICS resource in the cluster, managed or not."""
@@ -104,10 +105,11 @@ class SubscriptionAdmin:
 
     def cluster_id(self) -> str:
         """Which cluster this is, to tell whether two connections reach the same one: Kafka's cluster id, or (from a
-        broker too old to give one) its sorted bootstrap servers."""
-        with self._send_lock:
-            cluster_id = self._connected()._manager.cluster.cluster_id
-        return cluster_id or ",".join(sorted(self.settings.client_options()["bootstrap_servers"]))
+        broker too old to give one) its sorted bootstrap servers. Connects the first time; never waits for a request
+        under way."""
+        if self._cluster_id is None:
+            self._connected()
+        return self._cluster_id or ",".join(sorted(self.settings.client_options()["bootstrap_servers"]))
 
     def close(self) -> None:
         """Close the client for good: a call still under way, or made later, fails (KafkaUnavailableError) rather
@@ -145,6 +147,7 @@ class SubscriptionAdmin:
                     self._failed = (time.monotonic() + self.timeout_s, exc)
                     raise
                 self._failed = None
+                self._cluster_id = self._client._manager.cluster.cluster_id or self._cluster_id
             return self._client
 
     def _connect(self) -> KafkaAdminClient:
