@@ -21,7 +21,17 @@ from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, SubscriptionAdmin
 from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
-from kcm_operator.reconcile import DELETE_POLICY, Claim, Desired, desired_from_spec, diff, drift, oldest_first, removal
+from kcm_operator.reconcile import (
+    DELETE_POLICY,
+    Claim,
+    Desired,
+    cluster_ref,
+    desired_from_spec,
+    diff,
+    drift,
+    oldest_first,
+    removal,
+)
 
 GROUP, VERSION = "kcm.dev", "v1alpha1"
 SUBSCRIPTIONS = "clientmetricssubscriptions"
@@ -60,7 +70,7 @@ class OperatorConfig:
         changed (other servers, a rotated password) gets a new admin; the old one is closed."""
         if connection and self.resolve is None:
             raise InvalidSpecError(f"spec.connection {connection!r}: this operator has no KafkaConnection support")
-        ref = (namespace, connection) if connection else None
+        ref = cluster_ref(namespace, connection)
         retired = None
         try:
             settings = self.resolve(namespace, connection) if connection else self.settings
@@ -83,7 +93,7 @@ class OperatorConfig:
     def cluster_id(self, namespace: str, connection: str | None) -> str | None:
         """The id of the default cluster or of a KafkaConnection's cluster, as last seen; asked for (resolving the
         connection and connecting) only the first time. None when it has never been known and cannot be now."""
-        ref = (namespace, connection) if connection else None
+        ref = cluster_ref(namespace, connection)
         with self.lock:
             known = self.cluster_ids.get(ref)
         if known is not None:
@@ -104,7 +114,7 @@ class OperatorConfig:
     def last_admin(self, namespace: str, connection: str | None) -> BatchedAdmin | None:
         """The admin built from a KafkaConnection's last good settings, if any (for deleting after it went away)."""
         with self.lock:
-            cached = self.admins.get((namespace, connection) if connection else None)
+            cached = self.admins.get(cluster_ref(namespace, connection))
         return cached[1] if cached is not None else None
 
     def close(self) -> None:

@@ -149,8 +149,12 @@ class Claim:
 
     @property
     def cluster_ref(self) -> tuple[str, str] | None:
-        """Which cluster the resource names: (namespace, KafkaConnection), or None for the default cluster."""
-        return (self.namespace, self.connection) if self.connection else None
+        return cluster_ref(self.namespace, self.connection)
+
+
+def cluster_ref(namespace: str, connection: str | None) -> tuple[str, str] | None:
+    """Which cluster a resource names: (namespace, KafkaConnection), or None for the default cluster."""
+    return (namespace, connection) if connection else None
 
 
 def oldest_first(claims: Iterable[Claim]) -> list[Claim]:
