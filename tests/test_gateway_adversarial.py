@@ -256,11 +256,15 @@ def test_idle_and_slow_connections_are_closed_after_connections_max_idle_ms(sand
         busy.close()
 
 
-def connection_tasks(sandbox: Any) -> set[Any]:
-    """The gateway's connection tasks (a copy taken on its event loop's thread)."""
-    async def copy() -> set[Any]:
-        return set(sandbox.gateway._connections)
-    return asyncio.run_coroutine_threadsafe(copy(), sandbox._loop).result(TIMEOUT_S)
+def connection_task(sandbox: Any, client: Connection) -> Any:
+    """The gateway's task serving `client`'s socket, found by the task's name (taken on the event loop's thread).
+    Not "the task that appeared meanwhile": the sandbox's own clients connect through the gateway too, any time."""
+    name = "kcm-gateway {}:{}".format(*client.sock.getsockname()[:2])
+
+    async def find() -> list[Any]:
+        return [task for task in sandbox.gateway._connections if task.get_name() == name]
+    (task,) = asyncio.run_coroutine_threadsafe(find(), sandbox._loop).result(TIMEOUT_S)
+    return task
 
 
 class StuckPush:
@@ -278,10 +282,9 @@ class StuckPush:
 
         sandbox.gateway.receiver = stuck_receiver
         subscribe(sandbox.bootstrap, "everything", metrics="org.apache.kafka.")
-        before = connection_tasks(sandbox)
         self.client = Connection(sandbox.bootstrap, client_id)
         got = self.client.call(GetTelemetrySubscriptionsRequest[0](), GetTelemetrySubscriptionsResponse)
-        (self.task,) = connection_tasks(sandbox) - before  # the gateway's task serving this client
+        self.task = connection_task(sandbox, self.client)
         push = PushTelemetryRequest[0](client_instance_id=got.client_instance_id,
                                        subscription_id=got.subscription_id, terminating=True, compression_type=0,
                                        metrics=client_metrics().SerializeToString())

@@ -182,6 +182,7 @@ class Gateway:
         assert task is not None
         self._connections.add(task)
         address, port = writer.get_extra_info("peername")[:2]
+        task.set_name(f"kcm-gateway {address}:{port}")  # which client a task serves, for debuggers and tests
         client = _Client(f"c{next(self._ids)}", address, port)
         connection = _Connection(self, client, reader, writer)
         try:
