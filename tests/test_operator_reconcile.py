@@ -42,8 +42,10 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE_
 class Cluster:
     """The test's view: the Kubernetes API (emulated) and the Kafka subscriptions (sandbox)."""
 
-    def __init__(self, kube: KubeServer, sandbox: Any, operator_config: OperatorConfig) -> None:
+    def __init__(self, kube: KubeServer, sandbox: Any, operator_config: OperatorConfig,
+                 stop: Callable[[], None] = lambda: None) -> None:
         self.config = operator_config
+        self.stop = stop  # stops this operator (its resources and their status stay)
         self.kube = kube
         self.sandbox = sandbox
         self.api_client = config.new_client_from_config(str(kube.kubeconfig))
@@ -114,7 +116,12 @@ def run_operator(kube, sandbox, tmp_path):
                             registry=build_registry(operator_config), settings=settings)
         runner.__enter__()
         runners.append(runner)
-        return Cluster(kube, sandbox, operator_config)
+
+        def stop() -> None:
+            runners.remove(runner)
+            runner.__exit__(None, None, None)
+            assert runner.exception is None, runner.output
+        return Cluster(kube, sandbox, operator_config, stop)
 
     yield start
     for runner in runners:
@@ -299,9 +306,11 @@ def test_resources_reaching_one_cluster_through_different_connections_conflict(r
     assert cluster.events("Drift") == []
 
 
-def test_an_older_owner_whose_connection_breaks_still_owns_the_subscription(run_operator):
-    # Its cluster id was seen while it worked: the newer resource must not take over meanwhile (and flip the
-    # subscription between the two specs), nor remove it when deleted.
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+def test_an_older_owner_whose_connection_breaks_still_owns_the_subscription(run_operator, restart):
+    # Its cluster id was seen while it worked (and is in its status, for an operator started since): the newer
+    # resource must not take over meanwhile (and flip the subscription between the two specs), nor remove it when
+    # deleted.
     cluster = run_operator()
     _connection(cluster, "team-a", {"bootstrapServers": cluster.sandbox.bootstrap})
     cluster.apply("older", {**SPEC, "subscriptionName": "shared", "connection": "team-a"})
@@ -310,7 +319,12 @@ def test_an_older_owner_whose_connection_breaks_still_owns_the_subscription(run_
     cluster.apply("newer", {**SPEC, "subscriptionName": "shared", "intervalMs": 1000})
     cluster.wait_condition("newer", "False", "Conflict")
 
+    assert cluster.get("older")["status"]["clusterId"] == cluster.sandbox.broker.cluster_id
+
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "team-a")
+    if restart:  # a new operator, which never saw the older resource's connection work
+        cluster.stop()
+        cluster = run_operator()
     generation = cluster.patch("newer", {"spec": {"intervalMs": 2000}})["metadata"]["generation"]
 
     seen = wait_for(lambda: (c := cluster.condition("newer")) and c["observedGeneration"] == generation and c,

@@ -143,12 +143,12 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.index(**resource, id="claims")
     def claims(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any],
-               **_: Any) -> dict[str, Claim]:
+               status: Mapping[str, Any], **_: Any) -> dict[str, Claim]:
         # By subscription name only: resources naming different KafkaConnections (or one and the default cluster)
         # may still reach one cluster; `_older_owner` compares the clusters themselves.
         desired = desired_from_spec(namespace, name, spec)
         return {desired.name: Claim(namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "",
-                                    desired.connection)}
+                                    desired.connection, status.get("clusterId"))}
 
     @kopf.on.resume(**resource, id="reconcile")
     @kopf.on.create(**resource, id="reconcile")
@@ -201,8 +201,9 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             metrics.record(started, "failed", "Conflict")
             return
         change = _apply(admin, desired)
-        # Connected now: what newer resources naming this subscription through other connections compare with.
-        config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
+        # Connected now: what newer resources naming this subscription through other connections compare with, in
+        # this operator's memory and (for after a restart, when the connection may not work) in the status.
+        status.applied_to(config.remember_cluster_id(me.cluster_ref, admin.cluster_id()))
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
@@ -231,14 +232,16 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
 
 def _claim(body: kopf.Body, desired: Desired) -> Claim:
     meta = body.metadata
-    return Claim(meta.namespace, meta.name, meta.get("creationTimestamp") or "", meta.uid or "", desired.connection)
+    return Claim(meta.namespace, meta.name, meta.get("creationTimestamp") or "", meta.uid or "", desired.connection,
+                 body.status.get("clusterId"))
 
 
 def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims: list[Claim]) -> Claim | None:
     """The oldest resource naming `me`'s subscription on the same Kafka cluster, if it is older than `me`. Resources
     naming the same KafkaConnection (or both the default cluster) share it; any other is compared by the cluster id
-    last seen through its connection, so one whose connection breaks for a while still counts. One whose cluster
-    this operator has never reached (and cannot now) is not counted: it cannot have applied anything."""
+    last seen through its connection, so one whose connection breaks for a while still counts, or else by the
+    cluster its status says it was applied to (after a restart). One never applied, whose cluster this operator
+    cannot reach now, is not counted: it cannot have applied anything."""
     mine = None
     for claim in oldest_first([*claims, me]):
         if (claim.namespace, claim.name) == (me.namespace, me.name):
@@ -247,7 +250,7 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
             return claim
         if mine is None:
             mine = config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
-        theirs = config.cluster_id(claim.namespace, claim.connection)
+        theirs = config.cluster_id(claim.namespace, claim.connection) or claim.cluster_id
         if theirs == mine:
             return claim
     return None
@@ -360,6 +363,10 @@ class _Status:
 
     def applied(self) -> None:
         self._patch.status["lastAppliedTime"] = _now()
+
+    def applied_to(self, cluster_id: str) -> None:
+        if self._current.get("clusterId") != cluster_id:
+            self._patch.status["clusterId"] = cluster_id
 
 
 def _now() -> str:

@@ -142,6 +142,9 @@ class Claim:
     created: str  # RFC 3339 creationTimestamp; sorts chronologically as text
     uid: str = ""
     connection: str | None = None  # its spec.connection: a KafkaConnection in its namespace, or the default cluster
+    # Its status.clusterId: the Kafka cluster it was last applied to, for when the connection cannot say now (gone,
+    # or broken since this operator started). Not part of which claim this is.
+    cluster_id: str | None = field(default=None, compare=False)
 
     @property
     def ref(self) -> str:
