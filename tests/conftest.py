@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,14 @@ from fake_collector import FakeCollector
 from kcm_sandbox.runner import Sandbox, SandboxOptions
 
 _topic_numbers = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests play a terminal's Ctrl-C to a foreground `kcm`. A suite started as a background job (`make test &`,
+    nohup) inherits SIGINT ignored, and so would every command it starts: with a Python handler here instead, the
+    commands start with the default, as from a terminal."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
