@@ -279,6 +279,11 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
         log.info("%s/%s: deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
                  namespace, name, desired.name)
         return
+    if not _ever_applied(body.status):
+        # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
+        log.info("%s/%s: deleted; it was never applied, so subscription %s is not touched", namespace, name,
+                 desired.name)
+        return
     gone = None  # why the KafkaConnection no longer resolves, when it does not
     try:
         admin = config.admin(namespace, desired.connection)
@@ -313,6 +318,14 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
     if error is not None:
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=MAX_BACKOFF_S)
     log.info("%s/%s: %s", namespace, name, change.describe())
+
+
+def _ever_applied(status: Mapping[str, Any]) -> bool:
+    """Whether the subscription was ever in Kafka as this resource specified: it was applied (`clusterId`), changed
+    (`lastAppliedTime`), or found as specified (Ready, before `clusterId` existed)."""
+    return bool(status.get("clusterId") or status.get("lastAppliedTime") or any(
+        condition.get("type") == "Ready" and condition.get("status") == "True"
+        for condition in status.get("conditions") or ()))
 
 
 def _retry_or_let_go(body: kopf.Body, desired: Desired, retry: int, why: object) -> None:
