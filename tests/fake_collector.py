@@ -67,6 +67,11 @@ class FakeCollector(OtlpCollector):
         with self._lock:
             self._faults.extend(_Fault(code, message) for _ in range(times))
 
+    def clear_faults(self) -> None:
+        """Answer every call from now on as a healthy collector does."""
+        with self._lock:
+            self._faults.clear()
+
     def throttle_next(self, retry_after_s: float, times: int = 1) -> None:
         """Answer RESOURCE_EXHAUSTED carrying a google.rpc.RetryInfo, as a collector under memory pressure does."""
         with self._lock:

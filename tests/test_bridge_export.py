@@ -71,6 +71,45 @@ def test_headers_from_files_and_environment_arrive_as_call_metadata(collector, t
     assert metadata["x-scope-orgid"] == "kafka-team" and metadata["x-static"] == "1"
 
 
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
+def test_refused_credentials_are_retried_with_the_token_file_read_again(collector, tmp_path, code, caplog):
+    token = tmp_path / "token"
+    token.write_text("Bearer old-s3cret\n")
+    endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)})
+    token.write_text("Bearer new-s3cret\n")  # the Secret rotated after the bridge started
+    collector.fail_next(code, times=2)
+
+    outcome = endpoint.export(client_metrics().SerializeToString())
+
+    assert outcome.delivered and outcome.attempts == 3
+    assert [export.metadata["authorization"] for export in collector.exports] == ["Bearer new-s3cret"]
+    retries = [record.getMessage() for record in caplog.records if record.name == "kcm.otlp"]
+    assert len(retries) == 2 and all(code.name in line for line in retries)
+    assert "the headers were read again and have changed" in retries[0]
+    assert "s3cret" not in caplog.text
+
+
+def test_refused_credentials_whose_file_cannot_be_read_again_keep_the_headers_and_go_on_retrying(collector, tmp_path,
+                                                                                                  caplog):
+    token = tmp_path / "token"
+    token.write_text("Bearer s3cret")
+    endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)})
+    token.unlink()  # half-way through a rotation
+    collector.fail_next(grpc.StatusCode.UNAUTHENTICATED)
+
+    assert endpoint.export(client_metrics().SerializeToString()).delivered
+    assert collector.exports[0].metadata["authorization"] == "Bearer s3cret"
+    assert "the headers could not be read again" in caplog.text and "s3cret" not in caplog.text
+
+
+def test_without_retrying_refused_credentials_they_are_a_refusal_for_good(collector):
+    # The rollup job's exporter: a batch job stops and says why rather than wait for a new token.
+    collector.fail_next(grpc.StatusCode.UNAUTHENTICATED)
+    outcome = Endpoint(collector.endpoint, RETRY, lambda: False, insecure=True).export(
+        client_metrics().SerializeToString())
+    assert (outcome.delivered, outcome.attempts, outcome.error) == (False, 1, "UNAUTHENTICATED")
+
+
 class _CountingProxy:
     """A loopback TCP proxy that counts the bytes the client sends (gRPC servers hide grpc-encoding)."""
 

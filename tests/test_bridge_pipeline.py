@@ -153,6 +153,25 @@ def test_a_batch_the_collector_refuses_for_good_is_dropped_logged_and_counted_an
         "(not retryable); is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?"]
 
 
+def test_a_collector_refusing_the_credentials_holds_the_batch_until_it_accepts_them(broker, new_topic, collector,
+                                                                                    tmp_path):
+    # An expired or rotated token: not dropped as the OTLP spec's "permanent" would have it, and not committed past.
+    topic = new_topic()
+    _produce(broker.bootstrap, topic, [_push("held", "00000000-0000-0000-0000-000000000001")])
+    collector.fail_next(grpc.StatusCode.UNAUTHENTICATED, times=10_000)
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka")
+    with running_bridge(config) as bridge:
+        _wait(lambda: bridge.metrics.value(bridge.metrics.export_failures, code="UNAUTHENTICATED") >= 3, 30,
+              "refusals")
+        assert _committed(broker.bootstrap, config.kafka.group_id, topic) is None
+        collector.clear_faults()  # the token is fixed
+        assert collector.wait_for(lambda exports: "held" in _client_ids(exports), timeout=30)
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 1, 30, "the commit once accepted")
+    assert _client_ids(collector.exports) == ["held"]
+    refused = bridge.metrics.value(bridge.metrics.export_failures, code="UNAUTHENTICATED")
+    assert refused == collector.rejected_calls == bridge.metrics.value(bridge.metrics.retries) >= 3
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_collector_outage_loses_nothing_and_corrupt_records_go_to_the_dead_letter_topic(
         backend, broker, new_topic, collector, tmp_path):

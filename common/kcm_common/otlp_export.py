@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from kcm_common.retry import RetryPolicy, backoff_s
 
-__all__ = ["RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "is_endpoint", "metadata_problem", "pem_problem", "tls_problem",
+__all__ = ["AUTH_REFUSALS", "RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "is_endpoint", "metadata_problem", "pem_problem", "tls_problem",
            "read_metadata_value", "retry_delay_s"]
 
 log = logging.getLogger("kcm.otlp")
@@ -32,6 +32,9 @@ _METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 # OTLP/gRPC: these codes are transient; RESOURCE_EXHAUSTED only when the server says when to come back.
 RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                        grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
+# The collector refusing the call's credentials: for good by the OTLP spec, but an expired or rotated token is
+# fixed by the operator, so a caller that must not lose data (the bridge) retries these, reading its headers again.
+AUTH_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 @dataclass(frozen=True)
@@ -165,14 +168,20 @@ class Endpoint:
     a refusal for good is returned, not logged. `on_failure(code, retrying)` is called at every failed attempt,
     so a caller's counters move during an outage, not only once it ends. A failure that is not gRPC's answer (a bug)
     is logged and retried with backoff like UNAVAILABLE: the batch is never left behind. `metadata` goes with every
-    call and may hold tokens: never logged.
+    call and may hold tokens: never logged. It may be a function returning it: with `retry_auth_refusals`, an
+    UNAUTHENTICATED or PERMISSION_DENIED answer is retried with backoff, the metadata read again before each retry
+    (a token file a Kubernetes Secret rotates).
     """
 
     def __init__(self, endpoint: str, retry: RetryPolicy, give_up: Callable[[], bool], *, insecure: bool = False,
-                 tls: Tls = Tls(), metadata: Sequence[tuple[str, str]] = (),
+                 tls: Tls = Tls(),
+                 metadata: Sequence[tuple[str, str]] | Callable[[], Sequence[tuple[str, str]]] = (),
                  compression: Literal["gzip", "none"] = "gzip", timeout_s: float = 10.0,
-                 on_failure: Callable[[str, bool], None] = lambda code, retrying: None) -> None:
+                 on_failure: Callable[[str, bool], None] = lambda code, retrying: None,
+                 retry_auth_refusals: bool = False) -> None:
         self.name = endpoint
+        self._read_metadata = metadata if callable(metadata) else None
+        self._retried = RETRYABLE | AUTH_REFUSALS if retry_auth_refusals else RETRYABLE
         self._on_failure = on_failure
         self._retry = retry
         self._give_up = give_up
@@ -188,7 +197,7 @@ class Endpoint:
         # Raw bytes go out as they are: a serialised request, or concatenated MetricsData, which are one.
         self._call = self._channel.unary_unary(_METHOD, request_serializer=None,
                                                response_deserializer=ExportMetricsServiceResponse.FromString)
-        self._metadata = list(metadata)
+        self._metadata = list(metadata() if callable(metadata) else metadata)
         self._compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
 
     def export(self, request: bytes) -> Outcome:
@@ -202,7 +211,7 @@ class Endpoint:
             except grpc.RpcError as error:
                 code = error.code()
                 delay = retry_delay_s(error)
-                retryable = code in RETRYABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
+                retryable = code in self._retried or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
                 self._on_failure(code.name, retryable)
                 if not retryable:
                     # What a refusal means is the caller's to say: the bridge drops the batch, the rollup stops.
@@ -211,10 +220,12 @@ class Endpoint:
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
                 wait = min(wait, self._retry.max_backoff_s)
-                slow = (f" (no answer within the {self._timeout_s:g} s timeout: if the collector is only slow, "
-                        "give it a longer one)" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "")
+                why = (f" (no answer within the {self._timeout_s:g} s timeout: if the collector is only slow, "
+                       "give it a longer one)" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "")
+                if code in AUTH_REFUSALS:
+                    why = f"{refusal_hint(code.name)}{self._reread_metadata()}"
                 log.warning("export to %s failed with %s%s (attempt %d); retrying in %.2fs",
-                            self.name, code.name, slow, attempt, wait)
+                            self.name, code.name, why, attempt, wait)
                 if self._wait(wait):
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 continue
@@ -235,6 +246,18 @@ class Endpoint:
                 log.warning("export to %s partially rejected: %d points (%s)", self.name, rejected,
                             response.partial_success.error_message)
             return Outcome(True, attempt, rejected_points=rejected)
+
+    def _reread_metadata(self) -> str:
+        """Read the call metadata again, for the next retry; what happened, for the retry's log line."""
+        if self._read_metadata is None:
+            return ""
+        try:
+            metadata = list(self._read_metadata())
+        except Exception as exc:  # a file half-way through a rotation, say: the next refusal reads it again
+            return f"; the headers could not be read again ({exc}), so the same are sent"
+        changed = metadata != self._metadata
+        self._metadata = metadata
+        return "; the headers were read again and have changed" if changed else "; the headers were read again"
 
     def _wait(self, seconds: float) -> bool:
         """Sleep `seconds` in short steps; True when the caller gave up on pending work meanwhile."""
