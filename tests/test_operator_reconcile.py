@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -192,6 +193,34 @@ def test_drift_is_reverted_with_a_warning_naming_the_change(run_operator):
     wait_for(lambda: cluster.kafka("team.payments") == IN_KAFKA, "the drift reverted")
     assert drifted[0]["type"] == "Warning"
     assert "interval.ms is '1000', want '60000'" in drifted[0]["message"]
+
+
+@pytest.mark.parametrize("change", ["edit", "delete"])
+def test_a_change_made_while_a_drift_check_runs_is_neither_undone_nor_called_drift(run_operator, change):
+    cluster = run_operator(drift_interval_s=0.3)
+    cluster.apply("payments", {**SPEC, "deletionPolicy": "Delete"})
+    cluster.wait_condition("payments", "True", "Applied")
+    # The next drift check reads the spec, then takes its time (as a slow Kafka would) before comparing.
+    admin, entered, armed = cluster.config.admin, threading.Event(), [True]
+
+    def slow_admin(namespace: str, connection: str | None) -> Any:
+        if armed and armed.pop():
+            entered.set()
+            time.sleep(1.0)
+        return admin(namespace, connection)
+    cluster.config.admin = slow_admin
+    assert entered.wait(DEADLINE_S)
+
+    if change == "edit":
+        cluster.patch("payments", {"spec": {"intervalMs": 5000}})
+        wait_for(lambda: cluster.kafka("team.payments").get("interval.ms") == "5000", "the edit in Kafka")
+    else:
+        cluster.delete("payments")
+        wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    time.sleep(1.5)  # several drift checks later
+
+    assert cluster.kafka("team.payments") == ({**IN_KAFKA, "interval.ms": "5000"} if change == "edit" else {})
+    assert cluster.events("Drift") == []
 
 
 def test_a_regex_kafka_refuses_is_invalid_spec_and_kafka_is_untouched(run_operator):

@@ -7,6 +7,7 @@ a subscription owns it, and `kcm.dev/paused: "true"` stops reconciling.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import logging
 import threading
@@ -58,7 +59,17 @@ class OperatorConfig:
     # (namespace, connection) or None → the Kafka cluster id last seen through it: a cluster's id never changes, so
     # ownership checks need not resolve and connect to every other resource's cluster at every event.
     cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
+    # uid → the lock one resource's handlers take in turn: kopf runs its drift timer alongside its change handlers.
+    resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def resource_lock(self, uid: str) -> threading.Lock:
+        with self.lock:
+            return self.resource_locks.setdefault(uid, threading.Lock())
+
+    def forget(self, uid: str) -> None:
+        with self.lock:
+            self.resource_locks.pop(uid, None)
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -133,6 +144,9 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STATE_PREFIX)
     settings.execution.max_workers = BATCH_SIZE  # handlers block on Kafka; enough of them to fill a batch
     settings.posting.loggers = False  # log lines stay logs; Events are the applied/failed/drift ones below
+    # A deleted resource keeps its finalizer until its drift timer has stopped; one still running a check when the
+    # deletion is handled is looked at again this often (kopf's default, 60 s, held deletions for a minute).
+    settings.background.cancellation_polling = 1.0
     return settings
 
 
@@ -154,18 +168,30 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.create(**resource, id="reconcile")
     @kopf.on.update(**resource, id="reconcile")
     def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
-        _reconcile(config, body, patch, claims, retry, drift_check=False)
+        with config.resource_lock(body.metadata.uid):
+            _reconcile(config, body, patch, claims, retry, drift_check=False)
 
     @kopf.timer(**resource, id="drift", interval=config.drift_interval_s, initial_delay=config.drift_interval_s)
     def check_drift(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, **_: Any) -> None:
-        try:
-            _reconcile(config, body, patch, claims, retry=0, drift_check=True)
-        except kopf.TemporaryError:
-            pass  # the status says why; the next tick tries again
+        # kopf's body is live: a snapshot taken under the lock is what the change handlers last saw, and stays one
+        # spec for the whole check. An edit not yet reconciled (its generation not yet observed) or a deletion under
+        # way is theirs to apply: a drift check from the spec before them would revert the edit, or bring a removed
+        # subscription back.
+        with config.resource_lock(body.metadata.uid):
+            body = kopf.Body(copy.deepcopy(dict(body)))
+            if (body.metadata.get("deletionTimestamp")
+                    or body.metadata.get("generation") != body.status.get("observedGeneration")):
+                return
+            try:
+                _reconcile(config, body, patch, claims, retry=0, drift_check=True)
+            except kopf.TemporaryError:
+                pass  # the status says why; the next tick tries again
 
     @kopf.on.delete(**resource, id="delete")
     def delete(body: kopf.Body, claims: kopf.Index, retry: int, **_: Any) -> None:
-        _delete(config, body, claims, retry)
+        with config.resource_lock(body.metadata.uid):
+            _delete(config, body, claims, retry)
+        config.forget(body.metadata.uid)  # not reached while the deletion is retried
 
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
