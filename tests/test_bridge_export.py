@@ -72,10 +72,28 @@ def test_headers_from_files_and_environment_arrive_as_call_metadata(collector, t
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
-def test_refused_credentials_are_retried_with_the_token_file_read_again(collector, tmp_path, code, caplog):
+def test_refused_credentials_are_final_but_the_next_export_reads_the_token_file_again(collector, tmp_path, code):
     token = tmp_path / "token"
     token.write_text("Bearer old-s3cret\n")
     endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)})
+    token.write_text("Bearer new-s3cret\n")  # the Secret rotated after the bridge started
+    collector.fail_next(code)
+
+    refused = endpoint.export(client_metrics().SerializeToString())
+    delivered = endpoint.export(client_metrics().SerializeToString())
+
+    assert (refused.delivered, refused.attempts, refused.error) == (False, 1, code.name)  # as the OTLP spec says
+    assert refused.note == "; the headers were read again and have changed"
+    assert delivered.delivered and delivered.attempts == 1
+    assert [export.metadata["authorization"] for export in collector.exports] == ["Bearer new-s3cret"]
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
+def test_refused_credentials_are_retried_with_the_token_file_read_again_when_asked(collector, tmp_path, code,
+                                                                                    caplog):
+    token = tmp_path / "token"
+    token.write_text("Bearer old-s3cret\n")
+    endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)}, retry_refused_credentials=True)
     token.write_text("Bearer new-s3cret\n")  # the Secret rotated after the bridge started
     collector.fail_next(code, times=2)
 
@@ -93,7 +111,7 @@ def test_refused_credentials_whose_file_cannot_be_read_again_keep_the_headers_an
                                                                                                   caplog):
     token = tmp_path / "token"
     token.write_text("Bearer s3cret")
-    endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)})
+    endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)}, retry_refused_credentials=True)
     token.unlink()  # half-way through a rotation
     collector.fail_next(grpc.StatusCode.UNAUTHENTICATED)
 

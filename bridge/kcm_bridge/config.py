@@ -71,6 +71,8 @@ class EndpointConfig:
     compression: Literal["gzip", "none"] = "gzip"
     timeout_s: float = 10.0
     concurrency: int = 2
+    # Retry UNAUTHENTICATED/PERMISSION_DENIED (final by the OTLP spec) until a fixed token is accepted: nothing dropped.
+    retry_refused_credentials: bool = False
 
 
 @dataclass(frozen=True)

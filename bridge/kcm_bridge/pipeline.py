@@ -396,8 +396,9 @@ class Bridge:
         self.metrics.export_seconds.labels(**labels).observe(time.monotonic() - started)
         if outcome.error is not None:
             if not outcome.delivered and not outcome.abandoned:
-                log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)%s",
-                          endpoint.name, outcome.error, outcome.detail, points, refusal_hint(outcome.error))
+                log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)%s%s",
+                          endpoint.name, outcome.error, outcome.detail, points, refusal_hint(outcome.error),
+                          outcome.note)
         if outcome.delivered:
             rejected = min(outcome.rejected_points, points)   # a server claiming more counts as rejecting all
             self.metrics.points.labels(**labels).inc(points - rejected)

@@ -32,8 +32,8 @@ _METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 # OTLP/gRPC: these codes are transient; RESOURCE_EXHAUSTED only when the server says when to come back.
 RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
                        grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
-# The collector refusing the call's credentials: for good by the OTLP spec, but an expired or rotated token is
-# fixed by the operator, so a caller that must not lose data (the bridge) retries these, reading its headers again.
+# The collector refusing the call's credentials: for good by the OTLP spec. The headers are read again after one (a
+# rotated token file is used from the next export), and a caller may choose to retry them (`retry_auth_refusals`).
 AUTH_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
@@ -46,6 +46,7 @@ class Outcome:
     rejected_points: int = 0
     error: str | None = None   # gRPC code name of the final failure
     detail: str = ""           # the server's message with it
+    note: str = ""             # "; what kcm did about it", for the caller's log line (headers read again)
     abandoned: bool = False    # stopped retrying because the caller gave up
 
 
@@ -168,9 +169,10 @@ class Endpoint:
     a refusal for good is returned, not logged. `on_failure(code, retrying)` is called at every failed attempt,
     so a caller's counters move during an outage, not only once it ends. A failure that is not gRPC's answer (a bug)
     is logged and retried with backoff like UNAVAILABLE: the batch is never left behind. `metadata` goes with every
-    call and may hold tokens: never logged. It may be a function returning it: with `retry_auth_refusals`, an
-    UNAUTHENTICATED or PERMISSION_DENIED answer is retried with backoff, the metadata read again before each retry
-    (a token file a Kubernetes Secret rotates).
+    call and may hold tokens: never logged. It may be a function returning it, called again after each
+    UNAUTHENTICATED or PERMISSION_DENIED answer (a token file a Kubernetes Secret rotates), so the next call carries
+    what it returns now. With `retry_auth_refusals` those answers are retried with backoff instead of being final,
+    which the OTLP specification does not do.
     """
 
     def __init__(self, endpoint: str, retry: RetryPolicy, give_up: Callable[[], bool], *, insecure: bool = False,
@@ -215,7 +217,8 @@ class Endpoint:
                 self._on_failure(code.name, retryable)
                 if not retryable:
                     # What a refusal means is the caller's to say: the bridge drops the batch, the rollup stops.
-                    return Outcome(False, attempt, error=code.name, detail=error.details() or "")
+                    note = self._reread_metadata() if code in AUTH_REFUSALS else ""
+                    return Outcome(False, attempt, error=code.name, detail=error.details() or "", note=note)
                 if self._give_up():  # the caller has stopped waiting (a shutdown closed the channel): no retry to log
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
