@@ -14,16 +14,6 @@ from kcm_common.kafka import (KafkaConfigError, KafkaSettings, KafkaUnavailableE
 _NOT_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
 
 
-def test_java_style_properties_with_comments_and_continuations():
-    text = "# comment\n! also a comment\nsecurity.protocol = SASL_SSL\nsasl.jaas.config=org.Plain required \\\n  username=\"svc\" password=\"s3cr\\\"et\";\nclient.id:kcm\n"
-
-    assert parse_properties(text) == {
-        "security.protocol": "SASL_SSL",
-        "sasl.jaas.config": 'org.Plain required username="svc" password="s3cr\\"et";',
-        "client.id": "kcm",
-    }
-
-
 def test_sasl_credentials_from_jaas_config():
     options = kafka_python_options({"security.protocol": "sasl_plaintext", "sasl.mechanism": "scram-sha-512",
                                     "sasl.jaas.config": 'x.ScramLoginModule required username="u" password="p";'})

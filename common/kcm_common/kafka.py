@@ -24,6 +24,7 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from kcm_common.errors import UserError
+from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
 
 
 class KafkaConfigError(UserError):
@@ -62,31 +63,23 @@ _PEM_CONVERSION = ("kcm reads PEM files only: convert a JKS or PKCS12 store with
                    "`keytool -exportcert -rfc` or `openssl pkcs12 -nodes` (see docs/kafka-clients.md)")
 _SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
 _API_VERSIONS_V0 = struct.pack(">hhih", 18, 0, 0x6B636D, 3) + b"kcm"  # ApiVersions v0, correlation id "kcm"
 
 
 def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java-style `key=value` lines (`#`/`!` comments, `:` separators, trailing-backslash continuations)."""
+    """Parse a Java properties file as `java.util.Properties` does (comments, continuations, escapes; see
+    java_config.read_properties), refusing a line without a separator or a key: a mistyped line may be a password."""
+    try:
+        entries = read_properties(text)
+    except JavaConfigError as exc:
+        raise KafkaConfigError(f"cannot read the property on {exc}") from None
     properties: dict[str, str] = {}
-    logical: list[str] = []
-    first = 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not logical and (not line or line[0] in "#!"):
-            continue
-        first = first if logical else number
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            logical.append(line[:-1])
-            continue
-        logical.append(line)
-        joined, logical = "".join(logical), []
-        match = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", joined)
-        if match is None:
+    for entry in entries:
+        if not entry.key or not entry.separated:
             # The line is not quoted: a mistyped one may well be a password.
-            raise KafkaConfigError(f"cannot read the property on line {first}: expected key=value")
-        properties[match.group(1)] = match.group(2)
+            raise KafkaConfigError(f"cannot read the property on line {entry.line}: expected key=value")
+        properties[entry.key] = entry.value
     return properties
 
 
@@ -161,13 +154,13 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             raise KafkaConfigError(
                 f"sasl.mechanism must be one of {', '.join(_SASL_MECHANISMS)}, not {options['sasl_mechanism']!r}"
             )
-    jaas = dict(_JAAS_OPTION.findall(options.pop("sasl_jaas_config", "")))
-    if jaas and ("sasl_plain_username" in options or "sasl_plain_password" in options):
+    jaas = _jaas_options(options.pop("sasl_jaas_config", None))
+    if jaas is not None and ("sasl_plain_username" in options or "sasl_plain_password" in options):
         # Java clients would log in with the JAAS line and the others with these: one source of credentials.
         raise KafkaConfigError("give either sasl.jaas.config or sasl.username/sasl.password, not both")
-    if jaas:
-        options.setdefault("sasl_plain_username", jaas.get("username"))
-        options.setdefault("sasl_plain_password", jaas.get("password"))
+    if jaas is not None:
+        options["sasl_plain_username"] = jaas["username"]
+        options["sasl_plain_password"] = jaas["password"]
     if protocol.startswith("SASL") and not options.get("sasl_plain_username"):
         raise KafkaConfigError(f"security.protocol {protocol} needs sasl.username and sasl.password (or sasl.jaas.config)")
     if "ssl_check_hostname" in options:
@@ -181,6 +174,26 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             raise KafkaConfigError(
                 f"request.timeout.ms must be a positive number of milliseconds, not {options['request_timeout_ms']}")
     return options
+
+
+def _jaas_options(text: str | None) -> dict[str, str] | None:
+    """The username and password of a `sasl.jaas.config` (PLAIN or SCRAM login module), read as Java clients read
+    it; None without one. The message names what is wrong, never a value."""
+    if text is None:
+        return None
+    try:
+        entries = parse_jaas(text)
+    except JavaConfigError as exc:
+        raise KafkaConfigError(f"sasl.jaas.config cannot be read as Kafka reads it: {exc} (e.g. "
+                               'org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" '
+                               'password="...";)') from None
+    if len(entries) != 1:
+        raise KafkaConfigError(f"sasl.jaas.config names {len(entries)} login modules; a client takes exactly one")
+    missing = [name for name in ("username", "password") if name not in entries[0].options]
+    if missing:
+        raise KafkaConfigError(f"sasl.jaas.config has no {' and no '.join(missing)} option; kcm logs in with "
+                               "username and password (PLAIN or SCRAM)")
+    return {name: entries[0].options[name] for name in ("username", "password")}
 
 
 @dataclass(frozen=True)
