@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
-from kcm_common.kafka import KafkaConfigError, kafka_python_options, parse_properties
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options, parse_properties
+from kcm_common.kafka_java import java_client_properties
 from kcm_sandbox.java_receiver import ensure_built, runtime_classpath
 
 _PROBE = r"""
@@ -187,3 +188,13 @@ def test_a_malformed_unicode_escape_is_named_by_line_never_quoted():
     with pytest.raises(KafkaConfigError) as raised:
         parse_properties("security.protocol=SASL_SSL\nsasl.password=S3cr3t\\u12\n")
     assert str(raised.value) == "cannot read the property on line 2: malformed \\uXXXX escape (four hex digits expected)"
+
+
+@pytest.mark.parametrize("password", ['pa"ss\\word', "two\nlines\r\n", "'single' and /* not a comment */ // nor this",
+                                      "ünïcode ;=", ""])
+def test_the_jaas_line_kcm_writes_for_java_clients_reads_back_as_the_password_given(password):
+    properties = java_client_properties(KafkaSettings("127.0.0.1:9092", {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u",
+        "sasl.password": password}))
+    (entry,) = parse_jaas(properties["sasl.jaas.config"])
+    assert entry.options == {"username": "u", "password": password}

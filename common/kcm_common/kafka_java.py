@@ -54,8 +54,8 @@ def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
 
 
 def _quoted(text: str) -> str:
-    """A JAAS option value between double quotes."""
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    """A JAAS option value between double quotes (a line end would end the quoted string: escaped too)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _certificates(path: str) -> str:
