@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
-from kcm_operator.connections import settings_from_spec
+from kcm_operator.connections import MaterialLedger, settings_from_spec
 from kcm_operator.errors import InvalidSpecError
 from kcm_operator.handlers import OperatorConfig
 
@@ -149,3 +149,58 @@ def test_tls_material_written_by_handlers_side_by_side_is_always_whole(tmp_path)
         thread.join(60)
     assert errors == []
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no temp file left
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tls_settings(directory: Path, *contents: str) -> KafkaSettings:
+    paths = []
+    for content in contents:
+        path = directory / content
+        path.write_text(content)
+        paths.append(str(path))
+    return KafkaSettings("kafka:9093", dict(zip(("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"),
+                                                paths)))
+
+
+def test_a_rotated_secrets_old_tls_files_are_deleted_after_the_grace(tmp_path):
+    clock = _Clock()
+    ledger = MaterialLedger(grace_s=600, clock=clock)
+    ledger.named(("team", "kafka"), _tls_settings(tmp_path, "ca-1", "cert-1", "key-1"))
+    ledger.named(("team", "kafka"), _tls_settings(tmp_path, "ca-1", "cert-2", "key-2"))   # the client cert rotated
+
+    clock.now += 599   # an admin built from the old settings may still open them
+    ledger.named(("team", "kafka"), _tls_settings(tmp_path, "ca-1", "cert-2", "key-2"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca-1", "cert-1", "cert-2", "key-1", "key-2"]
+
+    clock.now += 1
+    ledger.named(("team", "kafka"), _tls_settings(tmp_path, "ca-1", "cert-2", "key-2"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca-1", "cert-2", "key-2"]
+
+
+def test_tls_files_another_connection_names_or_that_come_back_are_kept(tmp_path):
+    clock = _Clock()
+    ledger = MaterialLedger(grace_s=600, clock=clock)
+    ledger.named(("team", "a"), _tls_settings(tmp_path, "shared-ca"))
+    ledger.named(("team", "b"), _tls_settings(tmp_path, "shared-ca"))
+    ledger.named(("team", "c"), _tls_settings(tmp_path, "ca-c1"))
+    ledger.named(("team", "d"), _tls_settings(tmp_path, "ca-d"))   # then deleted: never resolved again
+
+    ledger.named(("team", "a"), _tls_settings(tmp_path, "ca-a2"))   # b still names the shared CA
+    ledger.named(("team", "c"), _tls_settings(tmp_path, "ca-c2"))
+    clock.now += 300
+    ledger.named(("team", "c"), _tls_settings(tmp_path, "ca-c1"))   # rotated back within the grace
+    clock.now += 599
+    ledger.named(("team", "a"), _tls_settings(tmp_path, "ca-a2"))
+
+    # ca-c2 was retired only 599 s ago; ca-d's connection (gone) keeps its last settings for deleting with them.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca-a2", "ca-c1", "ca-c2", "ca-d", "shared-ca"]
+    clock.now += 1
+    ledger.named(("team", "b"), _tls_settings(tmp_path, "shared-ca"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca-a2", "ca-c1", "ca-d", "shared-ca"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import tempfile
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,10 @@ from kcm_operator.errors import InvalidSpecError, KubernetesApiError
 
 PLURAL = "kafkaconnections"
 _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading; beyond, it starts again
+# A TLS file no KafkaConnection names any more (its Secret rotated) is deleted this long after: an admin built from
+# the old settings, or a handler that resolved them a moment ago, may still open it meanwhile.
+RETIRED_MATERIAL_GRACE_S = 600.0
+MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 
 
 class ConnectionResolver:
@@ -33,6 +39,7 @@ class ConnectionResolver:
         self._core = client.CoreV1Api(api_client)
         self._material_dir = material_dir or Path(tempfile.mkdtemp(prefix="kcm-operator-tls-"))
         self._validated: set[str] = set()   # fingerprints of settings whose TLS material loaded: not per event
+        self.material = MaterialLedger()
 
     def resolve(self, namespace: str, name: str) -> KafkaSettings:
         """The settings of KafkaConnection `namespace/name`; InvalidSpecError when it or a Secret is missing."""
@@ -44,8 +51,10 @@ class ConnectionResolver:
             raise _api_error(f"reading KafkaConnection {namespace}/{name}", exc) from None
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
-        return settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
-                                  self._material_dir, self._validated)
+        settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
+                                      self._material_dir, self._validated)
+        self.material.named((namespace, name), settings)
+        return settings
 
     def _secret_value(self, namespace: str, secret: str, key: str) -> bytes:
         try:
@@ -114,10 +123,42 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
     return settings
 
 
+class MaterialLedger:
+    """Which TLS material files each KafkaConnection's latest settings name; a file none names any more (a rotated
+    Secret's old certificate or key) is deleted RETIRED_MATERIAL_GRACE_S later, so rotations do not pile up files.
+    A deleted KafkaConnection keeps its files: deleting its subscriptions uses its last settings."""
+
+    def __init__(self, grace_s: float = RETIRED_MATERIAL_GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._grace_s = grace_s
+        self._clock = clock
+        self._latest: dict[tuple[str, str], frozenset[str]] = {}
+        self._retired: dict[str, float] = {}   # path → when the last settings naming it were replaced
+        self._lock = threading.Lock()
+
+    def named(self, connection: tuple[str, str], settings: KafkaSettings) -> None:
+        paths = frozenset(settings.properties[key] for key in MATERIAL_PROPERTIES if key in settings.properties)
+        now = self._clock()
+        with self._lock:
+            previous = self._latest.get(connection, frozenset())
+            self._latest[connection] = paths
+            if previous != paths:
+                in_use = frozenset().union(*self._latest.values())
+                for path in previous - in_use:
+                    self._retired.setdefault(path, now)
+                for path in paths:
+                    self._retired.pop(path, None)
+            due = [path for path, since in self._retired.items() if now - since >= self._grace_s]
+            for path in due:
+                del self._retired[path]
+        for path in due:
+            Path(path).unlink(missing_ok=True)
+
+
 def _material(directory: Path, content: bytes) -> str:
     # kafka-python reads TLS material from files; one private file per distinct content.
     path = directory / hashlib.sha256(content).hexdigest()[:16]
-    if not path.exists():
+    if not path.exists():   # (again, if the ledger deleted it: the settings naming it came back)
         # Handlers run side by side: none may read a half-written key, nor collide with another writing it.
         write_atomically(path, content)
     return str(path)
