@@ -59,6 +59,7 @@ class FakeCollector(OtlpCollector):
         self._lock = threading.Condition()
         self._exports: list[Export] = []
         self._faults: deque[_Fault] = deque()
+        self._refuse: tuple[Callable[[ExportMetricsServiceRequest], bool], grpc.StatusCode, str] | None = None
         self.rejected_calls = 0
 
     # Fault injection: each queued fault answers one Export call, in order.
@@ -67,10 +68,17 @@ class FakeCollector(OtlpCollector):
         with self._lock:
             self._faults.extend(_Fault(code, message) for _ in range(times))
 
+    def refuse_when(self, predicate: Callable[[ExportMetricsServiceRequest], bool],
+                    code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT, message: str = "injected refusal") -> None:
+        """Refuse every call whose request `predicate` holds for, as a collector validating what it is sent does."""
+        with self._lock:
+            self._refuse = (predicate, code, message)
+
     def clear_faults(self) -> None:
         """Answer every call from now on as a healthy collector does."""
         with self._lock:
             self._faults.clear()
+            self._refuse = None
 
     def throttle_next(self, retry_after_s: float, times: int = 1) -> None:
         """Answer RESOURCE_EXHAUSTED carrying a google.rpc.RetryInfo, as a collector under memory pressure does."""
@@ -108,6 +116,8 @@ class FakeCollector(OtlpCollector):
     def Export(self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext) -> ExportMetricsServiceResponse:  # noqa: N802 (gRPC name)
         with self._lock:
             fault = self._faults.popleft() if self._faults else None
+            if fault is None and self._refuse is not None and self._refuse[0](request):
+                fault = _Fault(self._refuse[1], self._refuse[2])
             if fault is not None and fault.code is not None:
                 self.rejected_calls += 1
         if fault is not None and fault.code is not None:

@@ -160,6 +160,42 @@ def test_a_batch_the_collector_refuses_for_good_is_dropped_logged_and_counted_an
         "(not retryable); check the endpoint's headers (an expired or missing token?); the headers were read again"]
 
 
+def _has_client(client_id: str) -> Callable[[object], bool]:
+    return lambda request: any(points.attributes(resource.resource.attributes).get("client_id") == client_id
+                               for resource in request.resource_metrics)
+
+
+@pytest.mark.parametrize("poisoned", [[5], [0, 7], list(range(8))], ids=["one", "two", "all"])
+def test_records_the_collector_calls_invalid_cost_only_themselves_not_their_batch(broker, new_topic, collector,
+                                                                                tmp_path, caplog, poisoned):
+    # A collector validating what it is sent refuses a whole request for one record it dislikes (INVALID_ARGUMENT,
+    # final per the OTLP spec): the bridge splits the batch to deliver the rest.
+    topic = new_topic()
+    clients = [f"poison-{i}" if i in poisoned else f"client-{i}" for i in range(8)]
+    _produce(broker.bootstrap, topic, [_push(client, f"00000000-0000-0000-0000-{i:012d}")
+                                       for i, client in enumerate(clients)])
+    refused = {client for client in clients if client.startswith("poison")}
+    collector.refuse_when(lambda request: any(_has_client(client)(request) for client in refused),
+                          message="invalid metric name")
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
+                     {("batch", "linger_ms"): 3000})   # the eight records make one batch
+    with caplog.at_level(logging.ERROR, logger="kcm.bridge"), running_bridge(config) as bridge:
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 30, "commit past all eight")
+    delivered = sorted(_client_ids(collector.exports))
+    assert delivered == sorted(set(clients) - refused)   # each once
+    drops = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert all("rejected with INVALID_ARGUMENT: invalid metric name; dropping" in line for line in drops), drops
+    (drop,) = drops
+    if len(poisoned) == 8:   # the collector refuses everything: every split, within the bound of 4·log2(8)
+        assert "dropping the batch of 16 points" in drop and collector.rejected_calls == 1 + 14
+    else:
+        assert (f"dropping {len(poisoned)} of the batch's 8 records ({2 * len(poisoned)} points; the others were "
+                "delivered)") in drop
+        assert collector.rejected_calls == 1 + 3 * len(poisoned)   # the batch, then the half holding each, down
+    assert bridge.metrics.value(bridge.metrics.export_failures, code="INVALID_ARGUMENT") == collector.rejected_calls
+    assert bridge.metrics.value(bridge.metrics.points) == 2 * len(delivered)
+
+
 def test_with_retry_refused_credentials_a_batch_is_held_until_the_collector_accepts_them(broker, new_topic, collector,
                                                                                          tmp_path):
     # An expired or rotated token: not dropped as the OTLP spec's "permanent" would have it, and not committed past.
@@ -537,9 +573,9 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
         payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
         request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
         collector.reject_partially_next(10**6)
-        assert bridge._export(bridge._endpoints[0], request, 12).delivered
+        assert bridge._export(bridge._endpoints[0], [(request, 12)]).delivered
         collector.reject_partially_next(-5)
-        assert bridge._export(bridge._endpoints[0], request, 12).rejected_points == 0
+        assert bridge._export(bridge._endpoints[0], [(request, 12)]).rejected_points == 0
         assert bridge.metrics.value(bridge.metrics.rejected) == 12
         assert bridge.metrics.value(bridge.metrics.points) == 12
 

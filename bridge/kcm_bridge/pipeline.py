@@ -383,27 +383,59 @@ class Bridge:
         batch.ticket.set_parts(len(work))
         self._inflight.append(batch.ticket)
         for endpoint, parts in work:
-            # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest.
-            request = b"".join(part[0] for part in parts)
-            points = sum(part[1] for part in parts)
-            future = self._pools[id(endpoint)].submit(self._export, endpoint, request, points)
+            future = self._pools[id(endpoint)].submit(self._export, endpoint, [(part[0], part[1]) for part in parts])
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
 
-    def _export(self, endpoint: Endpoint, request: bytes, points: int) -> Outcome:
+    def _export(self, endpoint: Endpoint, records: list[tuple[bytes, int]]) -> Outcome:
+        """Export a batch's records (MetricsData bytes, points) as one request. A batch the collector calls
+        INVALID_ARGUMENT is split in halves, each exported on its own, down to the records it refuses: one bad record
+        must not cost every other client in its batch its data. The splitting is bounded (4·log2(records) extra
+        requests), so a collector refusing everything costs a few requests per batch, not one per record."""
+        outcome = self._send(endpoint, records)
+        if outcome.error != "INVALID_ARGUMENT" or outcome.delivered or outcome.abandoned or len(records) == 1:
+            self._log_refusal(endpoint, outcome, records, len(records))
+            return outcome
+        budget, sent = 4 * len(records).bit_length(), 1
+        refused, dropped = [records], []   # chunks refused as a whole: to split, or dropped
+        while refused:
+            chunk = refused.pop()
+            if len(chunk) == 1 or budget < 2:
+                dropped += chunk
+                continue
+            half = len(chunk) // 2
+            for part in (chunk[:half], chunk[half:]):
+                budget, sent = budget - 1, sent + 1
+                result = self._send(endpoint, part)
+                if result.abandoned:
+                    return result
+                if not result.delivered:
+                    outcome = result
+                    (refused.append(part) if result.error == "INVALID_ARGUMENT" else dropped.extend(part))
+        self._log_refusal(endpoint, outcome, dropped, len(records))
+        return Outcome(True, sent)   # what the collector takes was delivered
+
+    def _send(self, endpoint: Endpoint, records: list[tuple[bytes, int]]) -> Outcome:
         started = time.monotonic()
-        outcome = endpoint.export(request)
+        # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest.
+        outcome = endpoint.export(b"".join(record[0] for record in records))
         labels = {"endpoint": endpoint.name}
         self.metrics.export_seconds.labels(**labels).observe(time.monotonic() - started)
-        if outcome.error is not None:
-            if not outcome.delivered and not outcome.abandoned:
-                log.error("export to %s rejected with %s: %s; dropping the batch of %d points (not retryable)%s%s",
-                          endpoint.name, outcome.error, outcome.detail, points, refusal_hint(outcome.error),
-                          outcome.note)
         if outcome.delivered:
+            points = sum(record[1] for record in records)
             rejected = min(outcome.rejected_points, points)   # a server claiming more counts as rejecting all
             self.metrics.points.labels(**labels).inc(points - rejected)
             self.metrics.rejected.labels(**labels).inc(rejected)
         return outcome
+
+    @staticmethod
+    def _log_refusal(endpoint: Endpoint, outcome: Outcome, records: list[tuple[bytes, int]], total: int) -> None:
+        if outcome.error is None or outcome.delivered or outcome.abandoned:
+            return
+        points = sum(record[1] for record in records)
+        dropped = (f"the batch of {points} points" if len(records) == total else
+                   f"{len(records)} of the batch's {total} records ({points} points; the others were delivered)")
+        log.error("export to %s rejected with %s: %s; dropping %s (not retryable)%s%s", endpoint.name,
+                  outcome.error, outcome.detail, dropped, refusal_hint(outcome.error), outcome.note)
 
     def _failed(self, endpoint: str, code: str, retrying: bool) -> None:
         """Each failed attempt, as it happens: the counters move during an outage, not once it is over."""
