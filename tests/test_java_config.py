@@ -94,6 +94,9 @@ JAAS = [
     'x.M required username "a";',
     '"" required username="a";',
     'x.M',
+    'x.M required username',
+    'x.M required username=',
+    'x.M required username=-5 password=٣;',
 ]
 
 
@@ -151,7 +154,7 @@ def test_jaas_lines_read_as_kafka_reads_them(java_probe):
     expected = _java(java_probe, "jaas", JAAS)
     assert [_python_jaas(text) for text in JAAS] == expected
     assert expected[0] == {"username": "alice", "password": "secret"}
-    assert expected.count(None) == 11   # the refused ones above are refused by Java too
+    assert expected.count(None) == 14   # the refused ones above are refused by Java too
 
 
 def test_an_unquoted_jaas_line_logs_in_with_its_username_and_password():

@@ -139,7 +139,7 @@ def _jaas_tokens(text: str) -> list[tuple[str, str | None]]:
                 ends = [end for end in (text.find("\n", index), text.find("\r", index)) if end >= 0]
                 index = min(ends) + 1 if ends else length
         elif char.isascii() and char.isdigit() or char == "." or char == "-":
-            if char == "-" and not (index + 1 < length and (text[index + 1].isdigit() or text[index + 1] == ".")):
+            if char == "-" and not (index + 1 < length and text[index + 1] in "0123456789."):
                 tokens.append(("-", None))
                 index += 1
                 continue
@@ -208,8 +208,9 @@ def parse_jaas(text: str) -> list[JaasEntry]:
         position += 1
         while tokens[position][0] not in (_EOF, ";"):
             key = tokens[position][1]
-            kind, value = tokens[position + 1], tokens[position + 2]
-            if kind[0] != "=" or value[0] == _EOF or value[1] is None:
+            kind = tokens[position + 1]
+            value = tokens[position + 2] if kind[0] == "=" else (_EOF, None)
+            if value[1] is None:
                 named = f"option {key!r}" if key in _NAMEABLE_OPTIONS else "an option"
                 raise JavaConfigError(f"no value for {named}: write values as quoted strings, e.g. "
                                       'password="..."')
