@@ -564,6 +564,23 @@ def test_a_record_that_fails_in_an_unforeseen_way_costs_that_record_only(tmp_pat
         assert len(bridge._batch.parts) == 2
 
 
+def test_a_batch_refused_as_a_whole_whose_parts_are_all_taken_is_delivered_and_nothing_is_dropped(
+        tmp_path, collector, caplog):
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
+    with _unstarted_bridge(config) as bridge:
+        records = []
+        for index in range(3):
+            payload = _push(f"app-{index}", f"00000000-0000-0000-0000-00000000000{index}")[1]
+            records.append((contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString(), 2))
+        collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="request too large")
+        assert bridge._export(bridge._endpoints[0], records).delivered
+    exports = collector.exports
+    assert len(exports) == 2 and [len(e.request.resource_metrics) for e in exports] in ([1, 2], [2, 1])
+    assert [r.levelno for r in caplog.records if r.name == "kcm.bridge"] == [logging.WARNING]
+    assert "the batch of 3 records was delivered in 2 smaller requests" in caplog.text
+    assert bridge.metrics.value(bridge.metrics.points) == 6
+
+
 def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_finishes_the_batch(
         tmp_path, collector):
     """Partial success with a count beyond the batch (or below zero) is the server's error: the batch still counts as

@@ -201,3 +201,8 @@ def test_the_jaas_line_kcm_writes_for_java_clients_reads_back_as_the_password_gi
         "sasl.password": password}))
     (entry,) = parse_jaas(properties["sasl.jaas.config"])
     assert entry.options == {"username": "u", "password": password}
+
+
+def test_a_jaas_line_beside_a_protocol_without_sasl_is_ignored_as_java_clients_ignore_it():
+    options = kafka_python_options({"security.protocol": "SSL", "sasl.jaas.config": "left over from another setup"})
+    assert "sasl_plain_username" not in options and options["security_protocol"] == "SSL"

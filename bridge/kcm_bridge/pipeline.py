@@ -411,7 +411,11 @@ class Bridge:
                 if not result.delivered:
                     outcome = result
                     (refused.append(part) if result.error == "INVALID_ARGUMENT" else dropped.extend(part))
-        self._log_refusal(endpoint, outcome, dropped, len(records))
+        if dropped:
+            self._log_refusal(endpoint, outcome, dropped, len(records))
+        else:   # refused as a whole, every part taken (a collector limiting request size this way)
+            log.warning("export to %s rejected with INVALID_ARGUMENT: %s; the batch of %d records was delivered in "
+                        "%d smaller requests", endpoint.name, outcome.detail, len(records), sent - 1)
         return Outcome(True, sent)   # what the collector takes was delivered
 
     def _send(self, endpoint: Endpoint, records: list[tuple[bytes, int]]) -> Outcome:

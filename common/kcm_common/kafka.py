@@ -154,7 +154,8 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             raise KafkaConfigError(
                 f"sasl.mechanism must be one of {', '.join(_SASL_MECHANISMS)}, not {options['sasl_mechanism']!r}"
             )
-    jaas = _jaas_options(options.pop("sasl_jaas_config", None))
+    # Java clients read the JAAS line only for SASL: a leftover one beside PLAINTEXT or SSL is ignored, as there.
+    jaas = _jaas_options(options.pop("sasl_jaas_config", None) if protocol.startswith("SASL") else None)
     if jaas is not None and ("sasl_plain_username" in options or "sasl_plain_password" in options):
         # Java clients would log in with the JAAS line and the others with these: one source of credentials.
         raise KafkaConfigError("give either sasl.jaas.config or sasl.username/sasl.password, not both")
