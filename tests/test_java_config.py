@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
-from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options, parse_properties
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options, load_properties, parse_properties
 from kcm_common.kafka_java import java_client_properties
 from kcm_sandbox.java_receiver import ensure_built, runtime_classpath
 
@@ -206,3 +206,9 @@ def test_the_jaas_line_kcm_writes_for_java_clients_reads_back_as_the_password_gi
 def test_a_jaas_line_beside_a_protocol_without_sasl_is_ignored_as_java_clients_ignore_it():
     options = kafka_python_options({"security.protocol": "SSL", "sasl.jaas.config": "left over from another setup"})
     assert "sasl_plain_username" not in options and options["security_protocol"] == "SSL"
+
+
+def test_a_byte_order_mark_a_windows_editor_wrote_is_not_part_of_the_first_key(tmp_path):
+    config = tmp_path / "client.properties"
+    config.write_bytes("security.protocol=SASL_SSL\nsasl.username=u\nsasl.password=p\n".encode("utf-8-sig"))
+    assert load_properties(config)["security.protocol"] == "SASL_SSL"

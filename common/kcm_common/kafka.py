@@ -86,7 +86,7 @@ def parse_properties(text: str) -> dict[str, str]:
 def load_properties(path: str | Path) -> dict[str, str]:
     """Read a client properties file (the `--command-config` of every kcm command)."""
     try:
-        return parse_properties(Path(path).read_text(encoding="utf-8"))
+        return parse_properties(Path(path).read_text(encoding="utf-8-sig"))   # a Windows editor's BOM: not a key
     except OSError as exc:
         raise KafkaConfigError(f"cannot read the client config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
