@@ -190,7 +190,8 @@ def test_a_jaas_line_java_would_refuse_says_why_and_never_shows_the_secret(jaas,
 def test_a_malformed_unicode_escape_is_named_by_line_never_quoted():
     with pytest.raises(KafkaConfigError) as raised:
         parse_properties("security.protocol=SASL_SSL\nsasl.password=S3cr3t\\u12\n")
-    assert str(raised.value) == "cannot read the property on line 2: malformed \\uXXXX escape (four hex digits expected)"
+    assert str(raised.value) == ("cannot read the property on line 2: malformed \\uXXXX escape "
+                                 "(four hex digits expected)")
 
 
 @pytest.mark.parametrize("password", ['pa"ss\\word', "two\nlines\r\n", "'single' and /* not a comment */ // nor this",
