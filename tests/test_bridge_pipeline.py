@@ -310,6 +310,40 @@ def _terminate(process: subprocess.Popen | None, timeout_s: float = 30) -> int |
         return None
 
 
+def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_unexported(broker, new_topic,
+                                                                                          tmp_path):
+    topic = new_topic()
+    _produce(broker.bootstrap, topic, [_push("waiting", "00000000-0000-0000-0000-000000000001")])
+    properties = tmp_path / "consumer.properties"
+    properties.write_text(CONSUMER_PROPERTIES)
+    config_path = tmp_path / "bridge.yaml"
+    config_path.write_text(   # a collector that is down, and a long drain
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}],"
+        " group_id: impatient}\n"
+        f"endpoints: [{{endpoint: '127.0.0.1:{_closed_port()}', insecure: true}}]\n"
+        "retry: {initial_backoff_s: 0.1, max_backoff_s: 0.5}\n"
+        "delivery: {shutdown_timeout_s: 120}\n")
+    log_path = tmp_path / "bridge.log"
+    process = _start_kcm_bridge(config_path, log_path)
+    try:
+        _wait(lambda: "UNAVAILABLE" in log_path.read_text(), 60, "an export retrying")
+        process.send_signal(signal.SIGINT)
+        _wait(lambda: "draining (at most 120s; a second signal stops at once)" in log_path.read_text(), 10,
+              "the drain")
+        time.sleep(1.0)
+        assert process.poll() is None   # still waiting for the collector
+        stopping = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(30)
+        took = time.monotonic() - stopping
+    finally:
+        _terminate(process)
+    text = log_path.read_text()
+    assert code == 0 and took < 10, (took, text)
+    assert "SIGINT received again: stopping without waiting for exports" in text and "Traceback" not in text
+    assert _committed(broker.bootstrap, "impatient", topic) in (None, 0)   # the record is read again next time
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigkill_mid_stream_and_restart_delivers_every_point_at_least_once(
         backend, broker, new_topic, collector, tmp_path):

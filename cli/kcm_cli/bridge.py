@@ -60,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
     bridge = Bridge(config)
 
     def stop(signum: signal.Signals) -> None:
-        log.info("%s received: draining", signum.name)
+        if bridge.stopping:
+            log.warning("%s received again: stopping without waiting for exports (what was exported is committed; "
+                        "the rest is read again when a bridge next consumes those partitions)", signum.name)
+            bridge.stop(at_once=True)
+            return
+        log.info("%s received: draining (at most %gs; a second signal stops at once)", signum.name,
+                 config.delivery.shutdown_timeout_s)
         bridge.stop()
 
     on_stop_signals(stop)
