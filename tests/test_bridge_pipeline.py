@@ -605,7 +605,8 @@ def test_a_batch_refused_as_a_whole_whose_parts_are_all_taken_is_delivered_and_n
         records = []
         for index in range(3):
             payload = _push(f"app-{index}", f"00000000-0000-0000-0000-00000000000{index}")[1]
-            records.append((contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString(), 2))
+            request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
+            records.append((request, 2, b""))
         collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="request too large")
         assert bridge._export(bridge._endpoints[0], records).delivered
     exports = collector.exports
@@ -624,9 +625,9 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
         payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
         request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
         collector.reject_partially_next(10**6)
-        assert bridge._export(bridge._endpoints[0], [(request, 12)]).delivered
+        assert bridge._export(bridge._endpoints[0], [(request, 12, b"")]).delivered
         collector.reject_partially_next(-5)
-        assert bridge._export(bridge._endpoints[0], [(request, 12)]).rejected_points == 0
+        assert bridge._export(bridge._endpoints[0], [(request, 12, b"")]).rejected_points == 0
         assert bridge.metrics.value(bridge.metrics.rejected) == 12
         assert bridge.metrics.value(bridge.metrics.points) == 12
 

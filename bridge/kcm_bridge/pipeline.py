@@ -134,6 +134,10 @@ def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record,
     return payload
 
 
+# One record in a batch: its enriched MetricsData bytes, its data points, and its key (for hash routing).
+Part = tuple[bytes, int, bytes]
+
+
 @dataclass
 class _DeadLetter:
     record: Record
@@ -146,7 +150,7 @@ class _DeadLetter:
 @dataclass
 class _Batch:
     ticket: Ticket = field(default_factory=Ticket)
-    parts: list[tuple[bytes, int, bytes]] = field(default_factory=list)   # (payload, points, routing key)
+    parts: list[Part] = field(default_factory=list)
     points: int = 0
     size: int = 0
     opened: float = field(default_factory=time.monotonic)
@@ -383,7 +387,7 @@ class Bridge:
             return
         endpoints = self._endpoints
         if self.config.routing == "hash" and len(endpoints) > 1:
-            groups: dict[int, list[tuple[bytes, int, bytes]]] = {}
+            groups: dict[int, list[Part]] = {}
             for part in batch.parts:
                 groups.setdefault(zlib.crc32(part[2]) % len(endpoints), []).append(part)
             work = [(endpoints[index], parts) for index, parts in groups.items()]
@@ -393,14 +397,14 @@ class Bridge:
         batch.ticket.set_parts(len(work))
         self._inflight.append(batch.ticket)
         for endpoint, parts in work:
-            future = self._pools[id(endpoint)].submit(self._export, endpoint, [(part[0], part[1]) for part in parts])
+            future = self._pools[id(endpoint)].submit(self._export, endpoint, parts)
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
 
-    def _export(self, endpoint: Endpoint, records: list[tuple[bytes, int]]) -> Outcome:
-        """Export a batch's records (MetricsData bytes, points) as one request. A batch the collector calls
-        INVALID_ARGUMENT is split in halves, each exported on its own, down to the records it refuses: one bad record
-        must not cost every other client in its batch its data. The splitting is bounded (4·log2(records) extra
-        requests), so a collector refusing everything costs a few requests per batch, not one per record."""
+    def _export(self, endpoint: Endpoint, records: list[Part]) -> Outcome:
+        """Export a batch's records as one request. A batch the collector calls INVALID_ARGUMENT is split in halves,
+        each exported on its own, down to the records it refuses: one bad record must not cost every other client in
+        its batch its data. The splitting is bounded (4·log2(records) extra requests), so a collector refusing
+        everything costs a few requests per batch, not one per record."""
         outcome = self._send(endpoint, records)
         if outcome.error != "INVALID_ARGUMENT" or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._log_refusal(endpoint, outcome, records, len(records))
@@ -428,7 +432,7 @@ class Bridge:
                         "%d smaller requests", endpoint.name, outcome.detail, len(records), sent - 1)
         return Outcome(True, sent)   # what the collector takes was delivered
 
-    def _send(self, endpoint: Endpoint, records: list[tuple[bytes, int]]) -> Outcome:
+    def _send(self, endpoint: Endpoint, records: list[Part]) -> Outcome:
         started = time.monotonic()
         # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest.
         outcome = endpoint.export(b"".join(record[0] for record in records))
@@ -442,7 +446,7 @@ class Bridge:
         return outcome
 
     @staticmethod
-    def _log_refusal(endpoint: Endpoint, outcome: Outcome, records: list[tuple[bytes, int]], total: int) -> None:
+    def _log_refusal(endpoint: Endpoint, outcome: Outcome, records: list[Part], total: int) -> None:
         if outcome.error is None or outcome.delivered or outcome.abandoned:
             return
         points = sum(record[1] for record in records)
