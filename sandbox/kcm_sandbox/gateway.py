@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import re
+import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -134,8 +135,9 @@ class Gateway:
     def __init__(self, upstream: tuple[str, int], store: SubscriptionStore, telemetry: TelemetryManager,
                  receiver: Receiver, host: str = "127.0.0.1", port: int = 0,
                  connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS,
-                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES) -> None:
+                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES, listener: socket.socket | None = None) -> None:
         self.upstream = upstream
+        self._listener = listener   # a socket already listening on host:port, to serve on
         self.idle_timeout_s = connections_max_idle_ms / 1000
         self.frame_budget = wire.FrameBudget(frame_budget_bytes)
         self.store = store
@@ -154,7 +156,10 @@ class Gateway:
 
     async def start(self) -> None:
         self.upstream_versions = await self._fetch_upstream_versions()
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        if self._listener is not None:
+            self._server = await asyncio.start_server(self._serve, sock=self._listener)
+        else:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("gateway listening on %s:%d, upstream broker %s:%d", self.host, self.port, *self.upstream)
 

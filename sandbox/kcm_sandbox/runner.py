@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from kcm_common import contract
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_common.retry import LONGEST_WAIT_S
 from kcm_common.names import DEFAULT_METRICS_TOPIC
-from kcm_sandbox.broker import EmbeddedBroker, free_port
+from kcm_sandbox.broker import EmbeddedBroker
 from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.gateway import DEFAULT_CONNECTIONS_MAX_IDLE_MS, Gateway
 from kcm_sandbox.java_receiver import JavaReceiver
@@ -98,6 +99,7 @@ class Sandbox:
         self._receiver: TopicReceiver | JavaReceiver | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -117,7 +119,10 @@ class Sandbox:
         options.validate()
         host, port = options.listen
         try:
-            port = port or free_port(host)
+            # Listening from the start: the broker advertises this port, and a port merely seen free could be taken
+            # (by any connection's local end) while the broker starts.
+            self._listener = socket.create_server((host, port))
+            port = self._listener.getsockname()[1]
             self.store = SubscriptionStore(options.state)  # a state file it cannot use stops it before the broker
             if options.upstream is None:
                 self.broker = EmbeddedBroker(host=host, advertised=f"{host}:{port}")
@@ -125,7 +130,7 @@ class Sandbox:
             telemetry = TelemetryManager(self.store, options.compression, options.telemetry_max_bytes)
             self.gateway = Gateway(parse_address(self.upstream_bootstrap, "--upstream"), self.store, telemetry,
                                    self._receive, host=host, port=port,
-                                   connections_max_idle_ms=options.connections_max_idle_ms)
+                                   connections_max_idle_ms=options.connections_max_idle_ms, listener=self._listener)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kcm-sandbox-gateway", daemon=True)
             self._thread.start()
@@ -168,6 +173,9 @@ class Sandbox:
                 self._thread.join(timeout=10)
             self._loop.close()
             self._loop = None
+        if self._listener is not None:   # the gateway's server closed it already, unless it never started
+            self._listener.close()
+            self._listener = None
         if self.broker is not None:
             self.broker.stop()
 
