@@ -13,7 +13,7 @@ import pytest
 from kcm_bridge import config as bridge_config
 from kcm_common.otlp_export import RetryPolicy
 from kcm_bridge.health import KafkaHealth
-from kcm_sandbox.broker import free_port
+from ports import reserved_port
 from test_bridge_pipeline import BACKENDS, running_bridge
 
 PASSWORD = "hunter2-not-in-any-log"
@@ -84,40 +84,40 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
     """Pods start in any order: the bridge waits, not ready, saying what answers at the address, then consumes."""
     from kcm_sandbox.runner import Sandbox, SandboxOptions
 
-    port = free_port()
-    properties = tmp_path / "client.properties"
-    properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
-    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
-        ("kafka", "bootstrap_servers"): f"127.0.0.1:{port}", ("kafka", "command_config"): str(properties),
-        ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0,
-        ("metrics_host",): "127.0.0.1"})
-    caplog.set_level(logging.INFO)
-    with running_bridge(config) as bridge:
-        deadline = time.monotonic() + 30
-        while not any("refuses connections" in r.getMessage() for r in caplog.records if r.name == "kcm.bridge"):
-            assert time.monotonic() < deadline, "nothing reported within 30 s"
-            time.sleep(0.1)
-        time.sleep(3)   # several reconnect attempts: the outage is reported per backoff period, not per attempt
-        noisy = [r.getMessage() for r in caplog.records
-                 if r.name.startswith("kcm.bridge") and r.levelno == logging.WARNING]
-        assert noisy == [], noisy
-        # Errors: only the bridge's own report, once per backoff period (1, 2, 4 s...), never a line per attempt.
-        errors = [(r.name, r.getMessage()) for r in caplog.records
-                  if r.name.startswith("kcm.bridge") and r.levelno >= logging.ERROR]
-        assert errors and all(name == "kcm.bridge" and message.startswith("cannot reach Kafka")
-                              for name, message in errors)
-        assert len(errors) <= 4, errors
-        assert not bridge.ready
-        sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", port)))
-        sandbox.start()
-        try:
-            deadline = time.monotonic() + 60
-            while not bridge.ready:
-                assert time.monotonic() < deadline, "not ready within 60 s of Kafka starting"
-                time.sleep(0.2)
-        finally:
-            sandbox.stop()
-    assert not [r for r in caplog.records if r.exc_info]
+    with reserved_port() as port:   # refusing connections until the sandbox listens there
+        properties = tmp_path / "client.properties"
+        properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
+        config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+            ("kafka", "bootstrap_servers"): f"127.0.0.1:{port}", ("kafka", "command_config"): str(properties),
+            ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0,
+            ("metrics_host",): "127.0.0.1"})
+        caplog.set_level(logging.INFO)
+        with running_bridge(config) as bridge:
+            deadline = time.monotonic() + 30
+            while not any("refuses connections" in r.getMessage() for r in caplog.records if r.name == "kcm.bridge"):
+                assert time.monotonic() < deadline, "nothing reported within 30 s"
+                time.sleep(0.1)
+            time.sleep(3)   # several reconnect attempts: the outage is reported per backoff period, not per attempt
+            noisy = [r.getMessage() for r in caplog.records
+                     if r.name.startswith("kcm.bridge") and r.levelno == logging.WARNING]
+            assert noisy == [], noisy
+            # Errors: only the bridge's own report, once per backoff period (1, 2, 4 s...), never a line per attempt.
+            errors = [(r.name, r.getMessage()) for r in caplog.records
+                      if r.name.startswith("kcm.bridge") and r.levelno >= logging.ERROR]
+            assert errors and all(name == "kcm.bridge" and message.startswith("cannot reach Kafka")
+                                  for name, message in errors)
+            assert len(errors) <= 4, errors
+            assert not bridge.ready
+            sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", port)))
+            sandbox.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not bridge.ready:
+                    assert time.monotonic() < deadline, "not ready within 60 s of Kafka starting"
+                    time.sleep(0.2)
+            finally:
+                sandbox.stop()
+        assert not [r for r in caplog.records if r.exc_info]
 
 
 def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_reconnect(caplog):

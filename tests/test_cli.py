@@ -102,10 +102,11 @@ def test_a_negative_request_timeout_is_a_config_error_not_an_unreachable_kafka(t
 
 
 def test_nothing_listening_is_reported_without_waiting_for_the_bootstrap_timeout():
-    from kcm_sandbox.broker import free_port
+    from ports import reserved_port
 
     started = time.monotonic()
-    result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--connect-timeout", "30")
+    with reserved_port() as port:
+        result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{port}", "--connect-timeout", "30")
 
     _one_line_error(result, "cannot reach Kafka", "refuses connections")
     assert time.monotonic() - started < 25

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from kcm_sandbox.broker import free_port
+from ports import reserved_port
 from kube_emulator import KubeServer
 from test_operator_reconcile import GROUP, IN_KAFKA, NS, PLURAL, SPEC, wait_for
 
@@ -47,37 +47,38 @@ _USER_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME", "POD_ID")
 
 def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, sandbox):
     """Run as the image runs it: a uid without a passwd entry, no POD_ID, no user variables."""
-    metrics_port, liveness_port = free_port(), free_port()
-    environment = {name: value for name, value in os.environ.items() if name not in _USER_VARIABLES}
-    process = subprocess.Popen(
-        [sys.executable, "-c", _WITHOUT_A_USER, "operator", "--all-namespaces", "--standalone",
-         "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
-         "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json"],
-        env={**environment, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    try:
-        custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
-        custom.create_namespaced_custom_object(GROUP, "v1alpha1", NS, PLURAL, {
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "ClientMetricsSubscription",
-            "metadata": {"name": "payments"}, "spec": SPEC})
-
-        wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka", 30)
-
-        assert wait_for(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, "liveness")
-        metrics = wait_for(lambda: _get(f"http://127.0.0.1:{metrics_port}/metrics")[1], "metrics")
-        assert 'kcm_operator_reconciliations_total{reason="Applied",result="applied"} 1.0' in metrics
-        assert "kcm_operator_managed_subscriptions 1.0" in metrics
-    finally:
-        process.send_signal(signal.SIGTERM)
+    # Reserved until the operator listens there: a port only seen free can be taken meanwhile.
+    with reserved_port() as metrics_port, reserved_port() as liveness_port:
+        environment = {name: value for name, value in os.environ.items() if name not in _USER_VARIABLES}
+        process = subprocess.Popen(
+            [sys.executable, "-c", _WITHOUT_A_USER, "operator", "--all-namespaces", "--standalone",
+             "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
+             "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json"],
+            env={**environment, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
         try:
-            output, _ = process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
-    assert process.returncode == 0, output
-    logs = [json.loads(line) for line in output.splitlines()]
-    assert {"time", "level", "logger", "message"} <= set(logs[0])
-    assert any(entry.get("name") == "payments" and entry.get("namespace") == NS for entry in logs)
+            custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+            custom.create_namespaced_custom_object(GROUP, "v1alpha1", NS, PLURAL, {
+                "apiVersion": f"{GROUP}/v1alpha1", "kind": "ClientMetricsSubscription",
+                "metadata": {"name": "payments"}, "spec": SPEC})
+
+            wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka", 30)
+
+            assert wait_for(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, "liveness")
+            metrics = wait_for(lambda: _get(f"http://127.0.0.1:{metrics_port}/metrics")[1], "metrics")
+            assert 'kcm_operator_reconciliations_total{reason="Applied",result="applied"} 1.0' in metrics
+            assert "kcm_operator_managed_subscriptions 1.0" in metrics
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                output, _ = process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+        assert process.returncode == 0, output
+        logs = [json.loads(line) for line in output.splitlines()]
+        assert {"time", "level", "logger", "message"} <= set(logs[0])
+        assert any(entry.get("name") == "payments" and entry.get("namespace") == NS for entry in logs)
 
 
 def test_no_kubernetes_api_is_a_one_line_error(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from kcm_sandbox.broker import free_port
+from ports import reserved_port
 from kube_emulator import KubeServer
 from test_operator_reconcile import GROUP, IN_KAFKA, NS, PLURAL, SPEC, VERSION, wait_for
 
@@ -31,7 +31,8 @@ class Replica:
     def __init__(self, kube: KubeServer, bootstrap: str, priority: int, log: Path) -> None:
         self.name = f"replica-{priority}"
         self.log = log
-        self.metrics_port = free_port()
+        self._port = reserved_port()   # held until the replica stops: a port only seen free can be taken meanwhile
+        self.metrics_port = self._port.__enter__()
         with log.open("w") as output:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--peering-name", PEERING,
@@ -54,6 +55,7 @@ class Replica:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=10)
+        self._port.__exit__(None, None, None)
 
 
 def _peers(kube: KubeServer) -> set[str]:

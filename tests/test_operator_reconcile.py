@@ -21,7 +21,7 @@ from kcm_operator.admin import SubscriptionAdmin
 from kcm_operator.connections import ConnectionResolver
 from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
 from kcm_operator.reconcile import SET, Change, Op
-from kcm_sandbox.broker import free_port
+from ports import reserved_port
 from kube_emulator import KubeServer
 
 CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
@@ -269,12 +269,12 @@ def test_the_older_resource_owns_a_subscription_and_the_newer_takes_over_when_it
 
 
 def test_kafka_down_is_kafka_unavailable_then_recovers_by_itself(run_operator, sandbox_factory):
-    port = free_port()
-    cluster = run_operator(settings=KafkaSettings(f"127.0.0.1:{port}"))
-    cluster.apply("payments", SPEC)
+    with reserved_port() as port:   # refusing connections until the sandbox listens there
+        cluster = run_operator(settings=KafkaSettings(f"127.0.0.1:{port}"))
+        cluster.apply("payments", SPEC)
 
-    down = cluster.wait_condition("payments", "False", "KafkaUnavailable")
-    later = sandbox_factory(listen=("127.0.0.1", port))
+        down = cluster.wait_condition("payments", "False", "KafkaUnavailable")
+        later = sandbox_factory(listen=("127.0.0.1", port))
 
     cluster.wait_condition("payments", "True", "Applied")
     assert f"127.0.0.1:{port}" in down["message"]

@@ -18,8 +18,9 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from kcm_sandbox.broker import EmbeddedBroker, free_port
+from kcm_sandbox.broker import EmbeddedBroker
 from kcm_sandbox.runner import Sandbox, SandboxError, SandboxOptions
+from ports import reserved_port
 
 STARTUP_TIMEOUT_S = 60
 
@@ -78,8 +79,8 @@ def _describe(bootstrap: str, name: str) -> dict:
 
 def test_sandbox_prints_its_address_keeps_state_and_stops_its_broker_on_sigterm(tmp_path):
     state = tmp_path / "subscriptions.json"
-    port = free_port()
-    with _sandbox("--listen", f"127.0.0.1:{port}", "--state", str(state)) as (process, bootstrap):
+    with reserved_port() as port, _sandbox("--listen", f"127.0.0.1:{port}", "--state", str(state)) as (process,
+                                                                                                      bootstrap):
         assert bootstrap == f"127.0.0.1:{port}"
         broker_pids = _children(process.pid)
         assert broker_pids, "the sandbox should run the embedded broker as a child process"

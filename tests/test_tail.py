@@ -215,9 +215,10 @@ def test_missing_topic_is_a_one_line_error_with_exit_code_2(broker):
 
 
 def test_unreachable_broker_is_a_one_line_error_with_exit_code_2():
-    from kcm_sandbox.broker import free_port
+    from ports import reserved_port
 
-    result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{free_port()}", "--timeout", "1", "--connect-timeout", "1")
+    with reserved_port() as port:
+        result = _kcm("tail", "--bootstrap-server", f"127.0.0.1:{port}", "--timeout", "1", "--connect-timeout", "1")
 
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
