@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,8 @@ class Replica:
     def __init__(self, kube: KubeServer, bootstrap: str, priority: int, log: Path) -> None:
         self.name = f"replica-{priority}"
         self.log = log
-        self._port = reserved_port()   # held until the replica stops: a port only seen free can be taken meanwhile
-        self.metrics_port = self._port.__enter__()
+        self._ports = ExitStack()   # held until the replica stops: a port only seen free can be taken meanwhile
+        self.metrics_port = self._ports.enter_context(reserved_port())
         with log.open("w") as output:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--peering-name", PEERING,
@@ -55,7 +56,7 @@ class Replica:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=10)
-        self._port.__exit__(None, None, None)
+        self._ports.close()
 
 
 def _peers(kube: KubeServer) -> set[str]:

@@ -79,8 +79,8 @@ def _describe(bootstrap: str, name: str) -> dict:
 
 def test_sandbox_prints_its_address_keeps_state_and_stops_its_broker_on_sigterm(tmp_path):
     state = tmp_path / "subscriptions.json"
-    with reserved_port() as port, _sandbox("--listen", f"127.0.0.1:{port}", "--state", str(state)) as (process,
-                                                                                                      bootstrap):
+    with (reserved_port() as port,
+          _sandbox("--listen", f"127.0.0.1:{port}", "--state", str(state)) as (process, bootstrap)):
         assert bootstrap == f"127.0.0.1:{port}"
         broker_pids = _children(process.pid)
         assert broker_pids, "the sandbox should run the embedded broker as a child process"
