@@ -169,7 +169,6 @@ class Bridge:
                            if config.temporality.delta_to_cumulative else None)
         self._prepare = Preparer(Enricher(config.enrich), self._converter)
         self._stopping = threading.Event()
-        self._hurry = threading.Event()   # stop without waiting for exports
         self._drain_deadline = float("inf")
         self._endpoints = [open_endpoint(e, config.retry, self._give_up, functools.partial(self._failed, e.endpoint))
                            for e in config.endpoints]
@@ -200,8 +199,7 @@ class Bridge:
         (a second Ctrl-C) also stops waiting for exports: what was exported is committed, the rest is read again by
         the next consumer of those partitions."""
         if at_once:
-            self._hurry.set()
-            self._drain_deadline = time.monotonic()
+            self._drain_deadline = time.monotonic()   # the drain keeps the earlier of this and its own deadline
         self._stopping.set()
 
     @property
@@ -571,8 +569,8 @@ class Bridge:
     def _drain(self) -> None:
         """Stop fetching, export what is open, commit what was exported, close; bounded by the shutdown timeout."""
         self._stopping.set()
-        self._drain_deadline = time.monotonic() + (0.0 if self._hurry.is_set() else
-                                                   self.config.delivery.shutdown_timeout_s)
+        self._drain_deadline = min(self._drain_deadline,
+                                   time.monotonic() + self.config.delivery.shutdown_timeout_s)
         if self._consumer is not None:
             self._flush()
             while self._tracker.pending() and time.monotonic() < self._drain_deadline:

@@ -101,7 +101,7 @@ def _unescape(text: str, number: int) -> str:
 _CONTROL_FLAGS = ("REQUIRED", "REQUISITE", "SUFFICIENT", "OPTIONAL")
 _JAAS_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 # Options whose names may be shown in a message; any other name could be half of an unquoted password.
-_NAMEABLE_OPTIONS = frozenset({"username", "password", "tokenauth", "serviceName", "useKeyTab", "principal"})
+_NAMEABLE_OPTIONS = frozenset({"username", "password"})
 _WORD, _QUOTED, _NUMBER, _EOF = "word", "quoted", "number", "eof"
 
 
@@ -199,11 +199,8 @@ def parse_jaas(text: str) -> list[JaasEntry]:
         if tokens[position][0] == _EOF:
             raise JavaConfigError("login module control flag not specified")
         flag = tokens[position][1]
-        if flag is None or flag.upper() not in _CONTROL_FLAGS:
-            raise JavaConfigError("invalid login module control flag (required, requisite, sufficient or optional)"
-                                  if flag is None or not _looks_like(flag) else
-                                  f"invalid login module control flag {flag!r} (required, requisite, sufficient or "
-                                  "optional)")
+        if flag is None or flag.upper() not in _CONTROL_FLAGS:   # not shown: it may be a misplaced password
+            raise JavaConfigError("invalid login module control flag (required, requisite, sufficient or optional)")
         options: dict[str, str] = {}
         position += 1
         while tokens[position][0] not in (_EOF, ";"):
@@ -227,7 +224,3 @@ def parse_jaas(text: str) -> list[JaasEntry]:
         raise JavaConfigError("no login module given")
     return entries
 
-
-def _looks_like(word: str) -> bool:
-    """A control flag misspelt is short and plain; anything else may be a misplaced secret, not to be shown."""
-    return len(word) <= 12 and word.isalpha()

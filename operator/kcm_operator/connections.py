@@ -28,7 +28,7 @@ _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading
 # A TLS file no KafkaConnection names any more (its Secret rotated) is deleted this long after: an admin built from
 # the old settings, or a handler that resolved them a moment ago, may still open it meanwhile.
 RETIRED_MATERIAL_GRACE_S = 600.0
-MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+_MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 
 
 class ConnectionResolver:
@@ -137,7 +137,7 @@ class MaterialLedger:
         self._lock = threading.Lock()
 
     def named(self, connection: tuple[str, str], settings: KafkaSettings) -> None:
-        paths = frozenset(settings.properties[key] for key in MATERIAL_PROPERTIES if key in settings.properties)
+        paths = frozenset(settings.properties[key] for key in _MATERIAL_PROPERTIES if key in settings.properties)
         now = self._clock()
         with self._lock:
             previous = self._latest.get(connection, frozenset())

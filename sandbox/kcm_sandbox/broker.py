@@ -59,8 +59,7 @@ class EmbeddedBroker:
         self.host = host
         self._chosen_port = not port   # a port picked here may be taken before the broker binds it: pick again
         self.port = port or free_port(host)
-        self._advertised_self = advertised is None
-        self.advertised = advertised or f"{host}:{self.port}"
+        self._advertised = advertised
         # Memory-only, so every broker is a cluster of its own, and says so: tools (the operator's conflict check)
         # tell clusters apart by their id.
         self.cluster_id = cluster_id or f"kcm-sandbox-{secrets.token_hex(4)}"
@@ -73,6 +72,11 @@ class EmbeddedBroker:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def advertised(self) -> str:
+        """What clients are told to connect to: the given address (a gateway in front), else the broker's own."""
+        return self._advertised or self.bootstrap
+
     def start(self, timeout: float = 20.0) -> None:
         """Start the broker and wait until it accepts connections."""
         try:
@@ -83,8 +87,6 @@ class EmbeddedBroker:
             if self._start(binary, timeout):
                 return
             self.port = free_port(self.host)   # it exited at once: the port was taken meanwhile
-            if self._advertised_self:
-                self.advertised = f"{self.host}:{self.port}"
         self._own_log = False  # the error below names it
         raise BrokerError(f"the embedded broker did not start on {self.bootstrap}; see its log at {self.log_path}")
 
