@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import stat
 import subprocess
 import threading
+import types
 from pathlib import Path
 
 import pytest
 
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
-from kcm_operator.connections import MaterialLedger, settings_from_spec
+from kcm_operator.connections import ConnectionResolver, MaterialLedger, settings_from_spec
 from kcm_operator.errors import InvalidSpecError
 from kcm_operator.handlers import OperatorConfig
 
@@ -204,3 +206,31 @@ def test_tls_files_another_connection_names_or_that_come_back_are_kept(tmp_path)
     clock.now += 1
     ledger.named(("team", "b"), _tls_settings(tmp_path, "shared-ca"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ca-a2", "ca-c1", "ca-d", "shared-ca"]
+
+
+def test_resolving_a_connection_after_its_secret_rotated_retires_the_old_tls_file(tmp_path):
+    """The resolver tells the ledger what each resolution names (here with no grace: the old file goes at once)."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-rotated-ca",
+                    "-days", "2", "-keyout", str(tmp_path / "new.key"), "-out", str(tmp_path / "new.pem")],
+                   check=True, capture_output=True, timeout=60)
+    secret = {"ca.crt": SECRETS["ca", "ca.crt"]}
+
+    class Api:   # the two Kubernetes reads the resolver makes
+        def get_namespaced_custom_object(self, *_: object) -> dict:
+            return {"spec": {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL",
+                             "tls": {"caSecretRef": {"name": "ca"}}}}
+
+        def read_namespaced_secret(self, *_: object) -> types.SimpleNamespace:
+            return types.SimpleNamespace(data={key: base64.b64encode(value).decode() for key, value in secret.items()})
+
+    material = tmp_path / "material"
+    material.mkdir()
+    resolver = ConnectionResolver(None, material)
+    resolver._custom = resolver._core = Api()
+    resolver.material = MaterialLedger(grace_s=0)
+
+    old = resolver.resolve("team", "kafka").properties["ssl.ca.location"]
+    secret["ca.crt"] = (tmp_path / "new.pem").read_bytes()   # the Secret rotated
+    new = resolver.resolve("team", "kafka").properties["ssl.ca.location"]
+
+    assert old != new and [path.name for path in material.iterdir()] == [Path(new).name]
