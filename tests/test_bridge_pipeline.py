@@ -22,6 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
 
 from kcm_bridge import config as bridge_config
+from kcm_bridge.offsets import Ticket
 from kcm_bridge.pipeline import Bridge
 from kcm_common import contract, points
 from kcm_common.kafka import KafkaSettings
@@ -190,6 +191,80 @@ def test_records_the_collector_calls_invalid_cost_only_themselves_not_their_batc
         assert collector.rejected_calls == 1 + 3 * len(poisoned)   # the batch, then the half holding each, down
     assert bridge.metrics.value(bridge.metrics.export_failures, code="INVALID_ARGUMENT") == collector.rejected_calls
     assert bridge.metrics.value(bridge.metrics.points) == 2 * len(delivered)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_records_the_collector_calls_invalid_go_to_the_dead_letter_topic_as_they_were_read(
+        backend, broker, new_topic, collector, tmp_path, caplog):
+    topic, dead_letters = new_topic(), new_topic(prefix="dlq")
+    clients = [f"poison-{i}" if i in (0, 7) else f"client-{i}" for i in range(8)]
+    records = [_push(client, f"00000000-0000-0000-0000-{i:012d}") for i, client in enumerate(clients)]
+    _produce(broker.bootstrap, topic, records)
+    collector.refuse_when(lambda request: any(c.startswith("poison") for c in _request_client_ids(request)),
+                          message="invalid metric name")
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, backend,
+                     {("batch", "linger_ms"): 3000, ("delivery", "dead_letter_topic"): dead_letters})
+    with caplog.at_level(logging.ERROR, logger="kcm.bridge"), running_bridge(config) as bridge:
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 30, "commit past all eight")
+    assert sorted(_client_ids(collector.exports)) == [c for c in sorted(clients) if c.startswith("client")]
+    assert bridge.metrics.value(bridge.metrics.dead_lettered) == 2
+    assert bridge.metrics.value(bridge.metrics.decode_failures) == 0   # they decoded: the collector refused them
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert (f"invalid metric name; dead-lettering 2 of the batch's 8 records (4 points; the others were delivered) "
+            f"to {dead_letters} (not retryable)") in line
+
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, consumer_timeout_ms=3000)
+    reader.assign([TopicPartition(dead_letters, 0)])
+    reader.seek_to_beginning()
+    dead = sorted(reader, key=lambda r: int(dict(r.headers)["kcm.dlq.offset"]))
+    reader.close()
+    assert [(r.key, r.value) for r in dead] == [(key, value) for key, value, _ in (records[0], records[7])]
+    for letter, offset in zip(dead, (b"0", b"7")):
+        headers = dict(letter.headers)
+        assert headers["kcm.dlq.reason"] == b"refused-by-collector" and headers["kcm.dlq.offset"] == offset
+        assert headers["content-encoding"] == b"zstd" and headers["kcm.dlq.topic"] == topic.encode()
+
+
+def test_a_refused_record_holds_its_batch_uncommitted_until_its_dead_letter_is_written(tmp_path, collector):
+    from kcm_bridge.consumer import Record
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq"})
+    with _unstarted_bridge(config) as bridge:
+        dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=1)
+        pushes = [_push(client, f"00000000-0000-0000-0000-00000000000{i}") for i, client in enumerate(("ok", "bad"))]
+        bridge._add([Record("metrics", 0, offset, key, value, headers)
+                     for offset, (key, value, headers) in enumerate(pushes)])
+        # The values read are held for the dead-letter topic beside the enriched bytes, and count against the budget.
+        held = sum(len(part[0]) + len(part[3].value) for part in bridge._batch.parts)
+        assert bridge._inflight_bytes() == held and [part[3].offset for part in bridge._batch.parts] == [0, 1]
+        collector.refuse_when(lambda request: "bad" in _request_client_ids(request))
+        bridge._flush()
+        _wait(lambda: bridge._letters_due, 10, "the refused record handed over")
+        assert bridge._tracker.to_commit() == {("metrics", 0): 0} and bridge._inflight_bytes() > 0
+        _wait(lambda: (bridge._serve_dead_letters(0), dead_letters.written)[1], 10, "the dead letter written")
+        assert dead_letters.written == [("metrics-dlq", 1, "refused-by-collector")]
+        assert bridge.metrics.value(bridge.metrics.dead_letter_failures) == 1
+        assert bridge._tracker.to_commit() == {("metrics", 0): 2} and bridge._inflight_bytes() == 0
+    assert _client_ids(collector.exports) == ["ok"]
+
+
+def test_a_revoke_writes_the_dead_letters_of_refused_records_before_it_commits(tmp_path, collector):
+    from kcm_bridge.consumer import Record
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq"})
+    with _unstarted_bridge(config) as bridge:
+        partition = ("metrics", 0)
+        dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=0)
+        consumer = bridge._consumer = _CommittingConsumer([partition], high=2)
+        bridge._kafka.recovered()  # Kafka answers
+        key, value, headers = _push("bad", "00000000-0000-0000-0000-000000000001")
+        bridge._add([Record("metrics", 0, 0, key, value, headers)])
+        collector.refuse_when(lambda request: True)
+        bridge._on_revoke([partition])   # exports the open batch, then waits for it: the dead letter included
+        assert dead_letters.written == [("metrics-dlq", 0, "refused-by-collector")]
+        assert consumer.commits == [{partition: 1}]
 
 
 def test_with_retry_refused_credentials_a_batch_is_held_until_the_collector_accepts_them(broker, new_topic, collector,
@@ -602,9 +677,9 @@ def test_a_batch_refused_as_a_whole_whose_parts_are_all_taken_is_delivered_and_n
         for index in range(3):
             payload = _push(f"app-{index}", f"00000000-0000-0000-0000-00000000000{index}")[1]
             request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
-            records.append((request, 2, b""))
+            records.append((request, 2, b"", None))
         collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="request too large")
-        assert bridge._export(bridge._endpoints[0], records).delivered
+        assert bridge._export(bridge._endpoints[0], records, Ticket()).delivered
     exports = collector.exports
     assert len(exports) == 2 and [len(e.request.resource_metrics) for e in exports] in ([1, 2], [2, 1])
     assert [r.levelno for r in caplog.records if r.name == "kcm.bridge"] == [logging.WARNING]
@@ -621,9 +696,9 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
         payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
         request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
         collector.reject_partially_next(10**6)
-        assert bridge._export(bridge._endpoints[0], [(request, 12, b"")]).delivered
+        assert bridge._export(bridge._endpoints[0], [(request, 12, b"", None)], Ticket()).delivered
         collector.reject_partially_next(-5)
-        assert bridge._export(bridge._endpoints[0], [(request, 12, b"")]).rejected_points == 0
+        assert bridge._export(bridge._endpoints[0], [(request, 12, b"", None)], Ticket()).rejected_points == 0
         assert bridge.metrics.value(bridge.metrics.rejected) == 12
         assert bridge.metrics.value(bridge.metrics.points) == 12
 
@@ -737,7 +812,7 @@ def test_a_failed_dead_letter_write_is_retried_and_its_record_committed_only_onc
         partition = ("metrics", 0)
         bridge._add([Record("metrics", 0, 0, b"k", b"\xff not a payload", [])])
         assert bridge._tracker.to_commit().get(partition, 0) == 0 and bridge._inflight_bytes() > 0
-        _wait(lambda: (bridge._retry_dead_letters(), dead_letters.written)[1], 5, "the dead letter written")
+        _wait(lambda: (bridge._serve_dead_letters(0), dead_letters.written)[1], 5, "the dead letter written")
         assert dead_letters.written == [("metrics-dlq", 0, "invalid-protobuf")]
         assert bridge.metrics.value(bridge.metrics.dead_letter_failures) == 2
         assert bridge.metrics.value(bridge.metrics.dead_lettered) == 1

@@ -24,6 +24,12 @@ class Ticket:
             self._remaining = parts
             self.done = parts == 0
 
+    def add_parts(self, parts: int) -> None:
+        """More deliveries to wait for (from any thread), added while one of its own is still out."""
+        with self._lock:
+            assert not self.done, "parts added to a finished ticket"
+            self._remaining += parts
+
     def finish_part(self) -> bool:
         """Mark one delivery ended (from any thread); True when that ended the ticket."""
         with self._lock:

@@ -46,7 +46,12 @@ _WATERMARK_ASK_S = 1.0
 _POLL_RECORDS = 500
 # The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
 UNPROCESSABLE = "unprocessable"
-_DEAD_LETTER_RETRIES_PER_TURN = 16
+# The reason given to a record a collector refused as invalid (INVALID_ARGUMENT), alone or in the smallest part of
+# its batch the splitting reached.
+REFUSED = "refused-by-collector"
+# The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
+# topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
+_DEAD_LETTER_TURN_S = 0.05
 # What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
@@ -134,8 +139,9 @@ def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record,
     return payload
 
 
-# One record in a batch: its enriched MetricsData bytes, its data points, and its key (for hash routing).
-Part = tuple[bytes, int, bytes]
+# One record in a batch: its enriched MetricsData bytes, its data points, its key (for hash routing), and the record
+# itself when a dead-letter topic is configured (a record the collector refuses is written there as it was read).
+Part = tuple[bytes, int, bytes, Record | None]
 
 
 @dataclass
@@ -152,7 +158,8 @@ class _Batch:
     ticket: Ticket = field(default_factory=Ticket)
     parts: list[Part] = field(default_factory=list)
     points: int = 0
-    size: int = 0
+    size: int = 0              # enriched bytes: what the request carries
+    kept: int = 0              # original values held for the dead-letter topic besides them
     opened: float = field(default_factory=time.monotonic)
 
 
@@ -180,7 +187,9 @@ class Bridge:
         self._tracker = OffsetTracker()
         self._batch = _Batch()
         self._inflight: deque[Ticket] = deque()
-        self._dead_letter_retries: deque[_DeadLetter] = deque()   # appended from producer threads
+        # Dead letters to write from the consuming thread: failed writes to retry (appended from producer threads)
+        # and records a collector refused (appended from export threads).
+        self._letters_due: deque[_DeadLetter] = deque()
         self._held: list[Record] = []   # fetched, not yet prepared: the in-flight budget was spent
         self._rng = random.Random()
         self._rejected_log = PacedLog(log, logging.WARNING)   # a corrupt stream is counted per record, logged paced
@@ -244,9 +253,7 @@ class Bridge:
                 if self._batch.parts and time.monotonic() - self._batch.opened >= linger:
                     self._flush()
                 self._backpressure()
-                if self._dead_letters is not None:
-                    self._dead_letters.flush(0)
-                    self._retry_dead_letters()
+                self._serve_dead_letters(0)
                 if time.monotonic() - last_commit >= config.delivery.commit_interval_s:
                     self._commit()
                     self._report_lag()
@@ -294,6 +301,7 @@ class Bridge:
         fetching pauses) until exports free it: small compressed records may expand a thousandfold. The hot loop, so
         it keeps what it uses in locals."""
         prepare, track = self._prepare, self._tracker.add
+        keep = self._dead_letters is not None
         max_points, max_bytes = self.config.batch.max_points, self.config.batch.max_bytes
         batch, consumed, added = self._batch, 0, 0
         room = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
@@ -320,10 +328,14 @@ class Bridge:
                 batch = self._batch
             if not batch.parts:
                 batch.opened = time.monotonic()
-            batch.parts.append((payload, points, record.key or b""))
+            batch.parts.append((payload, points, record.key or b"", record if keep else None))
             batch.points += points
             batch.size += size
             added += size
+            if keep and payload is not record.value:
+                kept = len(record.value or b"")
+                batch.kept += kept
+                added += kept
             track((record.topic, record.partition), record.offset, batch.ticket)
         self.metrics.records.inc(len(records))
         self.metrics.bytes.inc(consumed)
@@ -360,21 +372,24 @@ class Bridge:
             self.metrics.dead_letter_failures.inc()
             letter.due = time.monotonic() + backoff_s(letter.attempts, KAFKA_RETRY, self._rng)
             letter.attempts += 1
-            self._dead_letter_retries.append(letter)
+            self._letters_due.append(letter)
 
         self._dead_letters.send(self.config.delivery.dead_letter_topic, letter.record, letter.reason, done)
 
-    def _retry_dead_letters(self) -> None:
-        """Send again the dead letters whose backoff has passed (the consuming thread's turn; a few per turn, so a
-        failing dead-letter topic cannot hold the loop)."""
-        now, sent = time.monotonic(), 0
-        for _ in range(len(self._dead_letter_retries)):
-            letter = self._dead_letter_retries.popleft()
-            if letter.due > now or sent >= _DEAD_LETTER_RETRIES_PER_TURN:
-                self._dead_letter_retries.append(letter)
+    def _serve_dead_letters(self, timeout_s: float) -> None:
+        """Deliver the dead-letter producer's reports (waiting up to `timeout_s` for writes out), then write the
+        letters that are due: retries whose backoff has passed, and records a collector refused. The consuming
+        thread's turn, bounded in time, so a failing dead-letter topic cannot hold the loop."""
+        if self._dead_letters is None:
+            return
+        self._dead_letters.flush(timeout_s)
+        now = time.monotonic()
+        for _ in range(len(self._letters_due)):
+            letter = self._letters_due.popleft()
+            if letter.due > now or time.monotonic() - now >= _DEAD_LETTER_TURN_S:
+                self._letters_due.append(letter)
             elif self._tracker.holds((letter.record.topic, letter.record.partition), letter.ticket):
                 self._dead_letter(letter)
-                sent += 1
             else:
                 letter.ticket.finish_part()   # its partition was revoked: the next owner reads the record again
 
@@ -391,21 +406,22 @@ class Bridge:
             work = [(endpoints[index], parts) for index, parts in groups.items()]
         else:
             work = [(endpoint, batch.parts) for endpoint in endpoints]
-        batch.ticket.size = batch.size
+        batch.ticket.size = batch.size + batch.kept
         batch.ticket.set_parts(len(work))
         self._inflight.append(batch.ticket)
         for endpoint, parts in work:
-            future = self._pools[id(endpoint)].submit(self._export, endpoint, parts)
+            future = self._pools[id(endpoint)].submit(self._export, endpoint, parts, batch.ticket)
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
 
-    def _export(self, endpoint: Endpoint, records: list[Part]) -> Outcome:
+    def _export(self, endpoint: Endpoint, records: list[Part], ticket: Ticket) -> Outcome:
         """Export a batch's records as one request. A batch the collector calls INVALID_ARGUMENT is split in halves,
         each exported on its own, down to the records it refuses: one bad record must not cost every other client in
         its batch its data. The splitting is bounded (4·log2(records) extra requests), so a collector refusing
-        everything costs a few requests per batch, not one per record."""
+        everything costs a few requests per batch, not one per record. The records refused in the end go to the
+        dead-letter topic when there is one, and `ticket` waits for those writes too."""
         outcome = self._send(endpoint, records)
         if outcome.error != "INVALID_ARGUMENT" or outcome.delivered or outcome.abandoned or len(records) == 1:
-            self._log_refusal(endpoint, outcome, records, len(records))
+            self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
         budget, sent = 4 * len(records).bit_length(), 1
         refused, dropped = [records], []   # chunks refused as a whole: to split, or dropped
@@ -424,7 +440,7 @@ class Bridge:
                     outcome = result
                     (refused.append(part) if result.error == "INVALID_ARGUMENT" else dropped.extend(part))
         if dropped:
-            self._log_refusal(endpoint, outcome, dropped, len(records))
+            self._refused(endpoint, outcome, dropped, len(records), ticket)
         else:   # refused as a whole, every part taken (a collector limiting request size this way)
             log.warning("export to %s rejected with INVALID_ARGUMENT: %s; the batch of %d records was delivered in "
                         "%d smaller requests", endpoint.name, outcome.detail, len(records), sent - 1)
@@ -443,15 +459,24 @@ class Bridge:
             self.metrics.rejected.labels(**labels).inc(rejected)
         return outcome
 
-    @staticmethod
-    def _log_refusal(endpoint: Endpoint, outcome: Outcome, records: list[Part], total: int) -> None:
+    def _refused(self, endpoint: Endpoint, outcome: Outcome, records: list[Part], total: int,
+                 ticket: Ticket) -> None:
+        """Log records refused for good; those refused as invalid are handed to the consuming thread for the
+        dead-letter topic when there is one (the others were refused for the endpoint's sake, not their own)."""
         if outcome.error is None or outcome.delivered or outcome.abandoned:
             return
         points = sum(record[1] for record in records)
-        dropped = (f"the batch of {points} points" if len(records) == total else
-                   f"{len(records)} of the batch's {total} records ({points} points; the others were delivered)")
-        log.error("export to %s rejected with %s: %s; dropping %s (not retryable)%s%s", endpoint.name,
-                  outcome.error, outcome.detail, dropped, refusal_hint(outcome.error), outcome.note)
+        which = (f"the batch of {points} points" if len(records) == total else
+                 f"{len(records)} of the batch's {total} records ({points} points; the others were delivered)")
+        topic = self.config.delivery.dead_letter_topic
+        letters = [_DeadLetter(record[3], REFUSED, ticket) for record in records
+                   if outcome.error == "INVALID_ARGUMENT" and record[3] is not None]
+        action = f"dead-lettering {which} to {topic}" if letters else f"dropping {which}"
+        log.error("export to %s rejected with %s: %s; %s (not retryable)%s%s", endpoint.name, outcome.error,
+                  outcome.detail, action, refusal_hint(outcome.error), outcome.note)
+        if letters:
+            ticket.add_parts(len(letters))   # before this export's own part ends, so the ticket cannot end first
+            self._letters_due.extend(letters)
 
     def _failed(self, endpoint: str, code: str, retrying: bool) -> None:
         """Each failed attempt, as it happens: the counters move during an outage, not once it is over."""
@@ -476,7 +501,7 @@ class Bridge:
     def _inflight_bytes(self) -> int:
         while self._inflight and self._inflight[0].done:
             self._inflight.popleft()
-        return sum(t.size for t in self._inflight if not t.done) + self._batch.size
+        return sum(t.size for t in self._inflight if not t.done) + self._batch.size + self._batch.kept
 
     def _backpressure(self) -> None:
         """Pause every partition while too much is unexported (an endpoint is slow or down); resume at half."""
@@ -548,8 +573,7 @@ class Bridge:
         # Closing the consumer at shutdown revokes too: that wait stays within the shutdown's own deadline.
         deadline = min(time.monotonic() + self.config.delivery.revoke_timeout_s, self._drain_deadline)
         while self._tracker.pending(partitions) and time.monotonic() < deadline:
-            if self._dead_letters is not None:
-                self._dead_letters.flush(0.05)
+            self._serve_dead_letters(0.05)
             time.sleep(0.02)
         self._commit(only=partitions)
         self._tracker.forget(partitions)
@@ -574,8 +598,7 @@ class Bridge:
         if self._consumer is not None:
             self._flush()
             while self._tracker.pending() and time.monotonic() < self._drain_deadline:
-                if self._dead_letters is not None:
-                    self._dead_letters.flush(0.05)
+                self._serve_dead_letters(0.05)
                 time.sleep(0.02)
             left = self._tracker.pending()
             if left:

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kafka-client", choices=("confluent-kafka", "kafka-python"),
                         help="consumer implementation (default: confluent-kafka)")
     parser.add_argument("--dead-letter-topic", metavar="TOPIC", type=topic,
-                        help="write undecodable records here (default: count and log them)")
+                        help="write undecodable records, and records a collector refuses as invalid, here "
+                             "(default: count and log them)")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve Prometheus /metrics, /healthz and /readyz on this port")
 
