@@ -179,3 +179,16 @@ def test_a_name_the_api_server_would_refuse_is_refused(name):
 
     (problem,) = schema.validate(obj, crds=CRDS)
     assert problem.startswith("metadata.name: Invalid value: ")
+
+
+def test_the_operators_own_crds_are_identical_to_the_top_level_crds() -> None:
+    # The operator validates against the copy installed with it (kcm_operator/crds/); crds/ is what users apply.
+    top = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    own = {p.name: p.read_bytes() for p in schema.crds_dir().glob("*.yaml")}
+    assert top and own == top, "operator/kcm_operator/crds/ differs from crds/: copy crds/*.yaml into it"
+
+
+def test_a_directory_without_the_crds_is_a_broken_install_said_plainly(tmp_path) -> None:
+    (tmp_path / "other.yaml").write_text("kind: ConfigMap\n")
+    with pytest.raises(RuntimeError, match=f"no CRD for ClientMetricsSubscription, KafkaConnection in {tmp_path}"):
+        schema.load_crds(tmp_path)

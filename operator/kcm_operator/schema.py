@@ -7,7 +7,6 @@ jsonschema checks `openAPIV3Schema`, cel-python evaluates `x-kubernetes-validati
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ CONNECTION_KIND = "KafkaConnection"
 
 
 def crds_dir() -> Path:
-    """Where the CRD files are: $KCM_CRDS_DIR, else `crds/` of the source tree this package runs from."""
-    configured = os.environ.get("KCM_CRDS_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parents[2] / "crds"
+    """Where the CRD files are: the package's own copy of the repository's `crds/`, installed with it."""
+    return Path(__file__).resolve().parent / "crds"
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,10 @@ def load_crds(directory: Path | None = None) -> dict[str, Crd]:
             version = next(v for v in spec["versions"] if v["name"] == VERSION)
             crds[spec["names"]["kind"]] = Crd(spec["names"]["kind"], spec["names"]["plural"],
                                               version["schema"]["openAPIV3Schema"])
+    missing = {SUBSCRIPTION_KIND, CONNECTION_KIND} - set(crds)
+    if missing:
+        raise RuntimeError(f"no CRD for {', '.join(sorted(missing))} in {directory or crds_dir()}: "
+                           "kcm is installed without its CRDs; reinstall it")
     return crds
 
 
