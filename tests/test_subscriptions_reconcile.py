@@ -49,6 +49,16 @@ def test_white_space_kafka_trims_is_trimmed_so_what_kafka_holds_is_no_drift():
     assert diff(desired, desired.configs()).ops == ()
 
 
+@pytest.mark.parametrize("pattern", ["payments-[a-z[0-9]]+", "app-[a-z&&[^q]]+", "(?U)payments"])
+def test_a_java_pattern_kcm_cannot_translate_is_no_drift_against_itself(pattern):
+    # Kafka accepts these (java.util.regex); what it holds must compare equal, or each drift check rewrites it.
+    desired = desired_from_spec("ns", "app", {"metrics": ["x."], "match": {"clientId": pattern}})
+
+    assert diff(desired, desired.configs()).ops == ()
+    assert diff(desired, {**desired.configs(), "match": "client_id=other"}).ops == (
+        Op("match", SET, f"client_id={pattern}"),)
+
+
 @pytest.mark.parametrize("namespace, spec, expected", [
     ("payments", {}, "payments.producers"),
     ("payments", {"subscriptionName": "shared-name"}, "shared-name"),

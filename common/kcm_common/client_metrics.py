@@ -102,8 +102,10 @@ def parsed_list(key: str, value: str) -> list[str]:
     return items
 
 
-def parse_match(entries: Iterable[str]) -> dict[str, str]:
-    """Parse `key=regex` entries into {key: regex}; a repeated key keeps its last pattern, as Kafka's map does."""
+def parse_match(entries: Iterable[str], check_patterns: bool = True) -> dict[str, str]:
+    """Parse `key=regex` entries into {key: regex}; a repeated key keeps its last pattern, as Kafka's map does.
+    `check_patterns=False` leaves the patterns to whoever stored them (what Kafka holds, it accepted: its Java regex
+    dialect is wider than the translation kcm checks patterns with)."""
     patterns: dict[str, str] = {}
     for entry in entries:
         parts = split(entry, "=")
@@ -114,7 +116,8 @@ def parse_match(entries: Iterable[str]) -> dict[str, str]:
         if key not in MATCH_KEYS:
             raise ConfigError(INVALID_CONFIG, f"Illegal client matching pattern: {entry}")
         try:
-            compile_pattern(pattern)
+            if check_patterns:
+                compile_pattern(pattern)
         except PatternError:
             raise ConfigError(INVALID_CONFIG, f"Illegal client matching pattern: {entry}") from None
         patterns[key] = pattern

@@ -186,7 +186,9 @@ def _as_match(value: str | None) -> dict[str, str] | None:
     if value is None:
         return None
     try:
-        return cm.parse_match(cm.parse_list(value))
+        # Compared as text: a Java pattern kcm's translation cannot read (`[a-z[0-9]]`, `&&`, `(?U)`) must still
+        # compare equal to itself, or every drift check would rewrite it.
+        return cm.parse_match(cm.parse_list(value), check_patterns=False)
     except cm.ConfigError:
         return None
 
