@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -137,3 +143,53 @@ def test_servers_that_never_answer_cost_one_timeout_in_all_and_are_named_once(tm
             assert len(str(err.value)) < 1000
     finally:
         tarpit.close()
+
+
+def _encrypted_pem_pair(directory) -> tuple[str, str]:
+    cert, key = directory / "client.pem", directory / "client.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-passout", "pass:the-pass-phrase", "-subj",
+                    "/CN=kcm-test", "-days", "2", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+def _run_on_a_terminal(code: str, timeout_s: float = 30.0) -> tuple[int | None, str]:
+    """Run Python `code` with a terminal of its own (OpenSSL asks for pass phrases there); (exit status or None if
+    it was still running at the timeout, or stopped to ask; what it wrote)."""
+    pid, fd = pty.fork()
+    if pid == 0:   # the child: its controlling terminal is the pty
+        os.execv(sys.executable, [sys.executable, "-c", code])
+    output, status = b"", None
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and b"Enter PEM pass phrase" not in output:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    output += os.read(fd, 4096)
+                except OSError:   # EIO: the child closed the terminal, exiting
+                    pass
+            done, code_or_signal = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(code_or_signal)
+                break
+    finally:
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    return status, output.decode(errors="replace")
+
+
+def test_an_encrypted_key_without_its_pass_phrase_is_refused_at_once_never_asked_for(tmp_path):
+    cert, key = _encrypted_pem_pair(tmp_path)
+    properties = {"security.protocol": "SSL", "ssl.certificate.location": cert, "ssl.key.location": key}
+    probe = f"from kcm_common.kafka import KafkaSettings; KafkaSettings('kafka:9093', {properties!r}).validate()"
+    status, output = _run_on_a_terminal(probe)
+    assert status == 1 and "Enter PEM pass phrase" not in output, output
+    assert f"KafkaConfigError: the key {key!r} is encrypted and no pass phrase was given: set ssl.key.password, " \
+           "or store the key unencrypted" in output.replace("\r\n", "").replace("\n", "")
+
+    KafkaSettings("kafka:9093", {**properties, "ssl.key.password": "the-pass-phrase"}).validate()
+    with pytest.raises(KafkaConfigError, match="do not load") as refused:
+        KafkaSettings("kafka:9093", {**properties, "ssl.key.password": "wrong"}).validate()
+    assert "wrong" not in str(refused.value)

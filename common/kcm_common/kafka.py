@@ -369,15 +369,33 @@ def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
                                f"({getattr(exc, 'reason', None) or exc}): it must be PEM certificates") from None
     context.check_hostname = options.get("ssl_check_hostname", True)
     if "ssl_certfile" in options:
+        password = options.get("ssl_password")
         try:
-            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+            # Given no pass phrase for an encrypted key, OpenSSL would ask for one on the terminal and wait: an empty
+            # one fails instead.
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"),
+                                    password if password is not None else b"")
         except (ssl.SSLError, OSError, ValueError) as exc:
+            key = options.get("ssl_keyfile") or options["ssl_certfile"]
+            if password is None and _encrypted_key(key):
+                raise KafkaConfigError(f"the key {key!r} is encrypted and no pass phrase was given: set "
+                                       "ssl.key.password, or store the key unencrypted") from None
             # The message is OpenSSL's (e.g. "bad decrypt"), never the password.
             raise KafkaConfigError(
                 f"the client certificate {options['ssl_certfile']!r} and key {options.get('ssl_keyfile')!r} do not "
                 f"load ({getattr(exc, 'reason', None) or exc}): check they are PEM, belong together, and "
                 "ssl.key.password") from None
     return context
+
+
+def _encrypted_key(path: str) -> bool:
+    """Whether the PEM file holds an encrypted private key (PKCS#8 or OpenSSL's traditional form)."""
+    try:
+        with open(path, "rb") as file:
+            text = file.read(1 << 20)
+    except OSError:
+        return False
+    return b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in text or b"Proc-Type: 4,ENCRYPTED" in text
 
 
 def ensure_topic(settings: KafkaSettings, name: str, partitions: int = 1, replication_factor: int = 1) -> bool:
