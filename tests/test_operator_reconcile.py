@@ -248,6 +248,25 @@ def test_pause_stops_reconciling_and_says_so(run_operator):
     assert cluster.condition("payments", "Paused")["status"] == "False"
 
 
+def test_an_edit_made_while_paused_is_not_reported_ready_until_it_is_applied(run_operator):
+    cluster = run_operator()
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    cluster.patch("payments", {"metadata": {"annotations": {"kcm.dev/paused": "true"}}})
+    cluster.wait_condition("payments", "True", "Paused", kind="Paused")
+    assert cluster.condition("payments", "Ready")["status"] == "True"   # nothing changed: Kafka is as specified
+
+    cluster.patch("payments", {"spec": {"intervalMs": 1000}})
+
+    ready = cluster.wait_condition("payments", "Unknown", "Paused")
+    assert ready["message"] == 'generation 2 is not applied: annotation kcm.dev/paused is "true"'
+    assert ready["observedGeneration"] == 2
+    assert cluster.kafka("team.payments") == IN_KAFKA
+    cluster.patch("payments", {"metadata": {"annotations": {"kcm.dev/paused": None}}})
+    cluster.wait_condition("payments", "True", "Applied")
+    assert cluster.kafka("team.payments") == {**IN_KAFKA, "interval.ms": "1000"}
+
+
 def test_the_older_resource_owns_a_subscription_and_the_newer_takes_over_when_it_goes(run_operator):
     cluster = run_operator(drift_interval_s=0.5)
     cluster.apply("first", {**SPEC, "subscriptionName": "shared"})

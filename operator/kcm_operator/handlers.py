@@ -213,6 +213,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     status = _Status(body, patch, desired.name)
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true":
         status.set("Paused", "True", "Paused", f"annotation {PAUSED_ANNOTATION} is \"true\": Kafka is not reconciled")
+        if status.ready_generation not in (None, status.generation):
+            # An edit made while paused is not in Kafka: Ready must not go on saying the spec is.
+            status.set("Ready", "Unknown", "Paused",
+                       f"generation {status.generation} is not applied: annotation {PAUSED_ANNOTATION} is \"true\"")
+            config.mark_ready(body.metadata.uid, False)
         metrics.record(started, "skipped", "Paused")
         return
     status.set("Paused", "False", "Reconciling", "")
@@ -375,25 +380,27 @@ class _Status:
     def __init__(self, body: kopf.Body, patch: kopf.Patch, subscription_name: str) -> None:
         self._current = body.status
         self._patch = patch
-        self._generation = body.metadata.get("generation")
+        self.generation = body.metadata.get("generation")
         self._conditions = {condition["type"]: dict(condition) for condition in self._current.get("conditions") or ()}
         self.ready_changed = False
         self.was_ready = self._conditions.get("Ready", {}).get("status") == "True"
+        # The generation the Ready condition describes, None before it was first set.
+        self.ready_generation = self._conditions.get("Ready", {}).get("observedGeneration")
         if self._current.get("subscriptionName") != subscription_name:
             patch.status["subscriptionName"] = subscription_name
-        if self._current.get("observedGeneration") != self._generation:
-            patch.status["observedGeneration"] = self._generation
+        if self._current.get("observedGeneration") != self.generation:
+            patch.status["observedGeneration"] = self.generation
 
     def set(self, kind: str, state: str, reason: str, message: str) -> None:
         old = self._conditions.get(kind)
         if old and (old.get("status"), old.get("reason"), old.get("message"), old.get("observedGeneration")) == (
-                state, reason, message, self._generation):
+                state, reason, message, self.generation):
             return
         if old is None and kind == "Paused" and state == "False":
             return  # no Paused condition until a resource has been paused once
         self._conditions[kind] = {
             "type": kind, "status": state, "reason": reason, "message": message,
-            "observedGeneration": self._generation,
+            "observedGeneration": self.generation,
             "lastTransitionTime": (old["lastTransitionTime"] if old and old.get("status") == state
                                    and old.get("lastTransitionTime") else _now()),
         }
