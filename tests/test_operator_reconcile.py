@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from kcm_common.kafka import KafkaSettings
 from kcm_operator.admin import SubscriptionAdmin
 from kcm_operator.connections import ConnectionResolver
 from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
+from kcm_operator.logs import JsonFormatter
 from kcm_operator.reconcile import SET, Change, Op
 from ports import reserved_port
 from kube_emulator import KubeServer
@@ -178,7 +180,7 @@ def test_delete_follows_the_deletion_policy(run_operator, policy, remains):
     assert bool(cluster.sandbox.store.names()) is remains
 
 
-def test_drift_is_reverted_with_a_warning_naming_the_change(run_operator):
+def test_drift_is_reverted_with_a_warning_naming_the_change(run_operator, caplog):
     cluster = run_operator(drift_interval_s=0.5)
     cluster.apply("payments", SPEC)
     cluster.wait_condition("payments", "True", "Applied")
@@ -193,6 +195,11 @@ def test_drift_is_reverted_with_a_warning_naming_the_change(run_operator):
     wait_for(lambda: cluster.kafka("team.payments") == IN_KAFKA, "the drift reverted")
     assert drifted[0]["type"] == "Warning"
     assert "interval.ms is '1000', want '60000'" in drifted[0]["message"]
+    # The log line names the resource in fields too, as kopf's own lines do, for filtering JSON logs by namespace.
+    (warning,) = [r for r in caplog.records if r.name == "kcm.operator" and "outside kcm" in r.getMessage()]
+    line = json.loads(JsonFormatter().format(warning))
+    assert (line["level"], line["namespace"], line["name"]) == ("WARNING", NS, "payments")
+    assert line["message"].startswith(f"{NS}/payments: subscription team.payments was changed outside kcm")
 
 
 @pytest.mark.parametrize("change", ["edit", "delete"])

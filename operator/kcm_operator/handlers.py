@@ -251,7 +251,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         status.applied()
         if drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
             message = f"subscription {desired.name} was changed outside kcm and is reverted: {drift(change)}"
-            log.warning("%s/%s: %s", namespace, name, message)
+            _say(logging.WARNING, namespace, name, "%s", message)
             kopf.event(body, type="Warning", reason="Drift", message=message)
             metrics.DRIFT_CORRECTIONS.inc()
         else:
@@ -304,16 +304,16 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
     others = claims.get(desired.name, [])
     keeper = next((claim for claim in oldest_first([*others, me]) if claim.cluster_ref == me.cluster_ref), me)
     if keeper != me:  # an older resource on the same connection: no need to ask Kafka
-        log.info("%s/%s: deleted without touching %s, which %s manages", namespace, name, desired.name, keeper.ref)
+        _say(logging.INFO, namespace, name, "deleted without touching %s, which %s manages", desired.name, keeper.ref)
         return
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true" or desired.deletion_policy != DELETE_POLICY:
-        log.info("%s/%s: deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
-                 namespace, name, desired.name)
+        _say(logging.INFO, namespace, name, "deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
+             desired.name)
         return
     if not _ever_applied(body.status):
         # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
-        log.info("%s/%s: deleted; it was never applied, so subscription %s is not touched", namespace, name,
-                 desired.name)
+        _say(logging.INFO, namespace, name, "deleted; it was never applied, so subscription %s is not touched",
+             desired.name)
         return
     gone = None  # why the KafkaConnection no longer resolves, when it does not
     try:
@@ -332,8 +332,8 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
     try:
         keeper = _older_owner(config, admin, me, others)
         if keeper is not None:
-            log.info("%s/%s: deleted without touching %s, which the older %s manages on the same cluster", namespace,
-                     name, desired.name, keeper.ref)
+            _say(logging.INFO, namespace, name, "deleted without touching %s, which the older %s manages on the same "
+                 "cluster", desired.name, keeper.ref)
             return
         change = removal(desired.name, admin.describe_one(desired.name))
         error = admin.alter_one(change)
@@ -348,7 +348,7 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
     if error is not None:
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=MAX_BACKOFF_S)
-    log.info("%s/%s: %s", namespace, name, change.describe())
+    _say(logging.INFO, namespace, name, "%s", change.describe())
 
 
 def _ever_applied(status: Mapping[str, Any]) -> bool:
@@ -366,8 +366,15 @@ def _retry_or_let_go(body: kopf.Body, desired: Desired, retry: int, why: object)
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {why}", delay=_backoff(retry))
     message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {why}; "
                f"remove it there if it should go (kcm subscriptions delete {desired.name})")
-    log.warning("%s/%s: %s", body.metadata.namespace, body.metadata.name, message)
+    _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
     kopf.event(body, type="Warning", reason="NotRemoved", message=message)
+
+
+def _say(level: int, namespace: str | None, name: str, message: str, *args: object) -> None:
+    """A kcm line about one resource, `namespace/name: message`, which JSON logs also carry as `namespace` and `name`
+    (the fields kopf's own per-resource lines have)."""
+    log.log(level, "%s/%s: " + message, namespace, name, *args,
+            extra={"k8s_ref": {"namespace": namespace, "name": name}})
 
 
 def _backoff(retry: int) -> float:
