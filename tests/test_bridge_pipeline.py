@@ -25,7 +25,7 @@ from kcm_bridge import config as bridge_config
 from kcm_bridge.offsets import Ticket
 from kcm_bridge.pipeline import Bridge
 from kcm_common import contract, points
-from kcm_common.kafka import KafkaSettings
+from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from fake_collector import FakeCollector
 from payloads import client_metrics
 from test_sandbox_clients import _subscribe, running_producer
@@ -645,6 +645,19 @@ def test_shutdown_while_kafka_is_down_is_bounded_and_commits_nothing_it_cannot(
     assert took < 10, f"shutdown took {took:.1f}s with Kafka down"
     assert any("cannot be reached: exported records are left uncommitted" in r.getMessage()
                for r in caplog.records if r.name == "kcm.bridge")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_encrypted_client_key_without_its_pass_phrase_is_refused_when_the_bridge_starts(backend, tmp_path):
+    # Left to the Kafka client, kafka-python's OpenSSL would ask for it on the terminal.
+    from test_kafka_settings import _encrypted_pem_pair
+
+    cert, key = _encrypted_pem_pair(tmp_path)
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", backend)
+    (tmp_path / "consumer.properties").write_text(f"{CONSUMER_PROPERTIES}security.protocol=SSL\n"
+                                                  f"ssl.certificate.location={cert}\nssl.key.location={key}\n")
+    with pytest.raises(KafkaConfigError, match=f"the key '{key}' is encrypted and no pass phrase was given"):
+        Bridge(config)
 
 
 def test_a_record_that_fails_in_an_unforeseen_way_costs_that_record_only(tmp_path, monkeypatch):

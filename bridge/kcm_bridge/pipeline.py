@@ -171,7 +171,7 @@ class Bridge:
         self.metrics = BridgeMetrics()
         security, self._tuning = split_properties(config.kafka_properties())
         self._settings = KafkaSettings(config.kafka.bootstrap_servers, security)
-        self._settings.client_options()  # validate TLS/SASL properties now, naming a bad one
+        self._settings.validate()  # TLS/SASL properties, and that the TLS files load, now: a bad one is named
         self._converter = (DeltaToCumulative(config.temporality.max_streams, config.temporality.idle_expiry_s)
                            if config.temporality.delta_to_cumulative else None)
         self._prepare = Preparer(Enricher(config.enrich), self._converter)
