@@ -25,6 +25,7 @@ from kcm_bridge import config as bridge_config
 from kcm_bridge.offsets import Ticket
 from kcm_bridge.pipeline import Bridge
 from kcm_common import contract, points
+from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from fake_collector import FakeCollector
 from payloads import client_metrics
@@ -645,6 +646,30 @@ def test_shutdown_while_kafka_is_down_is_bounded_and_commits_nothing_it_cannot(
     assert took < 10, f"shutdown took {took:.1f}s with Kafka down"
     assert any("cannot be reached: exported records are left uncommitted" in r.getMessage()
                for r in caplog.records if r.name == "kcm.bridge")
+
+
+def test_kafka_python_refusing_its_settings_stops_the_bridge_with_one_line_not_endless_retries(broker, new_topic,
+                                                                                              tmp_path):
+    # kafka-python checks some settings only once it has bootstrapped, when the bridge's first check builds it.
+    config = _config(tmp_path, broker.bootstrap, new_topic(), "127.0.0.1:9", "kafka-python")
+    (tmp_path / "consumer.properties").write_text("session.timeout.ms=1000\nheartbeat.interval.ms=2000\n")
+    bridge, outcome = Bridge(config), []
+
+    def run() -> None:
+        try:
+            outcome.append(bridge.run())
+        except UserError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        bridge.stop(at_once=True)
+        thread.join(30)
+    (error,) = outcome
+    assert str(error).startswith("the Kafka client rejected its settings: Heartbeat interval must be lower than the "
+                                 "session timeout"), error
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from kafka.errors import KafkaTimeoutError
+from kafka.errors import KafkaConfigurationError, KafkaTimeoutError
 
 from kcm_common.kafka import (KafkaConfigError, KafkaSettings, KafkaUnavailableError, check_reachable,
                               diagnose_failure, kafka_python_options, load_properties, parse_properties)
@@ -117,6 +117,13 @@ def test_an_error_without_a_message_is_named_once():
     message = str(diagnose_failure(KafkaSettings("b:9092"), KafkaTimeoutError()))
 
     assert message.count("KafkaTimeoutError") == 1, message
+
+
+def test_the_client_refusing_its_own_settings_is_a_config_error_not_an_unreachable_kafka():
+    problem = diagnose_failure(KafkaSettings("b:9092"), KafkaConfigurationError("request_timeout_ms too large"))
+
+    assert isinstance(problem, KafkaConfigError)
+    assert str(problem) == "the Kafka client rejected its settings: request_timeout_ms too large; check --command-config"
 
 
 @pytest.mark.parametrize("line", ["sasl.passwordS3cr3tPW", "= S3cr3tPW", "=S3cr3tPW"])

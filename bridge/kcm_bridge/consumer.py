@@ -292,7 +292,8 @@ class KafkaPythonConsumer:
         except SaslAuthenticationFailedError as exc:
             raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
         except KafkaError as exc:
-            raise KafkaUnavailableError(str(diagnose_failure(self._settings, exc))) from None
+            # Unreachable: retried; kafka-python refusing its settings: a UserError, which stops the bridge.
+            raise diagnose_failure(self._settings, exc) from None
         self._consumer.subscribe(self._topics, listener=self._listener)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
@@ -311,7 +312,7 @@ class KafkaPythonConsumer:
             self._consumer = None
             if isinstance(exc, SaslAuthenticationFailedError):
                 raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
-            raise KafkaUnavailableError(str(diagnose_failure(self._settings, exc))) from None
+            raise diagnose_failure(self._settings, exc) from None
         if not batches:
             self._check_coordinator()
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))

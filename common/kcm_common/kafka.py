@@ -21,7 +21,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaConfigurationError, TopicAlreadyExistsError
 
 from kcm_common.errors import UserError
 from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
@@ -286,8 +286,12 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
     raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(listed[:_PROBLEMS_SHOWN])}{more}")
 
 
-def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavailableError:
-    """A user-facing error for a client that could not bootstrap although the address answered the probe."""
+def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavailableError | KafkaConfigError:
+    """A user-facing error for a client that could not bootstrap although the address answered the probe; a
+    KafkaConfigError when kafka-python refused its own settings (it checks some only once it has bootstrapped)."""
+    if isinstance(error, KafkaConfigurationError):
+        reason = error.args[0] if error.args else error
+        return KafkaConfigError(f"the Kafka client rejected its settings: {reason}; check --command-config")
     protocol = settings.security_protocol
     hint = "check --bootstrap-server and --command-config"
     if protocol.startswith("SASL"):

@@ -160,7 +160,10 @@ class SubscriptionAdmin:
             client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms,
                                       **self.settings.client_options())
         except kafka_errors.KafkaError as exc:
-            raise diagnose_failure(self.settings, exc) from None
+            problem = diagnose_failure(self.settings, exc)
+            if isinstance(problem, KafkaConfigError):
+                raise InvalidSpecError(f"Kafka at {self.settings.describe()}: {problem}") from None
+            raise problem from None
         api_versions = client._manager.broker_version_data.api_versions
         if GET_TELEMETRY_SUBSCRIPTIONS not in api_versions or PUSH_TELEMETRY not in api_versions:
             client.close()
