@@ -196,6 +196,45 @@ def test_a_yaml_error_never_quotes_the_value_it_could_not_read(tmp_path, line, p
     assert "Xk9" not in message and "Kp9" not in message
 
 
+@pytest.mark.parametrize(("text", "problem"), [
+    ("kafka:\n  group_id: 2024-13-45\n", "at line 2, column 13: this value cannot be read as the type it looks like"),
+    ("kafka:\n  properties: {sasl.password: 2024-02-30}\n", "at line 2, column 31: this value cannot be read"),
+    ("batch: {max_points: !!int Xk9secret}\n", "at line 1, column 21: this value cannot be read"),
+    ("batch: !!timestamp Xk9secret\n", "at line 1, column 8: this value cannot be read"),
+    ("[a]: 1\n", "at line 1, column 1: found unhashable key while constructing a mapping"),
+])
+def test_a_value_yaml_cannot_construct_is_an_error_at_its_place_not_a_traceback(tmp_path, text, problem):
+    path = tmp_path / "bridge.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    message = str(error.value)
+    assert message.startswith(f"config file {path}: invalid YAML ") and problem in message, message
+    assert "Xk9" not in message
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"KCM_BRIDGE_COMMAND_CONFIG": ""}, "kafka.command_config is empty: name a client properties file"),
+    ({"KCM_BRIDGE_DEAD_LETTER_TOPIC": " "}, "delivery.dead_letter_topic is empty: name a topic, or leave it out"),
+])
+def test_an_empty_variable_is_refused_not_read_as_no_file_or_no_topic(env, message):
+    # An empty $(VAR) substitution in a Deployment must not drop the TLS/SASL file or the dead-letter topic.
+    with pytest.raises(ConfigError, match=message):
+        load(env={"KCM_BRIDGE_BOOTSTRAP_SERVERS": "k:9092", "KCM_BRIDGE_ENDPOINTS": "c:4317", **env})
+
+
+@pytest.mark.parametrize(("text", "env", "message"), [
+    ("kafka: kafka-0:9092\n", {"KCM_BRIDGE_BOOTSTRAP_SERVERS": "k:9092"}, "kafka must be a mapping, not str"),
+    ("batch: 500\n", {"KCM_BRIDGE_BATCH_LINGER_MS": "100"}, "batch must be a mapping, not int"),
+])
+def test_a_section_that_is_not_a_mapping_is_refused_though_a_variable_sets_a_field_in_it(tmp_path, text, env,
+                                                                                         message):
+    path = tmp_path / "bridge.yaml"
+    path.write_text(text + "endpoints: [{endpoint: 'c:4317'}]\n")
+    with pytest.raises(ConfigError, match=message):
+        load(path, env={"KCM_BRIDGE_BOOTSTRAP_SERVERS": "k:9092", **env})
+
+
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path, capsys):
     from kcm_cli.main import main
 

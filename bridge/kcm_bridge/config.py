@@ -207,6 +207,11 @@ def validate(config: BridgeConfig) -> None:
         parse_bootstrap(config.kafka.bootstrap_servers)
     except UserError as exc:
         raise ConfigError(f"kafka.bootstrap_servers: {exc}") from None
+    if config.kafka.command_config is not None and not config.kafka.command_config.strip():
+        raise ConfigError("kafka.command_config is empty: name a client properties file, or leave it out")
+    if config.delivery.dead_letter_topic is not None and not config.delivery.dead_letter_topic.strip():
+        raise ConfigError("delivery.dead_letter_topic is empty: name a topic, or leave it out (undecodable records "
+                          "are then counted and logged)")
     if config.kafka.command_config and not Path(config.kafka.command_config).is_file():
         raise ConfigError(f"kafka.command_config names {config.kafka.command_config!r}, which is not a readable file")
     if not config.kafka.topics or any(not t for t in config.kafka.topics):
@@ -379,10 +384,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
     node = document
-    for key in where[:-1]:
+    for depth, key in enumerate(where[:-1]):
         child = node.get(key)
-        if not isinstance(child, dict):
+        if child is None:
             child = node[key] = {}
+        elif not isinstance(child, dict):   # the file's mistake, whatever a flag sets inside it
+            raise ConfigError(f"{'.'.join(where[:depth + 1])} must be a mapping, not {type(child).__name__}")
         node = child
     node[where[-1]] = value
 

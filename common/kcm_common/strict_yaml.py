@@ -23,12 +23,24 @@ class StrictLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):
+                continue   # PyYAML refuses an unhashable key itself, naming its place
+            if key in seen:
                 # In backquotes, which `describe` keeps: a key is a name, not a value.
                 raise yaml.constructor.ConstructorError(None, None, f"the key `{key}` is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML's constructors let Python's own errors out (an impossible date, `!!int` on a word), some quoting
+        # the value: a ConstructorError at the value's place instead, which says what to do and quotes nothing.
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, AttributeError, OverflowError):
+            raise yaml.constructor.ConstructorError(
+                None, None, "this value cannot be read as the type it looks like or is tagged with (an impossible "
+                "date such as 2024-13-45?); quote it to keep it text", node.start_mark) from None
 
 
 def load(text: str) -> Any:
