@@ -321,3 +321,20 @@ def test_a_stop_signal_arriving_while_the_main_thread_holds_the_stop_events_lock
     done = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_THE_EVENT_IS_LOCKED], capture_output=True, text=True,
                           timeout=30)
     assert (done.returncode, done.stdout.strip()) == (0, "set"), done.stderr
+
+
+def _kcm_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run kcm with stdout a pipe whose reader has already gone (`kcm ... | true` once `true` has exited)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, "-m", "kcm_cli.main", *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("command", [["tail", "--timeout", "1"], ["subscriptions", "list"]])
+def test_output_into_a_pipe_whose_reader_went_away_ends_quietly(command, sandbox):
+    result = _kcm_into_a_closed_pipe(*command, "--bootstrap-server", sandbox.bootstrap)
+    assert result.returncode == 0 and "Error" not in result.stderr, result.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -96,9 +97,16 @@ def _configure_logging(level: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()   # here, so that a reader gone is handled below, not reported by Python at exit
+        return code
     except KeyboardInterrupt:  # Ctrl-C before a command handles it (while its modules load): quiet, as after
         return 130
+    except BrokenPipeError:
+        # The reader of the output went away (`| head`, `| true`): nothing left to say, not even at exit, when
+        # Python would flush what is left of stdout into the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -150,9 +150,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         raise UserError("--max-records must be at least 1")
     consumer = _open_consumer(args)
     printed = 0
-    if args.output == "table":
-        print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
     try:
+        if args.output == "table":
+            print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
         for record in _consume(consumer, args):
             item, error_message = record_json(record)
             if args.output == "jsonl":
