@@ -143,6 +143,14 @@ def test_a_kubeconfig_that_is_not_text_is_a_one_line_error(tmp_path):
     _one_line(_operator(tmp_path), "the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte 0)")
 
 
+@pytest.mark.parametrize("field", ["certificate-authority-data", "client-key-data"])
+def test_a_kubeconfig_with_data_that_is_not_base64_is_a_one_line_error_quoting_none_of_it(tmp_path, field):
+    where = "cluster: {" if field.startswith("certificate") else "user: {"
+    result = _operator(tmp_path, kubeconfig=_KUBECONFIG.replace(where, f'{where}{field}: "!!S3cr3t!", ', 1))
+    _one_line(result, "the kubeconfig (KUBECONFIG or ~/.kube/config) holds a value that is not valid base64")
+    assert "S3cr3t" not in result.stderr
+
+
 def test_a_kubeconfig_server_that_is_not_a_url_is_a_one_line_error_without_the_password(tmp_path):
     result = _operator(tmp_path, kubeconfig=_KUBECONFIG.replace('"https://127.0.0.1:1"', '"not a url"').replace(
         "{token: t}", "{username: alice, password: S3cr3tPW}"))

@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
                         f"{strict_yaml.describe(exc)}") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte {exc.start})") from None
+    except ValueError:   # binascii.Error: the kubernetes client decodes the *-data fields as it loads them
+        raise UserError("the kubeconfig (KUBECONFIG or ~/.kube/config) holds a value that is not valid base64: check "
+                        "certificate-authority-data, client-certificate-data and client-key-data") from None
     server = urllib.parse.urlsplit(client.Configuration.get_default_copy().host or "")
     if server.scheme not in ("http", "https") or not server.hostname:
         # Not quoted: a server written as user:password@host would show its password.
