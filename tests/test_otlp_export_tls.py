@@ -210,6 +210,9 @@ def test_rollup_tls_options_that_cannot_work_are_refused_up_front(bad_files, arg
     ({"tls": {"ca_file": "garbled-cert.pem"}}, "tls.ca_file: .*garbled-cert.pem holds no usable certificate"),
     ({"tls": {"cert_file": "client.pem", "key_file": "server.key"}}, "tls.cert_file: .*client.pem does not load with"),
     ({"tls": {"cert_file": "client.pem", "key_file": "garbled-key.pem"}}, "tls.cert_file: .*does not load with"),
+    # The client's own certificate as the CA too: the key that does not match is the client certificate's problem.
+    ({"tls": {"ca_file": "client.pem", "cert_file": "client.pem", "key_file": "server.key"}},
+     "tls.cert_file: .*client.pem does not load with"),
 ])
 def test_the_bridge_refuses_the_same_endpoint_files_and_headers_at_start(bad_files, endpoint, message):
     from kcm_bridge import config as bridge_config

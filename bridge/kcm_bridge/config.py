@@ -277,8 +277,7 @@ def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
         raise ConfigError(f"{where}.tls: cert_file and key_file go together (client certificate and its key)")
     unusable = tls_problem(Tls(endpoint.tls.ca_file, endpoint.tls.cert_file, endpoint.tls.key_file))
     if unusable:
-        name = "ca_file" if unusable[0] == endpoint.tls.ca_file else "cert_file"
-        raise ConfigError(f"{where}.tls.{name}: {unusable[0]} {unusable[1]}")
+        raise ConfigError(f"{where}.tls.{unusable.setting}: {unusable.file} {unusable.why}")
     endpoint_metadata(endpoint, where)
     _seconds(endpoint.timeout_s, f"{where}.timeout_s")
     _positive(endpoint.concurrency, f"{where}.concurrency")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -23,8 +23,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from kcm_common.retry import RetryPolicy, backoff_s
 
-__all__ = ["AUTH_REFUSALS", "RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "is_endpoint", "metadata_problem", "pem_problem", "tls_problem",
-           "read_metadata_value", "retry_delay_s"]
+__all__ = ["AUTH_REFUSALS", "RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "TlsProblem", "is_endpoint",
+           "metadata_problem", "pem_problem", "read_metadata_value", "retry_delay_s", "tls_problem"]
 
 log = logging.getLogger("kcm.otlp")
 
@@ -125,9 +125,15 @@ class Tls:
     key_file: str | None = None
 
 
-def tls_problem(tls: Tls) -> tuple[str, str] | None:
-    """(the file, why) when files that each look like PEM still would not work: a garbled body, or a key that is
-    not the certificate's. Loaded with OpenSSL before gRPC sees them, since gRPC only fails at the first export."""
+class TlsProblem(NamedTuple):
+    file: str
+    why: str
+    setting: str   # which of the Tls fields to blame: "ca_file" or "cert_file" (the same file may be both)
+
+
+def tls_problem(tls: Tls) -> TlsProblem | None:
+    """What is wrong when files that each look like PEM still would not work: a garbled body, or a key that is not
+    the certificate's. Loaded with OpenSSL before gRPC sees them, since gRPC only fails at the first export."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     # gRPC's BoringSSL has no security levels: a small key or a SHA-1 signature loads there, so it must here too.
     context.set_ciphers("DEFAULT:@SECLEVEL=0")
@@ -135,14 +141,16 @@ def tls_problem(tls: Tls) -> tuple[str, str] | None:
         try:
             context.load_verify_locations(cafile=tls.ca_file)
         except (ssl.SSLError, OSError, ValueError) as exc:
-            return tls.ca_file, f"holds no usable certificate ({getattr(exc, 'reason', None) or exc})"
+            return TlsProblem(tls.ca_file, f"holds no usable certificate ({getattr(exc, 'reason', None) or exc})",
+                              "ca_file")
     if tls.cert_file and tls.key_file:
         try:
             # gRPC takes no key password: an encrypted key fails here rather than prompting for one.
             context.load_cert_chain(tls.cert_file, tls.key_file, password=lambda: b"")
         except (ssl.SSLError, OSError, ValueError) as exc:
-            return tls.cert_file, (f"does not load with {tls.key_file} ({getattr(exc, 'reason', None) or exc}): check "
-                                   "both are PEM, belong together, and the key is not encrypted")
+            return TlsProblem(tls.cert_file, f"does not load with {tls.key_file} "
+                              f"({getattr(exc, 'reason', None) or exc}): check both are PEM, belong together, and the "
+                              "key is not encrypted", "cert_file")
     return None
 
 
