@@ -8,6 +8,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from kcm_rollups.decode import DECODE_INPUT_SCHEMA, POINTS_SCHEMA, flatten, header_columns
+from kcm_rollups.source import Record, records_to_decode_input
 from payloads import client_metrics
 
 
@@ -95,3 +96,55 @@ def test_histogram_and_summary_points_fill_their_own_columns_on_their_own_rows()
         ("sizes", "summary", None, None, 2, 10.0, None, None, None),
         (None, None, None, None, None, None, None, None, "empty"),
     ]
+
+
+def test_a_record_with_a_point_the_columns_cannot_hold_is_one_row_with_its_reason_and_spares_the_batch():
+    good = client_metrics("billing").SerializeToString()
+    late = client_metrics("orders")
+    gauge = late.resource_metrics[0].scope_metrics[0].metrics[0]
+    gauge.gauge.data_points[0].time_unix_nano = 2**63  # a valid fixed64, beyond a signed 64-bit time
+    uncountable = client_metrics("orders")
+    histogram = uncountable.resource_metrics[0].scope_metrics[0].metrics.add(name="latency")
+    histogram.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+    histogram.histogram.data_points.add(count=2**64 - 1, bucket_counts=[2**64 - 1, 0], explicit_bounds=[1.0])
+    rows = flatten(records_batch([("a", good, {}), ("b", late.SerializeToString(), {}),
+                                  ("c", uncountable.SerializeToString(), {})])).to_pylist()
+    assert [(r["client_instance_id"], r["error"], r["metric"], r["time_ns"], r["count"], r["record_first"])
+            for r in rows] == [
+        ("a", None, "org.apache.kafka.producer.node.request.latency.avg", 1_700_000_000_000_000_000, None, True),
+        ("a", None, "org.apache.kafka.producer.record.send.total", 1_700_000_000_000_000_000, None, False),
+        ("b", "invalid-point", None, None, None, True), ("c", "invalid-point", None, None, None, True)]
+    assert "time_unix_nano" in rows[2]["error_message"] and "count" in rows[3]["error_message"]
+
+
+def test_histogram_buckets_must_number_one_more_than_the_bounds_or_be_absent_with_the_bounds():
+    def pushed(**point) -> bytes:
+        data = client_metrics("orders")
+        latency = data.resource_metrics[0].scope_metrics[0].metrics.add(name="latency")
+        latency.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+        latency.histogram.data_points.add(**point)
+        return data.SerializeToString()
+
+    rows = flatten(records_batch([
+        ("short", pushed(count=3, bucket_counts=[1, 2], explicit_bounds=[1.0, 5.0]), {}),
+        ("bare", pushed(count=3, explicit_bounds=[1.0, 5.0]), {}),
+        ("plain", pushed(count=4, sum=9.0), {}),  # OTLP: a histogram without buckets has no bounds either
+    ])).to_pylist()
+    assert [(r["client_instance_id"], r["error"]) for r in rows] == [
+        ("short", "invalid-point"), ("bare", "invalid-point"), ("plain", None), ("plain", None), ("plain", None)]
+    assert "2 bucket counts for 2 bounds" in rows[0]["error_message"]
+    assert "0 bucket counts for 2 bounds" in rows[1]["error_message"]
+    assert (rows[4]["metric"], rows[4]["count"], rows[4]["sum"], rows[4]["bucket_counts"]) == ("latency", 4, 9.0, None)
+
+
+def test_a_record_time_no_window_can_hold_is_one_row_with_its_reason_and_spares_the_batch():
+    good = client_metrics("orders").SerializeToString()
+    # Producers set Kafka timestamps: one beyond 64-bit microseconds, one that 64 bits hold but no date does.
+    records = [Record(f"k{i}".encode(), good, "t", 0, i, timestamp_ms, 1, [])
+               for i, timestamp_ms in enumerate([1_700_000_000_000, 9_300_000_000_000_000, 9_000_000_000_000_000])]
+    batch = records_to_decode_input(records)
+    assert batch.column("record_micros").to_pylist() == [1_700_000_000_000_000, None, 9_000_000_000_000_000_000]
+    rows = flatten(batch).to_pylist()
+    assert [(r["client_instance_id"], r["error"], r["metric"] is not None) for r in rows] == [
+        ("k0", None, True), ("k0", None, True), ("k1", "invalid-timestamp", False), ("k2", "invalid-timestamp", False)]
+    assert all("9000-01-01" in r["error_message"] for r in rows[2:])

@@ -32,6 +32,20 @@ def test_spark_examples_run_the_rollup_entry_point_with_valid_arguments(path):
     assert spec["sparkConf"]["spark.jars.ivy"] == "/tmp/.ivy2"
 
 
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_an_example_writing_to_s3a_brings_the_s3a_filesystem_of_its_sparks_hadoop(path):
+    # The official Spark image, like PySpark's jars, has Hadoop's client but not hadoop-aws: without it an s3a://
+    # output fails once everything is computed. Its version must be the Hadoop the Spark release ships.
+    import pyspark
+
+    spec = _spec(yaml.safe_load(path.read_text()))
+    assert spec["sparkVersion"] == pyspark.__version__
+    [client] = (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")
+    hadoop = client.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    output = spec["arguments"][spec["arguments"].index("--output") + 1]
+    assert output.startswith("s3a://") and f"org.apache.hadoop:hadoop-aws:{hadoop}" in spec["deps"]["packages"]
+
+
 def test_examples_cover_a_one_off_and_an_hourly_schedule_and_the_image_provides_their_entry_point():
     kinds = {yaml.safe_load(p.read_text())["kind"] for p in EXAMPLES}
     assert kinds == {"SparkApplication", "ScheduledSparkApplication"}

@@ -21,10 +21,12 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kcm_cli.main import main
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from payloads import client_metrics
+from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings
 from kcm_rollups.aggregate import rollup
 from kcm_rollups.decode import decode_points
-from kcm_rollups.job import RollupOptions, read_points, read_records, read_state, run, state_of_records
+from kcm_rollups.job import (RollupOptions, default_master, read_points, read_records, read_state, run,
+                             state_of_records)
 from kcm_rollups.partial import merge_batches
 from kcm_rollups.otlp import STATISTICS, OtlpTarget
 from kcm_rollups.source import kafka_schema
@@ -91,6 +93,16 @@ def telemetry(tmp_path_factory) -> Iterator[Sandbox]:
         yield sandbox
     finally:
         sandbox.stop()
+
+
+def _last_record_time(sandbox: Sandbox) -> datetime:
+    reader = KafkaConsumer(bootstrap_servers=sandbox.bootstrap, group_id=None, consumer_timeout_ms=3000)
+    reader.assign([TopicPartition(sandbox.options.topic, 0)])
+    reader.seek_to_beginning()
+    try:
+        return datetime.fromtimestamp(max(record.timestamp for record in reader) / 1000, timezone.utc)
+    finally:
+        reader.close()
 
 
 def options_for(sandbox: Sandbox, output, **overrides) -> RollupOptions:
@@ -241,6 +253,17 @@ def test_an_unwritable_output_is_one_line(spark, telemetry, capsys):
     assert "cannot write the rollups to --output /proc/kcm-rollups" in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("output, problem", [("foo://bucket/rollups", 'No FileSystem for scheme "foo"'),
+                                             ("s3a://telemetry/rollups", "S3AFileSystem not found")])
+def test_an_output_spark_cannot_open_is_one_line_before_anything_is_read(spark, output, problem):
+    # Kafka is unreachable: the run must stop at the output, before it would try to read.
+    options = RollupOptions(kafka=KafkaSettings("127.0.0.1:1"), topic="t", output=output,
+                            resolutions=parse_resolutions("1m,1h"))
+    with pytest.raises(UserError, match=f"^cannot write the rollups to --output {output}: .*{problem}") as refused:
+        run(spark, options)
+    assert len(str(refused.value).splitlines()) == 1
+
+
 def test_runs_of_other_resolutions_over_one_range_keep_each_others_rows_and_a_day_stays_a_label(spark, telemetry,
                                                                                                   tmp_path):
     output = tmp_path / "out"
@@ -364,7 +387,10 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
                 for m in sm.metrics]
     assert sum(len(m.gauge.data_points) for m in received) == statistics
     assert f"exported {statistics} OTLP data points to {collector.endpoint}" in result.summary_lines()
-    now = run(spark, options_for(telemetry, tmp_path / "now", otlp=OtlpTarget(collector.endpoint)))
+    # Just after the last record, not the real time: an hour starting since the telemetry was pushed would have
+    # ended every window.
+    now = run(spark, options_for(telemetry, tmp_path / "now", otlp=OtlpTarget(collector.endpoint)),
+              now=_last_record_time(telemetry) + timedelta(milliseconds=1))
     rows = [r.asDict() for r in spark.read.parquet(str(tmp_path / "now")).collect()]
     ended = sum(1 for r in rows if not r["partial"] for name in STATISTICS if r[name] is not None and r[name] == r[name])
     assert any(r["partial"] for r in rows) and now.exported == (collector.endpoint, ended, 0)
@@ -397,6 +423,13 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     (["--starting-offsets", '{"kafka-client-metrics":{"0":10}}', "--ending-offsets",
       '{"kafka-client-metrics":{"0":5}}'], "starts partition 0 at 10, after where --ending-offsets ends it (5)"),
     (["--last", "999999d"], "is longer than a century (36500d)"),
+    (["--last", "21000d"], "--last 21000d reaches back before 1970-01-01"),
+    (["--master", "bogus"], "--master 'bogus' is not a Spark master URL"),
+    (["--master", "local[0]"], "--master 'local[0]' is not a Spark master URL"),
+    # A range replaces whole windows: offsets would cut some out (and the rewrite would drop their records).
+    (["--from", "2026-01-01", "--to", "2026-01-02", "--starting-offsets", '{"kafka-client-metrics":{"0":2}}'],
+     "--starting-offsets/--ending-offsets cannot be combined with a time range"),
+    (["--last", "1h", "--ending-offsets", '{"kafka-client-metrics":{"0":9}}'], "cannot be combined with a time range"),
     (["--resolution", "1m,99999999999999d"], "is longer than a century"),
     (["--lookback", "99999999999999d"], "is longer than a century"),
     (["--from", "8999-12-31T00:00:00Z"], "is in the future: nothing to roll up yet"),
@@ -416,6 +449,12 @@ def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("master", ["local", "local[3]", "local[*]", "local[4, 2]", "local-cluster[2,1,1024]",
+                                    "spark://spark-master:7077", "k8s://https://kubernetes.default:443", "yarn"])
+def test_every_master_url_spark_starts_with_is_taken_as_given(master):
+    assert default_master(master) == master
 
 
 def test_credentials_kafka_refuses_are_one_line_naming_the_user_before_spark_starts(authenticating_broker, tmp_path,

@@ -90,6 +90,15 @@ def test_points_before_since_only_serve_as_predecessors(spark):
     assert rows[("1m", 0, "c", ())]["count"] == 4
 
 
+def test_a_cumulative_point_without_a_value_is_skipped_like_nan_and_keeps_its_streams_increase(spark):
+    for missing in (None, math.nan):  # OTLP's "no recorded value" point decodes to null
+        rows = rows_of(spark, [point("c", 1, "i1", value=10.0, **CUMULATIVE), point("c", 2, "i1", value=missing,
+                                                                                      **CUMULATIVE),
+                               point("c", 3, "i1", value=25.0, **CUMULATIVE)])
+        assert [(r["resolution"], r["count"], r["increase"], r["last"]) for r in rows.values()] == [
+            ("1m", 3, 15.0, 25.0), ("1h", 3, 15.0, 25.0)], missing
+
+
 def test_histograms_merge_buckets_when_bounds_agree_and_estimate_quantiles_like_prometheus(spark):
     histogram = {"type": "histogram", "temporality": "delta"}
     cumulative = {"type": "histogram", "temporality": "cumulative"}
@@ -114,6 +123,7 @@ def test_histogram_quantile_follows_prometheus_at_the_edges():
     assert histogram_quantile(0.5, [1.0, 2.0], [0, 0, 4]) == 2.0  # all in +Inf: its lower bound
     assert histogram_quantile(0.5, [4.0], [2, 0]) == 2.0          # lowest bucket interpolates from zero
     assert histogram_quantile(0.5, [1.0], [0, 0]) is None
+    assert histogram_quantile(0.5, [1.0, 5.0], [1, None, 0]) is None  # a bucket merged from unequal lists
 
 
 def test_an_hour_merged_from_minutes_equals_the_hour_computed_from_points(spark):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from datetime import datetime, timezone
 
 import grpc
 import pytest
@@ -11,8 +13,10 @@ import pytest
 from kcm_common.errors import UserError
 from kcm_common.otlp_export import RetryPolicy
 from kcm_common.points import attributes, metric_dicts
-from kcm_rollups.otlp import RESOLUTION_ATTRIBUTE, SCOPE_NAME, OtlpTarget, check_endpoint, export, export_requests
+from kcm_rollups.otlp import (BOUNDS_ATTRIBUTE, RESOLUTION_ATTRIBUTE, SCOPE_NAME, STATISTICS, OtlpTarget,
+                              check_endpoint, export, export_requests, export_rows)
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+from spark_support import spark  # noqa: F401  (the session-scoped fixture)
 
 FAST = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.5)
 START = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
@@ -88,3 +92,31 @@ def test_each_request_gets_its_own_minute_to_be_delivered(collector):
 def test_an_endpoint_that_is_not_host_and_port_is_refused(endpoint):
     with pytest.raises(UserError, match="is not HOST:PORT"):
         check_endpoint(endpoint)
+
+
+def test_rows_apart_in_parquet_stay_apart_as_series_whatever_they_are_grouped_by(spark, collector):
+    rows = [row("lat", principal="User:alice", count=5), row("lat", principal="User:bob", count=7),
+            row("h", bounds=[1.0, 5.0], count=3), row("h", bounds=[2.0], count=4)]
+    frame = spark.createDataFrame(
+        [{**r, "window_start": datetime.fromtimestamp(r["start_micros"] / 1e6, timezone.utc),
+          "window_end": datetime.fromtimestamp(r["end_micros"] / 1e6, timezone.utc)} for r in rows],
+        "resolution string, metric string, attributes string, client_id string, client_software_name string, "
+        "client_software_version string, principal string, bounds array<double>, window_start timestamp, "
+        "window_end timestamp, " + ", ".join(f"{name} {'bigint' if name == 'count' else 'double'}"
+                                             for name in STATISTICS))
+    assert export_rows(frame, OtlpTarget(collector.endpoint), ("client_id", "principal", "attributes")) == (4, 0)
+    series = {}
+    for received in collector.exports:
+        for resource_metrics in received.request.resource_metrics:
+            resource = tuple(sorted(attributes(resource_metrics.resource.attributes).items()))
+            for metric in metric_dicts(MetricsData(resource_metrics=[resource_metrics])):
+                for data_point in metric["points"]:
+                    identity = (resource, metric["name"], json.dumps(data_point["attributes"], sort_keys=True),
+                                data_point["start_time_unix_nano"], data_point["time_unix_nano"])
+                    series.setdefault(identity, []).append(data_point["value"])
+    assert sorted(values for values in series.values()) == [[3], [4], [5], [7]]
+    by_principal = {dict(identity[0]).get("principal"): values for identity, values in series.items()
+                    if identity[1] == "lat.count"}
+    assert by_principal == {"User:alice": [5], "User:bob": [7]}
+    assert sorted((json.loads(identity[2])[BOUNDS_ATTRIBUTE], values) for identity, values in series.items()
+                  if identity[1] == "h.count") == [([1.0, 5.0], [3]), ([2.0], [4])]

@@ -36,6 +36,7 @@ def golden_points() -> list[dict]:
         point("s", 31, "i2", value=math.nan, **DELTA), point("s", 70, "i1", value=3.0, **DELTA),
         point("c", 5, "i1", value=100.0, start_ns=1, **CUMULATIVE),
         point("c", 20, "i1", value=130.0, start_ns=1, **CUMULATIVE),
+        point("c", 21, "i1", value=None, start_ns=1, **CUMULATIVE),  # no recorded value: no increase, no predecessor
         point("updown", 9, "i1", value=4.0, **UP_DOWN), point("updown", 19, "i2", value=-2.0, **UP_DOWN),
         point("h", 10, "i1", count=3, sum=6.0, bucket_counts=[1, 1, 1], **HISTOGRAM),
         point("h", 20, "i2", count=2, sum=12.0, bucket_counts=[0, 0, 2], **HISTOGRAM),
@@ -43,6 +44,9 @@ def golden_points() -> list[dict]:
               **{**HISTOGRAM, "bounds": [1.0, 5.0, 10.0]}),
         point("hc", 26, "i1", count=4, sum=9.0, bucket_counts=[2, 2, 0],
               **{**HISTOGRAM, "temporality": "cumulative"}),
+        # Histograms without buckets (decoded as null) beside one with a single bucket: counted, never a null bucket.
+        point("nb", 27, "i1", count=2, sum=3.0, **{**HISTOGRAM, "bounds": []}),
+        point("nb", 28, "i2", count=1, sum=1.0, bucket_counts=[1], **{**HISTOGRAM, "bounds": []}),
         {**point(None, 40, "i5", type=None, time_ns=None, attributes=None), "error": "empty"},
         {**point(None, 41, "i5", type=None, time_ns=None, attributes=None), "error": "decompress-failed"},
         point("g", 50, None, value=6.0),

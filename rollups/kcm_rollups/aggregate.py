@@ -43,8 +43,9 @@ def _counter() -> Column:
 
 
 def needs_previous() -> Column:
-    """True for points whose increase depends on their stream's previous point: cumulative counters and histograms."""
-    counter = _counter() & ~F.isnan("value")
+    """True for points whose increase depends on their stream's previous point: cumulative counters and histograms.
+    A counter point without a value (null, NaN) is not one: it must not become the next point's predecessor."""
+    counter = _counter() & F.col("value").isNotNull() & ~F.isnan("value")
     return F.coalesce((F.col("temporality") == "cumulative") & (counter | F.col("type").isin(*_HISTOGRAM_TYPES)),
                       F.lit(False))
 

@@ -1,7 +1,8 @@
 """Decode metrics-topic records inside Spark: `mapInArrow` picks the contract headers out vectorised, runs the shared
 codec and flattens columnar into one row per data point.
 
-A record that does not follow the contract becomes one row with its `error` reason; it never fails the job.
+A record that does not follow the contract, holds a point the columns cannot (INVALID_POINT) or has a time windows
+cannot (INVALID_TIMESTAMP), becomes one row with its `error` reason; it never fails the job.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DoubleType, I
 
 from kcm_common import contract, points
 from kcm_common.names import ATTRIBUTE_HEADERS
+from kcm_rollups.windows import LATEST_TIME
 
 IDENTITY = ("client_instance_id", "client_id", "client_software_name", "client_software_version")
 # Contract headers other than the client identity ride through decoding unchanged, to group by if asked.
@@ -51,6 +53,14 @@ _ARROW_TYPES = {
 }
 _TEMPORALITY = {metrics_pb2.AGGREGATION_TEMPORALITY_DELTA: "delta",
                 metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE: "cumulative"}
+# Besides the codec's reasons: a point the rollup columns cannot hold (a uint64 beyond int64, buckets that do not
+# match the bounds). The whole record becomes the error row, as for the codec's reasons.
+INVALID_POINT = "invalid-point"
+# And a record whose Kafka timestamp is at or beyond LATEST_TIME: its windows could not be dates (nor, near the end
+# of 64-bit microseconds, be computed at all).
+INVALID_TIMESTAMP = "invalid-timestamp"
+_LATEST_MICROS = int(LATEST_TIME.timestamp()) * 1_000_000
+_INT64_MAX = 2**63 - 1
 _POINT_COLUMNS = ("metric", "type", "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value",
                   "count", "sum", "bucket_counts", "bounds", "error", "error_message")
 
@@ -109,6 +119,7 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
     by column."""
     values = batch.column("value").to_pylist()
     keys = batch.column("key").to_pylist()
+    times = batch.column("record_micros").to_pylist()
     headers = header_columns(batch.column("headers"), _CODEC_HEADERS + ATTRIBUTE_HEADERS)
     header_values = {name: headers[name].to_pylist() for name in _CODEC_HEADERS + IDENTITY}
     built = _PointColumns()
@@ -118,14 +129,18 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
         record_headers = [(name, column[i]) for name, column in header_values.items() if column[i] is not None]
         start = len(built.record)
         try:
+            if times[i] is None or times[i] >= _LATEST_MICROS:
+                raise NotRollable(f"the record's Kafka timestamp is not before {LATEST_TIME:%Y-%m-%d}",
+                                   INVALID_TIMESTAMP)
             decoded = contract.decode(value, record_headers)
-        except contract.DecodeError as err:
+            built.add_points(i, decoded.metrics)
+        except (contract.DecodeError, NotRollable) as err:
+            built.drop_rows(start)
             built.add_empty(i, err.reason, str(err))
             resource: dict[str, Any] = {}
         else:
             missing = any(header_values[name][i] is None for name in IDENTITY)
             resource = points.resource_attributes(decoded.metrics) if missing else {}
-            built.add_points(i, decoded.metrics)
             if len(built.record) == start:  # a valid record without points still counts as input
                 built.add_empty(i, None, None)
         for name in IDENTITY:
@@ -148,6 +163,14 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
         else:
             arrays.append(built.column(field.name, _ARROW_TYPES[field.dataType.simpleString()]))
     return pa.RecordBatch.from_arrays(arrays, names=POINTS_SCHEMA.names)
+
+
+class NotRollable(ValueError):
+    """A record the rollup cannot hold (a point beyond its columns, a time beyond its windows): one error row."""
+
+    def __init__(self, message: str, reason: str = INVALID_POINT) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class _AttributesText:
@@ -189,6 +212,15 @@ class _PointColumns:
         for column in self.dense.values():
             column.append(None)
 
+    def drop_rows(self, start: int) -> None:
+        """Forget the rows from `start` on: those of a record found invalid halfway through its points."""
+        del self.record[start:]
+        for column in self.dense.values():
+            del column[start:]
+        for entries in self.sparse.values():   # keyed by row, in the order rows were added: the dropped ones last
+            while entries and next(reversed(entries)) >= start:
+                entries.popitem()
+
     def add_points(self, i: int, data: metrics_pb2.MetricsData) -> None:
         """A row per data point of record `i`."""
         # Python's per-point cost is what limits decoding: bound appends, no per-point dict lookups.
@@ -212,21 +244,25 @@ class _PointColumns:
                         monotonic = body.is_monotonic if kind == "sum" else None
                     number = kind in ("gauge", "sum")
                     for point in body.data_points:
+                        point_time, point_start = point.time_unix_nano, point.start_time_unix_nano
+                        if point_time > _INT64_MAX or point_start > _INT64_MAX:
+                            raise NotRollable(f"metric {name!r}: time_unix_nano {point_time} or "
+                                               f"start_time_unix_nano {point_start} is beyond a signed 64-bit time")
                         if not number:
                             row = len(self.record)
-                            sparse["count"][row] = point.count
+                            sparse["count"][row] = _counted(name, "count", point.count)
                             if kind == "summary" or point.HasField("sum"):
                                 sparse["sum"][row] = point.sum
                             if kind == "histogram":
-                                sparse["bucket_counts"][row] = list(point.bucket_counts)
+                                sparse["bucket_counts"][row] = _buckets(name, point)
                                 sparse["bounds"][row] = list(point.explicit_bounds)
                         record(i)
                         metric_name(name)
                         metric_type(kind)
                         temporality_of(temporality)
                         monotonic_of(monotonic)
-                        time_ns(point.time_unix_nano)
-                        start_ns(point.start_time_unix_nano)
+                        time_ns(point_time)
+                        start_ns(point_start)
                         attributes(text(point.attributes))
                         if number:
                             which = point.WhichOneof("value")
@@ -245,3 +281,23 @@ class _PointColumns:
         for row, item in entries.items():
             filled[row] = item
         return pa.array(filled, arrow_type)
+
+
+def _counted(metric: str, field: str, count: int) -> int:
+    """A uint64 count as the int64 the columns hold, else NotRollable."""
+    if count > _INT64_MAX:
+        raise NotRollable(f"metric {metric!r}: {field} {count} is beyond a signed 64-bit count")
+    return count
+
+
+def _buckets(metric: str, point: Any) -> list[int] | None:
+    """A histogram point's bucket counts (None without buckets); NotRollable unless there is one more than bounds,
+    or none and no bounds, as OTLP requires."""
+    counts, bounds = point.bucket_counts, point.explicit_bounds
+    if len(counts) != len(bounds) + 1 and (counts or bounds):
+        raise NotRollable(f"metric {metric!r}: a histogram point with {len(counts)} bucket counts for "
+                           f"{len(bounds)} bounds (OTLP needs {len(bounds) + 1}, or none and no bounds)")
+    if not counts:
+        return None
+    _counted(metric, "bucket count", max(counts))
+    return list(counts)

@@ -9,11 +9,11 @@ QUANTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p95", 0.95), ("p99",
 
 def histogram_quantile(q: float, bounds: Sequence[float], bucket_counts: Sequence[int]) -> float | None:
     """The q-quantile of an OTLP explicit-bucket histogram, interpolated linearly inside its bucket like
-    Prometheus' `histogram_quantile`; None when there is nothing to estimate from.
+    Prometheus' `histogram_quantile`; None when there is nothing to estimate from (or a bucket count is unknown).
 
     OTLP bucket i holds (bounds[i-1], bounds[i]]; the last bucket is (bounds[-1], +Inf).
     """
-    if not bounds or len(bucket_counts) != len(bounds) + 1 or not 0 <= q <= 1:
+    if not bounds or len(bucket_counts) != len(bounds) + 1 or None in bucket_counts or not 0 <= q <= 1:
         return None
     total = sum(bucket_counts)
     if total <= 0:

@@ -17,7 +17,8 @@ from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, rejected_message
 from kcm_common.librdkafka import librdkafka_config
 from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
-from kcm_rollups.windows import Resolution, parse_resolutions, widen
+from kcm_rollups.windows import EARLIEST_TIME, Resolution, parse_resolutions, widen
+from kcm_rollups.windows import label as duration_label
 
 if TYPE_CHECKING:
     from kcm_rollups.otlp import OtlpTarget
@@ -28,6 +29,9 @@ _QUIET_LIBRDKAFKA = logging.getLogger("kcm.rollup.check")
 _QUIET_LIBRDKAFKA.setLevel(logging.CRITICAL)
 
 DEFAULT_LOOKBACK_SECONDS = 300
+# The masters Spark starts with: SparkContext's local forms, and the cluster managers spark-submit knows.
+_MASTER_URL = re.compile(r"local(\[([1-9][0-9]*|\*)(\s*,\s*[0-9]+)?\])?"
+                         r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]|(spark|k8s)://.+|yarn")
 TOP_COLUMNS = ("resolution", "window_start", "client_id", "metric", "type", "instances", "count", "avg", "p99",
                "last", "increase", "rate")
 
@@ -51,6 +55,8 @@ class RollupOptions:
     otlp: OtlpTarget | None = None   # also export the rows written (kcm_rollups.otlp)
 
     def __post_init__(self) -> None:
+        from kcm_rollups.source import EARLIEST, LATEST
+
         unknown = [name for name in self.dimensions if name not in GROUPABLE]
         if unknown:
             raise UserError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPABLE)}")
@@ -60,6 +66,10 @@ class RollupOptions:
             raise UserError(f"--from {self.start.isoformat()} is in the future: nothing to roll up yet")
         starting, ending = (_check_offsets(flag, text, self.topic) for flag, text in (
             ("--starting-offsets", self.starting_offsets), ("--ending-offsets", self.ending_offsets)))
+        if self.start and (starting != EARLIEST or ending != LATEST):
+            # A range replaces every window in it; offsets would cut some of those windows' records out.
+            raise UserError("--starting-offsets/--ending-offsets cannot be combined with a time range "
+                            "(--from/--to/--last), whose windows must be recomputed whole; give one or the other")
         for partition, start in (starting.get(self.topic, {}) if isinstance(starting, dict) else {}).items():
             end = ending.get(self.topic, {}).get(partition) if isinstance(ending, dict) else None
             if end is not None and end >= 0 and start >= 0 and start > end:
@@ -238,16 +248,20 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
 
     if last is not None:
         end = datetime.now(timezone.utc)
+        if last > end - EARLIEST_TIME:
+            raise UserError(f"--last {duration_label(int(last.total_seconds()))} reaches back before "
+                            f"{EARLIEST_TIME:%Y-%m-%d}: Kafka timestamps count from 1970; give a shorter duration")
         start = end - last
     settings = KafkaSettings.from_cli(bootstrap_servers, command_config)
     rollup_options = RollupOptions(kafka=settings, topic=topic, output=output,
                                    resolutions=parse_resolutions(resolutions), start=start, end=end, **options)
+    master = default_master(master)
     check_reachable(settings)
     check_authenticates(settings)
     quiet = _Py4jSendTraceback()
     logging.getLogger().addFilter(quiet)
     try:
-        return run(spark_session(default_master(master)), rollup_options)
+        return run(spark_session(master), rollup_options)
     except Exception as err:
         # The Python source runs in Spark's Python workers: its errors come back wrapped in Spark's.
         found = re.search(r"KafkaSourceError: (.+)", str(err))
@@ -300,8 +314,12 @@ def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> Non
 
 
 def default_master(master: str | None) -> str | None:
-    """`master` if given; none under spark-submit (it chose one); else every local core."""
+    """`master` if given (UserError unless Spark would take it); none under spark-submit (it chose one); else every
+    local core."""
     if master:
+        if not _MASTER_URL.fullmatch(master):
+            raise UserError(f"--master {master!r} is not a Spark master URL: local, local[N], local[*], local[N,F], "
+                            "spark://HOST:PORT, k8s://https://HOST:PORT or yarn")
         return master
     return None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]"
 
@@ -318,6 +336,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     def finished(stage: str) -> None:
         stages[stage] = time.monotonic() - began - sum(stages.values())
 
+    output_target(spark, options.output)  # a typo or a filesystem Spark lacks costs seconds, not a whole pass
     now = now or datetime.now(timezone.utc)
     span = options.window_range()
     read_from = max(0, span[0] - options.lookback_seconds) if span else None
@@ -343,7 +362,8 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
 
         # Windows still open are left out: their values are incomplete and their end lies in the future, where
         # backends drop samples; the run that finds them ended exports them.
-        exported = (options.otlp.endpoint, *export_rows(rows.filter(~F.col("partial")), options.otlp))
+        exported = (options.otlp.endpoint, *export_rows(rows.filter(~F.col("partial")), options.otlp,
+                                                        options.dimensions))
         finished("OTLP export")
     top = top_rows(rows, options.resolutions[-1].label, options.top)
     finished("summary")
@@ -416,9 +436,7 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
         windows[row["resolution"]] = windows.get(row["resolution"], 0) + row["windows"]
     rows_written = sum(row["rows"] for row in touched)
     existing = None
-    target = _HadoopPath(spark, output)
-    if target.is_file():
-        raise UserError(f"--output {output} is a file; give a directory (new, or one earlier runs wrote)")
+    target = output_target(spark, output)
     if target.exists():
         try:
             existing = _read_partitioned_as_text(spark, output)
@@ -460,6 +478,21 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
     for resolution, date in sorted(emptied):
         _HadoopPath(spark, f"{output.rstrip('/')}/resolution={resolution}/date={date}").delete()
     return rows_written, windows
+
+
+def output_target(spark: Any, output: str) -> _HadoopPath:
+    """`--output` as a Hadoop path that is a directory or nothing yet; UserError if it is a file, or if Spark cannot
+    open its filesystem (an unknown scheme, s3a:// without hadoop-aws, refused credentials)."""
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        target = _HadoopPath(spark, output)
+        is_file = target.is_file()
+    except Py4JJavaError as err:
+        raise UserError(f"cannot write the rollups to --output {output}: {_first_line(err)}") from None
+    if is_file:
+        raise UserError(f"--output {output} is a file; give a directory (new, or one earlier runs wrote)")
+    return target
 
 
 def _in_partitions(frame: Any, partitions: set[tuple[str, str]]) -> Any:

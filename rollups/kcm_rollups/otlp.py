@@ -1,8 +1,9 @@
 """Export rollup rows to an OpenTelemetry collector as OTLP/gRPC gauges: one gauge per statistic of each row.
 
 A row of metric `m` becomes gauges `m.count`, `m.min`, ... `m.rate` (only the statistics it has), stamped with its
-window (start and end time), carrying the point attributes and `kcm.rollup.resolution`; the client identity columns
-become resource attributes. Parquet stays the record: the export runs after the write, and a re-run re-exports.
+window (start and end time), carrying the point attributes, `kcm.rollup.resolution` and a histogram row's
+`kcm.rollup.bounds`; the client identity columns and any other grouped dimension become resource attributes, so every
+row is a series of its own. Parquet stays the record: the export runs after the write, and a re-run re-exports.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ STATISTICS: tuple[str, ...] = ("instances", "count", "nan_count", "min", "max", 
 RESOURCE_COLUMNS: tuple[str, ...] = ("client_id", "client_software_name", "client_software_version")
 SCOPE_NAME = "kcm.rollup"
 RESOLUTION_ATTRIBUTE = "kcm.rollup.resolution"
+BOUNDS_ATTRIBUTE = "kcm.rollup.bounds"
 # A receiver that is restarting gets a minute per request; a RetryInfo delay is honoured up to 15 s.
 EXPORT_RETRY = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=15.0)
 
@@ -97,9 +99,16 @@ def parse_header_file(text: str) -> tuple[str, str]:
     return name.strip(), path.strip()
 
 
-def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -> Iterator[ExportMetricsServiceRequest]:
+def resource_columns(dimensions: Sequence[str]) -> tuple[str, ...]:
+    """The columns that become resource attributes: the client identity, and every other grouped dimension but the
+    point attributes (two rows differing only in, say, `principal` must stay two series)."""
+    return tuple(dict.fromkeys(RESOURCE_COLUMNS + tuple(name for name in dimensions if name != "attributes")))
+
+
+def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000,
+                    resource_names: Sequence[str] = RESOURCE_COLUMNS) -> Iterator[ExportMetricsServiceRequest]:
     """Rollup rows (window bounds as `start_micros`/`end_micros`, see `export_rows`) as OTLP export requests of at
-    most about `max_points` data points each."""
+    most about `max_points` data points each; `resource_names` are the row's columns that identify its resource."""
     request = ExportMetricsServiceRequest()
     scopes: dict[tuple[tuple[str, str], ...], Any] = {}
     metrics: dict[tuple[int, str], Any] = {}
@@ -108,7 +117,7 @@ def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -
         if points >= max_points:
             yield request
             request, scopes, metrics, points = ExportMetricsServiceRequest(), {}, {}, 0
-        resource = tuple((name, str(row[name])) for name in RESOURCE_COLUMNS if row.get(name) is not None)
+        resource = tuple((name, str(row[name])) for name in resource_names if row.get(name) is not None)
         scope = scopes.get(resource)
         if scope is None:
             resource_metrics = request.resource_metrics.add()
@@ -118,6 +127,8 @@ def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -
             scopes[resource] = scope
         attributes = [_key_value(RESOLUTION_ATTRIBUTE, row["resolution"])]
         attributes += [_key_value(k, v) for k, v in sorted(json.loads(row.get("attributes") or "{}").items())]
+        if row.get("bounds") is not None:  # a key column: histogram rows with other bounds are other series
+            attributes.append(_key_value(BOUNDS_ATTRIBUTE, [float(bound) for bound in row["bounds"]]))
         for statistic in STATISTICS:
             value = row.get(statistic)
             if value is None or value != value:  # a NaN statistic says nothing
@@ -139,19 +150,21 @@ def export_requests(rows: Iterable[Mapping[str, Any]], max_points: int = 5000) -
         yield request
 
 
-def export_rows(frame: Any, target: OtlpTarget) -> tuple[int, int]:
-    """Send a DataFrame of rollup rows to `target`, streamed to the driver partition by partition; see `export`."""
+def export_rows(frame: Any, target: OtlpTarget, dimensions: Sequence[str]) -> tuple[int, int]:
+    """Send a DataFrame of rollup rows grouped by `dimensions` to `target`, streamed to the driver partition by
+    partition; see `export`."""
     from pyspark.sql import functions as F
 
-    columns = ["resolution", "metric", "attributes", *RESOURCE_COLUMNS, *STATISTICS]
+    resource = resource_columns(dimensions)
+    columns = ["resolution", "metric", "attributes", "bounds", *resource, *STATISTICS]
     rows = frame.select(*columns, F.unix_micros("window_start").alias("start_micros"),
                         F.unix_micros("window_end").alias("end_micros")).toLocalIterator()
-    return export((row.asDict() for row in rows), target)
+    return export((row.asDict() for row in rows), target, resource_names=resource)
 
 
 def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget, timeout_s: float = 30.0,
-           retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0, max_points: int = 5000
-           ) -> tuple[int, int]:
+           retry: RetryPolicy = EXPORT_RETRY, give_up_after_s: float = 60.0, max_points: int = 5000,
+           resource_names: Sequence[str] = RESOURCE_COLUMNS) -> tuple[int, int]:
     """Send rollup rows to the OTLP/gRPC receiver `target`; returns (points sent, points the receiver rejected).
     Each request is retried as OTLP prescribes (kcm_common.otlp_export) for up to `give_up_after_s`; a request refused
     for good, or still failing then, raises UserError naming the endpoint."""
@@ -168,7 +181,7 @@ def export(rows: Iterable[Mapping[str, Any]], target: OtlpTarget, timeout_s: flo
         raise UserError(f"OTLP export to {endpoint}: cannot read {exc.filename}: {exc.strerror}") from None
     sent = rejected = 0
     try:
-        for request in export_requests(rows, max_points):
+        for request in export_requests(rows, max_points, resource_names):
             deadline = time.monotonic() + give_up_after_s
             outcome = exporter.export(request.SerializeToString())
             if not outcome.delivered:

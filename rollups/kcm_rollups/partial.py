@@ -96,7 +96,7 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
     counter = _and(is_sum, pc.invert(gauge))
     histogram = pc.is_in(kind, pa.array(_HISTOGRAM_TYPES)).fill_null(False)
     nan = pc.is_nan(value).fill_null(False)
-    counted = _and(counter, pc.invert(nan))
+    counted = _and(counter, pc.is_valid(value), pc.invert(nan))
     needs_previous = _and(cumulative, _or(counted, histogram)).fill_null(False)
     number = _when(pc.invert(nan), value)
     level = _when(gauge, number)

@@ -355,12 +355,18 @@ def records_to_arrow(records: list[Record], schema: pa.Schema) -> pa.RecordBatch
         "topic": [r.topic for r in records],
         "partition": [r.partition for r in records],
         "offset": [r.offset for r in records],
-        "timestamp": [r.timestamp * 1000 for r in records],
+        "timestamp": [_micros(r.timestamp) for r in records],
         "timestampType": [r.timestamp_type for r in records],
     }
     if "headers" in schema.names:
         columns["headers"] = [[(name, value) for name, value in r.headers] for r in records]
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _micros(timestamp_ms: int) -> int | None:
+    """A Kafka timestamp in microseconds; None beyond what 64 bits hold (decoding makes that record an error row)."""
+    micros = timestamp_ms * 1000
+    return micros if -2**63 <= micros < 2**63 else None
 
 
 def records_to_decode_input(records: list[Any]) -> pa.RecordBatch:
@@ -373,7 +379,7 @@ def records_to_decode_input(records: list[Any]) -> pa.RecordBatch:
         pa.array([r.topic for r in records], pa.string()),
         pa.array([r.partition for r in records], pa.int32()),
         pa.array([r.offset for r in records], pa.int64()),
-        pa.array([r.timestamp * 1000 for r in records], pa.int64()),
+        pa.array([_micros(r.timestamp) for r in records], pa.int64()),
         pa.array([r.headers for r in records], DECODE_INPUT_SCHEMA.field("headers").type),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=DECODE_INPUT_SCHEMA)
