@@ -182,6 +182,8 @@ def bad_files(certificates) -> Path:
     ({"cert_file": "client.pem", "key_file": "garbled-key.pem"}, "--otlp-cert-file .*client.pem does not load with"),
     ({"cert_file": "client.pem", "key_file": "server.key"}, "--otlp-cert-file .*client.pem does not load with"),
     ({"cert_file": "garbled-cert.pem", "key_file": "client.key"}, "--otlp-cert-file .*garbled-cert.pem does not load"),
+    ({"ca_file": "client.pem", "cert_file": "client.pem", "key_file": "server.key"},
+     "--otlp-cert-file .*client.pem does not load with"),
     ({"header_files": (("Authorization", "token"),)}, "must be lower-case"),
     ({"header_files": (("grpc-timeout", "token"),)}, "not start with grpc-"),
     ({"header_files": (("x-token-bin", "token"),)}, "names ending in -bin"),

@@ -65,8 +65,8 @@ class OtlpTarget:
                 raise UserError(f"{flag} {problem}")
         unusable = tls_problem(Tls(self.ca_file, self.cert_file, self.key_file))
         if unusable:
-            flag = "--otlp-ca-file" if unusable[0] == self.ca_file else "--otlp-cert-file"
-            raise UserError(f"{flag} {unusable[0]} {unusable[1]}")
+            flag = "--otlp-ca-file" if unusable.setting == "ca_file" else "--otlp-cert-file"
+            raise UserError(f"{flag} {unusable.file} {unusable.why}")
         names = [name for name, _ in self.header_files]
         if len(set(names)) < len(names):
             raise UserError("--otlp-header-file names a header twice")
