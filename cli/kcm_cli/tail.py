@@ -165,8 +165,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 break
     except KeyboardInterrupt:
         pass
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (e.g. `| head`); nothing left to say
     except KafkaError as exc:
         raise KafkaUnavailableError(f"lost the connection to Kafka: {exc}") from None
     finally:
