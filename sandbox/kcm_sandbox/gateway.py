@@ -130,21 +130,22 @@ class _UpstreamUnreachable(Exception):
 
 
 class Gateway:
-    """An asyncio Kafka-protocol server in front of `upstream` (host, port)."""
+    """An asyncio Kafka-protocol server in front of `upstream` (host, port), serving on `listener`, a socket already
+    listening (bound before the broker starts, since the broker advertises its port); `host` is how it is named."""
 
     def __init__(self, upstream: tuple[str, int], store: SubscriptionStore, telemetry: TelemetryManager,
-                 receiver: Receiver, host: str = "127.0.0.1", port: int = 0,
+                 receiver: Receiver, listener: socket.socket, host: str = "127.0.0.1",
                  connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS,
-                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES, listener: socket.socket | None = None) -> None:
+                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES) -> None:
         self.upstream = upstream
-        self._listener = listener   # a socket already listening on host:port, to serve on
+        self._listener = listener
         self.idle_timeout_s = connections_max_idle_ms / 1000
         self.frame_budget = wire.FrameBudget(frame_budget_bytes)
         self.store = store
         self.telemetry = telemetry
         self.receiver = receiver
         self.host = host
-        self.port = port
+        self.port: int = listener.getsockname()[1]
         self.upstream_versions: dict[int, tuple[int, int]] = {}
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -156,11 +157,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.upstream_versions = await self._fetch_upstream_versions()
-        if self._listener is not None:
-            self._server = await asyncio.start_server(self._serve, sock=self._listener)
-        else:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._server = await asyncio.start_server(self._serve, sock=self._listener)
         log.info("gateway listening on %s:%d, upstream broker %s:%d", self.host, self.port, *self.upstream)
 
     async def stop(self) -> None:

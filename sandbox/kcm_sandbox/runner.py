@@ -129,8 +129,8 @@ class Sandbox:
                 self.broker.start()
             telemetry = TelemetryManager(self.store, options.compression, options.telemetry_max_bytes)
             self.gateway = Gateway(parse_address(self.upstream_bootstrap, "--upstream"), self.store, telemetry,
-                                   self._receive, host=host, port=port,
-                                   connections_max_idle_ms=options.connections_max_idle_ms, listener=self._listener)
+                                   self._receive, self._listener, host=host,
+                                   connections_max_idle_ms=options.connections_max_idle_ms)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kcm-sandbox-gateway", daemon=True)
             self._thread.start()
