@@ -119,6 +119,34 @@ def test_histograms_merge_buckets_when_bounds_agree_and_estimate_quantiles_like_
     assert (counted["bucket_counts"], counted["count"], counted["sum"]) == ([0, 2, 1], 3, 7.0)
 
 
+def test_histogram_counts_past_64_bits_saturate_instead_of_failing_the_job(spark):
+    """uint64 counts each fit a long, but their sum need not: it stays at 2^63 - 1 (one client's absurd counts never
+    fail the job for the others), in the finest windows and in every merge of them."""
+    histogram = {"type": "histogram", "temporality": "delta", "bounds": [1.0]}
+    cumulative = {"type": "histogram", "temporality": "cumulative", "bounds": [1.0]}
+    big = 2**62
+    rows = rows_of(spark, [
+        point("h", 1, "i1", count=big, sum=1.0, bucket_counts=[big, 0], **histogram),
+        point("h", 2, "i2", count=big, sum=1.0, bucket_counts=[big - 1, 1], **histogram),
+        point("h", 3, "i3", count=5, sum=1.0, bucket_counts=[5, 0], **histogram),
+        point("h", 61, "i1", count=big, sum=1.0, bucket_counts=[0, big], **histogram),
+        point("k", 1, "i1", count=0, sum=0.0, bucket_counts=[0, 0], start_ns=1, **cumulative),
+        point("k", 2, "i1", count=2**63 - 1, sum=1.0, bucket_counts=[2**63 - 1, 0], start_ns=1, **cumulative),
+        point("k", 1, "i2", count=0, sum=0.0, bucket_counts=[0, 0], start_ns=1, **cumulative),
+        point("k", 2, "i2", count=5, sum=1.0, bucket_counts=[4, 1], start_ns=1, **cumulative),
+        point("small", 5, "i4", count=3, sum=3.0, bucket_counts=[1, 2], **histogram),
+    ])
+    top = 2**63 - 1
+    first = rows[("1m", 0, "h", (1.0,))]
+    assert (first["count"], first["bucket_counts"], first["p50"]) == (top, [top, 1], pytest.approx(0.5))
+    assert (rows[("1m", 60, "h", (1.0,))]["count"], rows[("1m", 60, "h", (1.0,))]["bucket_counts"]) == (big, [0, big])
+    hour = rows[("1h", 0, "h", (1.0,))]
+    assert (hour["count"], hour["bucket_counts"], hour["sum"]) == (top, [top, big + 1], 4.0)
+    counted = rows[("1m", 0, "k", (1.0,))]
+    assert (counted["count"], counted["bucket_counts"], counted["sum"]) == (top, [top, 1], 2.0)
+    assert (rows[("1h", 0, "small", (1.0,))]["count"], rows[("1h", 0, "small", (1.0,))]["bucket_counts"]) == (3, [1, 2])
+
+
 def test_histogram_quantile_follows_prometheus_at_the_edges():
     assert histogram_quantile(0.5, [1.0, 2.0], [0, 0, 4]) == 2.0  # all in +Inf: its lower bound
     assert histogram_quantile(0.5, [4.0], [2, 0]) == 2.0          # lowest bucket interpolates from zero

@@ -153,6 +153,22 @@ def test_other_dimensions_and_windows_give_the_same_state(spark):
     assert comparable(python_state(spark, points, 2, dimensions, 30)) == expected
 
 
+@pytest.mark.parametrize("batches", [1, 2, 4])
+def test_counts_past_64_bits_saturate_in_both_paths_and_across_batches(spark, batches):
+    big = 2**62
+    points = spark.createDataFrame([
+        point("h", 1, "i1", count=big, sum=1.0, bucket_counts=[big, 0], **HISTOGRAM | {"bounds": [1.0]}),
+        point("h", 2, "i2", count=3, sum=1.0, bucket_counts=[3, 0], **HISTOGRAM | {"bounds": [1.0]}),
+        point("h", 3, "i3", count=big, sum=1.0, bucket_counts=[big - 2, 2], **HISTOGRAM | {"bounds": [1.0]}),
+        point("h", 4, "i4", count=2**63 - 1, sum=1.0, bucket_counts=[1, 2**63 - 2], **HISTOGRAM | {"bounds": [1.0]}),
+        point("g", 5, "i1", value=1.0),
+    ], POINTS_SCHEMA)
+    expected = comparable(reference_state(points))
+    assert sorted((dict(row)["metric"], dict(row)["count"], dict(row)["bucket_counts"]) for row in expected) == [
+        ("g", 1, None), ("h", 2**63 - 1, (2**63 - 1, 2**63 - 1))]
+    assert comparable(python_state(spark, points, batches)) == expected
+
+
 def test_sketches_of_many_values_merge_as_sparks_do(spark):
     """Past k=200 a KLL sketch compacts (randomly): quantiles stay within its error bound, counts stay exact."""
     many = [point("g", i % 60, f"i{i % 300}", value=float(i)) for i in range(5000)]

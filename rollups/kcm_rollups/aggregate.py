@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType
 
+from kcm_rollups.decode import INT64_MAX
 from kcm_rollups.histograms import QUANTILES, histogram_quantile
 from kcm_rollups.windows import Resolution
 
@@ -95,10 +96,22 @@ def with_cumulative_increases(points: DataFrame) -> DataFrame:
         h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
 
 
+def _saturating_add(left: Column, right: Column) -> Column:
+    return F.least(left.cast("decimal(20,0)") + right, F.lit(INT64_MAX)).cast("long")
+
+
+def saturating_sum(column: Column | str) -> Column:
+    """SUM of a count column that stays at INT64_MAX instead of overflowing (one client pushing absurd histogram
+    counts must not fail the job for every other)."""
+    total = F.sum((F.col(column) if isinstance(column, str) else column).cast("decimal(38,0)"))
+    return F.least(total, F.lit(INT64_MAX)).cast("long")
+
+
 def sum_arrays(column: str) -> Column:
-    # Element-wise sum of equal-length arrays (histograms with the same bounds, so the same bucket count).
+    # Element-wise sum of equal-length arrays (histograms with the same bounds, so the same bucket count); each
+    # element saturates at INT64_MAX as saturating_sum does.
     return F.aggregate(F.collect_list(column), F.lit(None).cast("array<bigint>"),
-                       lambda acc, x: F.coalesce(F.zip_with(acc, x, lambda a, b: a + b), x))
+                       lambda acc, x: F.coalesce(F.zip_with(acc, x, _saturating_add), x))
 
 
 def _keys(dimensions: Sequence[str]) -> list[str]:
@@ -118,8 +131,8 @@ def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str
     keyed = points.withColumn("window_start", window_start(F.col("record_micros"), size_seconds)).withColumn(
         "bounds", F.when(F.col("type") == "histogram", F.col("bounds")))
     return keyed.groupBy(*_keys(dimensions), *extra_keys).agg(
-        F.sum(F.when(gauge, level.isNotNull().cast("long")).when(histogram, F.col("d_count"))
-              .otherwise(F.lit(1))).alias("count"),
+        saturating_sum(F.when(gauge, level.isNotNull().cast("long")).when(histogram, F.col("d_count"))
+                       .otherwise(F.lit(1))).alias("count"),
         F.sum(F.when(gauge & F.isnan("value"), 1).otherwise(0)).cast("long").alias("nan_count"),
         F.min(level).alias("min"),
         F.max(level).alias("max"),
@@ -143,7 +156,7 @@ def merge_state(state: DataFrame, size_seconds: int | None, dimensions: Sequence
         "window_start", window_start(F.unix_micros("window_start"), size_seconds))
     order = F.col("last_at") if last_order is None else last_order
     return coarse.groupBy(*_keys(dimensions), *extra_keys).agg(
-        F.sum("count").alias("count"),
+        saturating_sum("count").alias("count"),
         F.sum("nan_count").alias("nan_count"),
         F.min("min").alias("min"),
         F.max("max").alias("max"),

@@ -60,7 +60,7 @@ INVALID_POINT = "invalid-point"
 # of 64-bit microseconds, be computed at all).
 INVALID_TIMESTAMP = "invalid-timestamp"
 _LATEST_MICROS = int(LATEST_TIME.timestamp()) * 1_000_000
-_INT64_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1  # the largest count the columns hold: sums of counts saturate here
 _POINT_COLUMNS = ("metric", "type", "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value",
                   "count", "sum", "bucket_counts", "bounds", "error", "error_message")
 
@@ -245,7 +245,7 @@ class _PointColumns:
                     number = kind in ("gauge", "sum")
                     for point in body.data_points:
                         point_time, point_start = point.time_unix_nano, point.start_time_unix_nano
-                        if point_time > _INT64_MAX or point_start > _INT64_MAX:
+                        if point_time > INT64_MAX or point_start > INT64_MAX:
                             raise NotRollable(f"metric {name!r}: time_unix_nano {point_time} or "
                                                f"start_time_unix_nano {point_start} is beyond a signed 64-bit time")
                         if not number:
@@ -285,7 +285,7 @@ class _PointColumns:
 
 def _counted(metric: str, field: str, count: int) -> int:
     """A uint64 count as the int64 the columns hold, else NotRollable."""
-    if count > _INT64_MAX:
+    if count > INT64_MAX:
         raise NotRollable(f"metric {metric!r}: {field} {count} is beyond a signed 64-bit count")
     return count
 

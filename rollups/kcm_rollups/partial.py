@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DoubleType, IntegerType, LongType, StringType,
                                StructField, StructType, TimestampType)
 
+from kcm_rollups.decode import INT64_MAX
+
 _HISTOGRAM_TYPES = ("histogram", "exponential_histogram", "summary")
 _KLL_K = 200          # Spark's default for kll_sketch_agg_double
 _HLL_LG_K = 12        # Spark's default for hll_sketch_agg
@@ -128,8 +130,11 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
             "needs_previous"]
     buckets = _when(histogram, col["bucket_counts"])
     has_buckets = bool(pc.any(pc.is_valid(buckets)).as_py())
+    # Arrow's int64 sum wraps around: where counts this large could pass 2^63 - 1, they are added up in Python and
+    # saturate there, as aggregate.saturating_sum does.
+    huge = (pc.max(count).as_py() or 0) * table.num_rows > INT64_MAX
     grouped = work.group_by(keys, use_threads=False).aggregate([
-        ("count", "sum"), ("nan", "sum"), ("level", "min"), ("level", "max"), ("sum", "sum"),
+        ("count", "list" if huge else "sum"), ("nan", "sum"), ("level", "min"), ("level", "max"), ("sum", "sum"),
         ("last", "last"), ("last_micros", "last"), ("last_partition", "last"), ("last_offset", "last"),
         ("last_time_ns", "last"), ("last_micros", "max"), ("level", "list"), ("instance", "distinct"),
         ("increase", "sum"), ("records", "sum"), ("metric_valid", "sum"), *([("row", "list")] if has_buckets else [])])
@@ -194,7 +199,8 @@ def _finish(grouped: pa.Table, dimensions: Sequence[str], bounds_by_key: dict[by
         "bounds": pa.array([bounds_by_key.get(key) if key is not None else None for key in keys],
                            pa.list_(pa.float64())),
         "error": grouped.column("error"), "needs_previous": grouped.column("needs_previous"),
-        "count": grouped.column("count_sum"), "nan_count": grouped.column("nan_sum").fill_null(0),
+        "count": _saturated_sums(grouped.column("count_list")) if "count_list" in grouped.column_names
+        else grouped.column("count_sum"), "nan_count": grouped.column("nan_sum").fill_null(0),
         "min": grouped.column("level_min"), "max": grouped.column("level_max"), "sum": grouped.column("sum_sum"),
         "last": grouped.column("last_last"), "last_micros": grouped.column("last_micros_last"),
         "last_partition": grouped.column("last_partition_last"), "last_offset": grouped.column("last_offset_last"),
@@ -206,9 +212,18 @@ def _finish(grouped: pa.Table, dimensions: Sequence[str], bounds_by_key: dict[by
     })
 
 
+def _saturated_sums(lists: pa.ChunkedArray) -> pa.Array:
+    """Each list's sum (null for only nulls, as SQL's SUM), at most INT64_MAX."""
+    sums = []
+    for values in lists.to_pylist():
+        present = [value for value in values if value is not None]
+        sums.append(min(sum(present), INT64_MAX) if present else None)
+    return pa.array(sums, pa.int64())
+
+
 def _sum_arrays(arrays: list[Any]) -> list[int | None] | None:
-    """Spark's `aggregate(collect_list(x), null, (acc, x) -> coalesce(zip_with(acc, x, +), x))`: nulls skipped,
-    element-wise sums, a shorter array's missing elements null."""
+    """aggregate.sum_arrays: `aggregate(collect_list(x), null, (acc, x) -> coalesce(zip_with(acc, x, +), x))` with
+    nulls skipped, element-wise sums saturating at INT64_MAX, a shorter array's missing elements null."""
     total: list[int | None] | None = None
     for array in arrays:
         if array is None:
@@ -218,7 +233,7 @@ def _sum_arrays(arrays: list[Any]) -> list[int | None] | None:
             continue
         width = max(len(total), len(array))
         total = [None if i >= len(total) or i >= len(array) or total[i] is None or array[i] is None
-                 else total[i] + array[i] for i in range(width)]
+                 else min(total[i] + array[i], INT64_MAX) for i in range(width)]
     return total
 
 
