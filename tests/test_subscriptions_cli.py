@@ -135,6 +135,18 @@ def test_list_and_describe_show_subscriptions_no_resource_manages(sandbox, capsy
     assert "Interval ms:  1000" in described
 
 
+def test_the_bridges_consumer_settings_in_the_shared_client_file_are_passed_over(sandbox, tmp_path, capsys):
+    """The chart hands one client properties file to the operator, the bridge and the rollup job: the consumer tuning
+    the bridge reads from it must not make the other commands refuse it."""
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=PLAINTEXT\nsession.timeout.ms=30000\nauto.offset.reset=earliest\n")
+
+    code, listing, err = _kcm(capsys, "list", "--bootstrap-server", sandbox.bootstrap, "--command-config", str(config))
+
+    assert (code, err) == (0, "")
+    assert listing.splitlines()[0].split()[0] == "NAME"
+
+
 def test_delete_removes_every_key_and_a_missing_subscription_is_an_error_unless_ignored(sandbox, capsys):
     apply_files(KafkaSettings(sandbox.bootstrap), [EXAMPLES / "demo"])
 

@@ -57,6 +57,12 @@ _PROPERTY_TO_KWARG = {
 _FILE_PROPERTIES = frozenset(
     {"ssl.ca.location", "ssl.truststore.location", "ssl.certificate.location", "ssl.keystore.location", "ssl.key.location"}
 )
+# Consumer tuning the bridge takes from the same client properties file (kcm_bridge.consumer.CONSUMER_PROPERTIES;
+# a test keeps the two lists equal). Every other command passes over it, so one file (one Secret) serves them all.
+CONSUMER_TUNING = frozenset({
+    "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "auto.offset.reset", "fetch.min.bytes",
+    "fetch.max.wait.ms", "fetch.max.bytes", "max.partition.fetch.bytes", "partition.assignment.strategy",
+    "queued.max.messages.kbytes", "fetch.queue.backoff.ms"})
 # Java clients name the store format; kcm reads PEM files only, so the type is accepted when it says PEM.
 _STORE_TYPES = frozenset({"ssl.truststore.type", "ssl.keystore.type"})
 _PEM_CONVERSION = ("kcm reads PEM files only: convert a JKS or PKCS12 store with "
@@ -130,6 +136,8 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """Translate client properties into kafka-python keyword arguments, rejecting what it cannot honour."""
     options: dict[str, Any] = {}
     for key, value in properties.items():
+        if key in CONSUMER_TUNING:
+            continue
         if key in _STORE_TYPES:
             if value.strip().upper() != "PEM":
                 raise KafkaConfigError(f"{key}={value} is not supported; {_PEM_CONVERSION}")
