@@ -171,6 +171,11 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
     _one_line(result, f"{option} {port}: cannot listen on it")
 
 
+def test_the_same_port_for_metrics_and_liveness_is_a_one_line_error(tmp_path):
+    _one_line(_operator(tmp_path, "--metrics-port", "19090", "--liveness-port", "19090", kubeconfig=_KUBECONFIG),
+              "--metrics-port and --liveness-port are both 19090; give them different ports")
+
+
 @pytest.mark.parametrize("value", ["localhost", "0.0.0.0:9090", "999.1.1.1"])
 def test_a_listen_address_that_is_not_an_ip_address_is_a_one_line_error(tmp_path, value):
     _one_line(_operator(tmp_path, "--listen-address", value, kubeconfig=_KUBECONFIG),

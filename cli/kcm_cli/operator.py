@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     for option in ("metrics_port", "liveness_port"):
         if not 0 <= getattr(args, option) <= 65535:
             raise UserError(f"--{option.replace('_', '-')} must be a port from 0 to 65535")
+    if args.metrics_port and args.metrics_port == args.liveness_port:
+        raise UserError(f"--metrics-port and --liveness-port are both {args.metrics_port}; give them different ports")
     if problem := listen_address_problem(args.listen_address):
         raise UserError(f"--listen-address {problem}")
     address = ipaddress.ip_address(args.listen_address)
