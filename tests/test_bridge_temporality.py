@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE, MetricsData
 
 from kcm_bridge.temporality import DeltaToCumulative
@@ -90,12 +91,88 @@ def test_a_total_past_int64_starts_the_series_again_instead_of_failing_the_recor
     assert (_sum_point(after)[1].start_time_unix_nano, _sum_point(after)[1].as_int) == (T0, 6)
 
 
-def test_an_infinite_double_delta_then_an_int_one_starts_the_series_again():
+def test_a_nan_or_infinite_delta_is_passed_on_and_never_added_to_the_total():
     converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
-    infinite = _push(0, T0)
-    _sum_point(infinite)[1].as_double = float("inf")
-    converter.convert(infinite, "a", P0, now_s=0)
-    assert _sum_point(infinite)[1].as_double == float("inf")
-    whole = _push(3, T0 + SECOND)
-    converter.convert(whole, "a", P0, now_s=1)
-    assert (_sum_point(whole)[1].start_time_unix_nano, _sum_point(whole)[1].as_int) == (T0, 3)
+    seen = []
+    for i, delta in enumerate([5.0, float("nan"), 5.0, float("inf"), 5.0]):
+        push = _push(0, T0 + i * SECOND)
+        _sum_point(push)[1].as_double = delta
+        converter.convert(push, "a", P0, now_s=i)
+        seen.append((_sum_point(push)[1].start_time_unix_nano, _sum_point(push)[1].as_double))
+    assert [value for _, value in seen][::2] == [5.0, 10.0, 15.0]
+    assert str(seen[1][1]) == "nan" and seen[3][1] == float("inf")
+    assert len({start for start, _ in seen}) == 1
+    whole = _push(3, T0 + 9 * SECOND)
+    converter.convert(whole, "a", P0, now_s=9)
+    assert _sum_point(whole)[1].as_int == 18 and _sum_point(whole)[1].start_time_unix_nano == seen[0][0]
+    huge = [_push(0, T0 + (10 + i) * SECOND) for i in range(2)]
+    own_start = _sum_point(huge[1])[1].start_time_unix_nano
+    for i, push in enumerate(huge):
+        _sum_point(push)[1].as_double = 1e308
+        converter.convert(push, "a", P0, now_s=10 + i)
+    assert _sum_point(huge[0])[1].start_time_unix_nano == seen[0][0]
+    # Past the largest double: started again from its own start time, never infinite.
+    assert (_sum_point(huge[1])[1].as_double, _sum_point(huge[1])[1].start_time_unix_nano) == (1e308, own_start)
+    assert own_start != seen[0][0]
+
+
+def test_each_resource_of_a_record_has_its_own_streams():
+    """Plain OTLP records (the collector's Kafka exporter writes no key) may carry several resources: none of their
+    points is taken for a re-delivery of another's."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    def record(t_ns: int, values: dict[str, int]) -> MetricsData:
+        data = MetricsData()
+        for service, value in values.items():
+            resource = data.resource_metrics.add()
+            resource.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value=service)))
+            metric = resource.scope_metrics.add().metrics.add(name="requests")
+            metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+            metric.sum.is_monotonic = True
+            metric.sum.data_points.add(start_time_unix_nano=t_ns - SECOND, time_unix_nano=t_ns, as_int=value)
+        return data
+
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    totals = []
+    for i in range(3):
+        data = record(T0 + i * SECOND, {"checkout": 1, "billing": 100})
+        converter.convert(data, "", P0, now_s=i)
+        totals.append([[p.as_int for p in r.scope_metrics[0].metrics[0].sum.data_points] for r in data.resource_metrics])
+    assert totals == [[[1], [100]], [[2], [200]], [[3], [300]]]
+    assert (len(converter), converter.dropped_points) == (2, 0)
+
+
+def test_a_client_pushing_less_often_than_the_idle_expiry_keeps_its_total():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    seen = []
+    for i, delta in enumerate([100, 120, 130]):
+        push = _push(delta, T0 + i * 900 * SECOND)
+        converter.convert(push, "a", P0, now_s=i * 900, push_interval_s=900)
+        seen.append((_sum_point(push)[1].start_time_unix_nano, _sum_point(push)[1].as_int))
+    assert [total for _, total in seen] == [100, 220, 350] and len({start for start, _ in seen}) == 1
+    late = _push(1, T0 + 5000 * SECOND)
+    converter.convert(late, "a", P0, now_s=1800 + 1801, push_interval_s=900)  # past twice its interval: expired
+    assert _sum_point(late)[1].as_int == 1
+
+@pytest.mark.parametrize(("interval", "expected"), [(b"900000", [100, 220, 350, 7]), (None, [100, 120, 130, 7])])
+def test_the_bridge_keeps_a_stream_for_twice_the_push_interval_its_records_carry(monkeypatch, interval, expected):
+    from kcm_bridge import temporality
+    from kcm_bridge.config import EnrichConfig
+    from kcm_bridge.consumer import Record
+    from kcm_bridge.enrich import Enricher
+    from kcm_bridge.pipeline import Preparer
+    from kcm_common import contract
+
+    moments = [0.0, 900.0, 1800.0, 3601.0]   # pushes 15 minutes apart, then one after more than twice that
+    clock = iter(moments)
+    monkeypatch.setattr(temporality.time, "monotonic", lambda: next(clock))
+    prepare = Preparer(Enricher(EnrichConfig()), DeltaToCumulative(max_streams=100, idle_expiry_s=600))
+    totals = []
+    for i, delta in enumerate([100, 120, 130, 7]):
+        headers = [(contract.CONTENT_TYPE_HEADER, contract.CONTENT_TYPE_PROTOBUF.encode()),
+                   ("client_instance_id", b"a")] + ([("push_interval_ms", interval)] if interval else [])
+        value = _push(delta, T0 + int(moments[i]) * SECOND).SerializeToString()
+        payload, _ = prepare(Record("metrics", 0, i, b"a", value, headers))
+        totals.append(_sum_point(MetricsData.FromString(payload))[1].as_int)
+    assert totals == expected

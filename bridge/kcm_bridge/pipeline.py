@@ -64,6 +64,7 @@ class _HeaderFacts(NamedTuple):
     plain: bool                # uncompressed protobuf: the value is the payload
     instance: str | None       # client_instance_id
     added: Added               # the resource attributes enrichment adds, encoded
+    push_interval_s: float | None  # how often the client pushes, when the record says
 
 
 class Preparer:
@@ -87,7 +88,7 @@ class Preparer:
         else:
             payload = _payload(record, facts)
         if self._converter is not None:
-            payload = _to_cumulative(payload, self._converter, record, facts.instance)
+            payload = _to_cumulative(payload, self._converter, record, facts)
         try:
             enriched = self._enricher.apply(payload, facts.added)
             return enriched, count_points(enriched)
@@ -106,7 +107,8 @@ class Preparer:
         encoding = headers.get(contract.CONTENT_ENCODING_HEADER) or "none"
         facts = _HeaderFacts(media, encoding,
                              media == contract.CONTENT_TYPE_PROTOBUF and encoding.strip().lower() == "none",
-                             attributes.get("client_instance_id"), self._enricher.encode(attributes))
+                             attributes.get("client_instance_id"), self._enricher.encode(attributes),
+                             _push_interval_s(attributes.get("push_interval_ms")))
         if size <= _HEADER_CACHE_MAX_BYTES:
             if len(self._facts) >= _HEADER_CACHE_ENTRIES:
                 del self._facts[next(iter(self._facts))]   # the oldest entry
@@ -127,14 +129,22 @@ def _payload(record: Record, facts: _HeaderFacts) -> bytes:
     return payload
 
 
-def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record, instance: str | None) -> bytes:
+def _push_interval_s(text: str | None) -> float | None:
+    """The push_interval_ms header in seconds; None when absent or not a positive whole number."""
+    digits = (text or "").strip()
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 12:   # KIP-714's intervals fit an int32
+        return None
+    return int(digits) / 1000 or None
+
+
+def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record, facts: _HeaderFacts) -> bytes:
     # The one step that needs the decoded message: only taken when conversion is on.
     try:
         metrics = MetricsData.FromString(payload)
     except Exception as err:
         raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
-    key = instance or (record.key or b"").decode("utf-8", errors="replace")
-    if converter.convert(metrics, key, (record.topic, record.partition)):
+    key = facts.instance or (record.key or b"").decode("utf-8", errors="replace")
+    if converter.convert(metrics, key, (record.topic, record.partition), push_interval_s=facts.push_interval_s):
         return metrics.SerializeToString()
     return payload
 

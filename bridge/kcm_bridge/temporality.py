@@ -1,12 +1,16 @@
-"""Delta sums to cumulative ones, per stream (client instance + scope + metric + point attributes).
+"""Delta sums to cumulative ones, per stream (client instance + resource + scope + metric + point attributes).
 
 Follows the OpenTelemetry reset semantics: a stream the bridge has no state for (first seen, evicted, idle
 expired, or its partition moved here) starts again with its own start time; a point that is not newer than the
-last one of its stream (a re-delivered push) is dropped rather than counted twice.
+last one of its stream (a re-delivered push) is dropped rather than counted twice. A stream is kept for
+`idle_expiry_s`, or twice its client's push interval when that is longer, so slow pushers keep their totals.
+A NaN or infinite delta is passed on as it came and never added: it must not poison the total for good.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -18,7 +22,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (AGGREGATION_TEMPORALITY_
                                                         NumberDataPoint)
 
 Partition = tuple[str, int]
-StreamKey = tuple[str, str, str, tuple[tuple[str, bytes], ...]]
+StreamKey = tuple[str, bytes, str, str, tuple[tuple[str, bytes], ...]]
 
 
 @dataclass
@@ -28,6 +32,7 @@ class _Stream:
     total: float | int
     last_ns: int
     seen_s: float
+    keep_s: float
 
 
 class DeltaToCumulative:
@@ -43,12 +48,17 @@ class DeltaToCumulative:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def convert(self, metrics: MetricsData, instance: str, partition: Partition, now_s: float | None = None) -> bool:
-        """Rewrite the delta sums of `metrics` in place; True when anything changed."""
+    def convert(self, metrics: MetricsData, instance: str, partition: Partition, now_s: float | None = None,
+                push_interval_s: float | None = None) -> bool:
+        """Rewrite the delta sums of `metrics` in place; True when anything changed. `push_interval_s`: how often
+        the client pushes, when the record says (streams are then kept at least twice that)."""
         now_s = time.monotonic() if now_s is None else now_s
         self._expire(now_s)
+        keep_s = self._idle_expiry_s if push_interval_s is None else max(self._idle_expiry_s, 2 * push_interval_s)
         changed = False
         for resource_metrics in metrics.resource_metrics:
+            # Several resources may share a record (plain OTLP topics) or a key: each has its own streams.
+            resource = _resource_key(resource_metrics.resource.attributes)
             for scope_metrics in resource_metrics.scope_metrics:
                 scope = scope_metrics.scope.name
                 for metric in scope_metrics.metrics:
@@ -61,32 +71,42 @@ class DeltaToCumulative:
                     total.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
                     name = metric.name
                     dropped = [index for index, point in enumerate(total.data_points)
-                               if not self._accumulate(point, (instance, scope, name, _attribute_key(point.attributes)),
-                                                       partition, now_s)]
+                               if not self._accumulate(point, (instance, resource, scope, name,
+                                                               _attribute_key(point.attributes)),
+                                                       partition, now_s, keep_s)]
                     for index in reversed(dropped):
                         del total.data_points[index]
         return changed
 
-    def _accumulate(self, point: NumberDataPoint, key: StreamKey, partition: Partition, now_s: float) -> bool:
+    def _accumulate(self, point: NumberDataPoint, key: StreamKey, partition: Partition, now_s: float,
+                    keep_s: float) -> bool:
         is_int = point.WhichOneof("value") == "as_int"
         delta = point.as_int if is_int else point.as_double
         stream = self._streams.get(key)
         if stream is None:
             start = point.start_time_unix_nano or point.time_unix_nano
-            stream = _Stream(partition, start, 0, start, now_s)
+            stream = _Stream(partition, start, 0, start, now_s, keep_s)
             self._remember(key, stream)
         elif point.time_unix_nano <= stream.last_ns:
             self.dropped_points += 1
             return False
         else:
             self._streams.move_to_end(key)
+        stream.keep_s = keep_s
+        if not is_int and not math.isfinite(delta):
+            # No meaningful running total includes it: passed on as it came, the total left as it was.
+            stream.last_ns = point.time_unix_nano
+            stream.seen_s = now_s
+            point.start_time_unix_nano = stream.start_ns
+            return True
         total = stream.total + delta
         whole = _int64(total) if is_int else None
-        if is_int and whole is None:
-            # Past int64 (or infinite after double deltas of the same stream): the series starts again, as after a
-            # counter reset, rather than failing the record.
+        if whole is None if is_int else not math.isfinite(total):
+            # Past int64, or a double total past the largest double: the series starts again, as after a counter
+            # reset, rather than failing the record or staying infinite.
             stream.start_ns = point.start_time_unix_nano or point.time_unix_nano
-            total = whole = delta
+            total = delta
+            whole = delta if is_int else None
         stream.total = total
         stream.last_ns = point.time_unix_nano
         stream.seen_s = now_s
@@ -104,10 +124,11 @@ class DeltaToCumulative:
         self._streams[key] = stream
 
     def _expire(self, now_s: float) -> None:
-        # Streams are kept in order of last update, so the idle ones are at the front.
+        # Streams are kept in order of last update, so the idle ones are at the front. One kept longer (a slow
+        # pusher's) holds back those behind it until it expires: they are evicted by `max_streams` meanwhile.
         while self._streams:
             key, stream = next(iter(self._streams.items()))
-            if now_s - stream.seen_s < self._idle_expiry_s:
+            if now_s - stream.seen_s < stream.keep_s:
                 return
             del self._streams[key]
 
@@ -124,6 +145,17 @@ def _int64(total: float | int) -> int | None:
     except (OverflowError, ValueError):   # inf, NaN
         return None
     return whole if -2**63 <= whole < 2**63 else None
+
+
+def _resource_key(attributes: Sequence[KeyValue]) -> bytes:
+    """A short digest of a resource's attributes (in any order), so each stream's key stays small."""
+    if not attributes:
+        return b""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, value in _attribute_key(attributes):
+        encoded = name.encode("utf-8", errors="surrogatepass")
+        digest.update(len(encoded).to_bytes(4, "big") + encoded + len(value).to_bytes(4, "big") + value)
+    return digest.digest()
 
 
 def _attribute_key(attributes: Sequence[KeyValue]) -> tuple[tuple[str, bytes], ...]:
