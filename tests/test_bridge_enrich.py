@@ -94,6 +94,24 @@ def test_drop_rename_and_salted_hash_rules_apply_to_header_and_client_attributes
     }
 
 
+def test_a_renamed_attribute_keeps_its_type_and_only_a_hashed_one_becomes_a_string():
+    original = client_metrics()
+    attributes = original.resource_metrics[0].resource.attributes
+    attributes.append(KeyValue(key="pid", value=AnyValue(int_value=1234)))
+    attributes.append(KeyValue(key="ratio", value=AnyValue(double_value=0.5)))
+    attributes.append(KeyValue(key="pod", value=AnyValue(int_value=7)))
+    rules = [AttributeRule(action="rename", attribute="pid", to="process.pid"),
+             AttributeRule(action="rename", attribute="ratio", to="sample.ratio"),
+             AttributeRule(action="hash", attribute="pod", salt="s"),
+             AttributeRule(action="rename", attribute="pod", to="pod.hash")]
+    enriched = Enricher(EnrichConfig(rules=rules)).enrich(original.SerializeToString(), {})
+
+    kept = {a.key: a.value for a in MetricsData.FromString(enriched).resource_metrics[0].resource.attributes}
+    assert kept["process.pid"] == AnyValue(int_value=1234) and kept["sample.ratio"] == AnyValue(double_value=0.5)
+    assert kept["pod.hash"] == AnyValue(string_value=hashlib.sha256(b"s7").hexdigest())
+    assert not {"pid", "ratio", "pod"} & set(kept)
+
+
 def test_concatenated_records_are_one_export_request_with_every_resource():
     enricher = Enricher(EnrichConfig())
     first = enricher.enrich(client_metrics("a").SerializeToString(), {"client_id": "a"})

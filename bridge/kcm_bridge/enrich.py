@@ -31,7 +31,9 @@ class Rules:
         self.attributes = frozenset(rule.attribute for rule in rules)
 
     def apply(self, key: str, value: str | None) -> tuple[str | None, str | None]:
-        """The attribute after the rules: (None, _) when dropped; value None means "unchanged, not a string"."""
+        """The attribute after the rules: (None, None) when dropped; else its key and, when a hash rule replaced
+        the value, the new (string) value, None when the value stays as it was (of whatever type)."""
+        hashed = None
         for rule, salt in self._rules:
             if rule.attribute != key:
                 continue
@@ -40,8 +42,8 @@ class Rules:
             if rule.action == "rename":
                 key = rule.to or key
             else:
-                value = hashlib.sha256(salt + (value or "").encode()).hexdigest()
-        return key, value
+                hashed = hashlib.sha256(salt + ((value or "") if hashed is None else hashed).encode()).hexdigest()
+        return key, hashed
 
 
 def _salt(rule: AttributeRule) -> bytes:
@@ -160,10 +162,10 @@ def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules) 
         new_key, new_value = rules.apply(key, _any_value_text(value))
         if new_key is None or new_key in added_keys:
             return None
-        if new_key != key or new_value != _any_value_text(value):
-            return string_key_value(new_key, new_value or "") if new_value is not None else (
-                field(_KEY, new_key.encode()) + field(_VALUE, value))
-        return key_value
+        if new_value is not None:
+            return string_key_value(new_key, new_value)
+        # Renamed (or not): the value keeps its type, an int stays an int, an array an array.
+        return key_value if new_key == key else field(_KEY, new_key.encode()) + field(_VALUE, value)
     return None if key in added_keys else key_value
 
 
