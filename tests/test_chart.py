@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kcm_bridge.config import load as load_bridge_config
 from kcm_cli.main import build_parser
+from kcm_common.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "kafka-client-metrics"
@@ -58,8 +59,8 @@ def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def render(helm: Path, values_file: str | None = None, *, kube: str = KUBE_VERSIONS[-1],
-           apis: tuple[str, ...] = OPTIONAL_APIS, sets: tuple[str, ...] = ()) -> list[Manifest]:
-    args = ["template", "kcm", str(CHART), "--namespace", "kcm", "--include-crds", "--kube-version", kube]
+           apis: tuple[str, ...] = OPTIONAL_APIS, sets: tuple[str, ...] = (), release: str = "kcm") -> list[Manifest]:
+    args = ["template", release, str(CHART), "--namespace", "kcm", "--include-crds", "--kube-version", kube]
     for api in apis:
         args += ["--api-versions", api]
     if values_file:
@@ -207,6 +208,17 @@ def test_built_in_objects_in_the_examples_validate_strictly() -> None:
             checked += 1
     assert checked, "examples/ holds no built-in object (the SASL example's Secret, at least)"
 
+
+def test_the_librdkafka_example_matches_every_librdkafka_based_client_it_names() -> None:
+    """KIP-714 matches the full software name, and Confluent's wrappers replace librdkafka's with their own."""
+    from kcm_sandbox.telemetry import matches
+
+    example = yaml.safe_load((REPO / "examples" / "subscription-librdkafka.yaml").read_text())
+    match = [("client_software_name", example["spec"]["match"]["clientSoftwareName"])]
+    wrappers = ("librdkafka", "confluent-kafka-python", "confluent-kafka-go", "confluent-kafka-dotnet",
+                "confluent-kafka-javascript")
+    assert [name for name in wrappers if not matches(match, {"client_software_name": name})] == []
+    assert not matches(match, {"client_software_name": "apache-kafka-java"})
 
 def test_every_values_file_passes_the_security_rules(helm: Path) -> None:
     for values_file in VALUES_FILES:
@@ -383,6 +395,7 @@ def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> Non
     bridge = one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in bridge["containers"][0]["env"]}
     assert env == {"KCM_BRIDGE_BOOTSTRAP_SERVERS": "kafka-0.example.com:9093,kafka-1.example.com:9093",
+                   "KCM_BRIDGE_TOPICS": "kafka-client-metrics",
                    "KCM_BRIDGE_COMMAND_CONFIG": "/etc/kcm/kafka/client/client.properties"}
     for pod in (operator, bridge):
         secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
@@ -407,6 +420,10 @@ def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> Non
      "bridge.config.enrich.rules[1].salt would put the hashing salt into a ConfigMap: use salt_file"),
     ({"endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": 123}}]},
      "bridge.config.endpoints[0].headers.x-scope-orgid must be a quoted string"),
+    # OTLP vendors' credential headers: Honeycomb's team key, Uptrace's DSN, API keys, credentials.
+    *[({"endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": "team", name: "S3CRET"}}]},
+       f"bridge.config.endpoints[0].headers.{name} would put a credential into a ConfigMap")
+      for name in ("x-honeycomb-team", "uptrace-dsn", "x-api-key", "apikey", "Api-Key", "x-credential")],
 ])
 def test_a_credential_inline_in_the_bridge_config_is_refused_naming_the_secret_backed_way(
         helm: Path, tmp_path: Path, config: dict[str, Any], refused: str) -> None:
@@ -462,7 +479,8 @@ def test_the_bridge_accepts_the_rendered_config_and_environment(helm: Path, tmp_
     container = one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]["containers"][0]
     loaded = load_bridge_config(config, env={e["name"]: e["value"] for e in container["env"]})
     assert loaded.kafka.bootstrap_servers == "my-cluster-kafka-bootstrap.kafka:9092"
-    assert [(e.endpoint, e.insecure) for e in loaded.endpoints] == [("opentelemetry-collector.observability:4317", True)]
+    assert [(e.endpoint, e.insecure) for e in loaded.endpoints] == [
+        ("opentelemetry-collector.observability:4317", True)]
     assert loaded.kafka.topics == [yaml.safe_load((CHART / "values.yaml").read_text())["kafka"]["metricsTopic"]]
 
 
@@ -481,6 +499,129 @@ def test_notes_tell_what_to_do_next(helm: Path) -> None:
                        "--set", "operator.peering.enabled=true", "--set", "operator.replicas=2")
     assert peering.returncode == 0, peering.stderr
     assert "kopf.dev/v1 is not served here: no peering object was created" in peering.stdout.split("NOTES:", 1)[1]
+
+
+def test_namespaced_notes_apply_the_example_where_the_operator_watches(helm: Path) -> None:
+    result = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
+                      "--set", "operator.watch.allNamespaces=false")
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "in: kcm" in notes and "which this operator does not watch" in notes
+    assert "| kubectl apply -n kcm -f -" in notes and "kubectl get clientmetricssubscriptions -n kcm" in notes
+    # The printed sed, run on the example, moves it into the watched namespace.
+    (pattern, replacement) = re.findall(r"sed 's/\^(.*?)\$/(.*?)/'", notes)[0]
+    example = (REPO / "examples" / "subscription-producer-app.yaml").read_text()
+    moved = yaml.safe_load(re.sub(f"^{pattern}$", replacement, example, flags=re.M))
+    assert yaml.safe_load(example)["metadata"]["namespace"] == "payments"
+    assert moved["metadata"]["namespace"] == "kcm"
+    cluster_wide = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client")
+    assert "kubectl get clientmetricssubscriptions -A" in cluster_wide.stdout
+    assert "which this operator does not watch" not in cluster_wide.stdout
+
+
+@pytest.mark.parametrize("apis", [("monitoring.coreos.com/v1",), ("monitoring.coreos.com/v1/ServiceMonitor",)])
+def test_service_monitors_render_when_the_prometheus_operator_api_is_served_either_way(
+        helm: Path, apis: tuple[str, ...]) -> None:
+    toggles = ("operator.serviceMonitor.enabled=true", "bridge.serviceMonitor.enabled=true")
+    monitors = find(render(helm, apis=apis, sets=toggles), "ServiceMonitor")
+    assert {m["metadata"]["name"].rsplit("-", 1)[1] for m in monitors} == {"operator", "bridge"}
+
+
+def test_notes_warn_when_a_service_monitor_was_asked_for_but_not_rendered(helm: Path) -> None:
+    assert not find(render(helm, apis=(), sets=("bridge.serviceMonitor.enabled=true",)), "ServiceMonitor")
+    result = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
+                      "--set", "bridge.serviceMonitor.enabled=true")
+    assert result.returncode == 0, result.stderr
+    assert ("WARNING: bridge.serviceMonitor.enabled is true but monitoring.coreos.com/v1\nis not served here: "
+            "no ServiceMonitor was created") in result.stdout.split("NOTES:", 1)[1]
+    quiet = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client")
+    assert "ServiceMonitor" not in quiet.stdout.split("NOTES:", 1)[1]
+
+
+# Helm refuses release names over 53 characters; 16 and 28 are where the run and Service names overflowed.
+@pytest.mark.parametrize("release", ["a" * 16, "a" * 28, "observability-platform-telemetry-prod", "r" * 53])
+def test_long_release_names_keep_every_name_within_the_api_servers_limits(helm: Path, release: str) -> None:
+    manifests = render(helm, "ci/all-values.yaml", release=release)
+    dns_label = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+    services = find(manifests, "Service")
+    assert len({s["metadata"]["name"] for s in services}) == len(services) == 2
+    for service in services:
+        name = service["metadata"]["name"]
+        assert len(name) <= 63 and dns_label.fullmatch(name), name
+        assert name.endswith(("-operator-metrics", "-bridge-metrics")), name
+    # The Spark operator names each run "<name>-<UnixNano, 19 digits>" and puts that into a label value (63 at most).
+    app = one(manifests, "ScheduledSparkApplication")["metadata"]["name"]
+    assert len(f"{app}-{10**18}") <= 63 and dns_label.fullmatch(app), app
+    for manifest in manifests:
+        for value in manifest["metadata"].get("labels", {}).values():
+            assert len(value) <= 63, (manifest["kind"], manifest["metadata"]["name"], value)
+        if manifest["kind"] in ("Deployment", "ServiceMonitor", "ConfigMap", "HorizontalPodAutoscaler",
+                                "PodDisruptionBudget"):
+            assert len(manifest["metadata"]["name"]) <= 63, manifest["metadata"]["name"]
+
+
+def test_the_bridge_reads_the_metrics_topic_the_rollup_reads(helm: Path, tmp_path: Path) -> None:
+    def loaded_topics(manifests: list[Manifest]) -> list[str]:
+        config = tmp_path / "bridge.yaml"
+        config.write_text(one(manifests, "ConfigMap", "-bridge")["data"]["bridge.yaml"])
+        container = one(manifests, "Deployment", "-bridge")["spec"]["template"]["spec"]["containers"][0]
+        return load_bridge_config(config, env={e["name"]: e["value"] for e in container["env"]}).kafka.topics
+
+    sets = ("kafka.metricsTopic=telemetry.client-metrics", "rollup.enabled=true", "rollup.output=s3a://b/p")
+    manifests = render(helm, sets=sets)
+    assert loaded_topics(manifests) == ["telemetry.client-metrics"]
+    rollup = build_parser().parse_args(["rollup", *one(manifests, "ScheduledSparkApplication")["spec"]["template"]
+                                        ["arguments"]])
+    assert rollup.topic == "telemetry.client-metrics"
+    # The bridge's own topics list, when given, is what it reads.
+    assert loaded_topics(render(helm, sets=(*sets, "bridge.config.kafka.topics={a,b}"))) == ["a", "b"]
+
+
+def test_the_rollup_fetches_the_s3a_filesystem_into_a_writable_ivy_cache(helm: Path) -> None:
+    sets = ("rollup.enabled=true", "rollup.output=s3a://telemetry/kcm-rollups")
+    template = one(render(helm, sets=sets), "ScheduledSparkApplication")["spec"]["template"]
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["rollup"]["deps"]["packages"]
+    assert template["deps"] == {"packages": default}
+    assert template["sparkConf"] == {"spark.jars.ivy": "/tmp/.ivy2"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in template["driver"]["volumeMounts"]
+    # The same hadoop-aws as the examples and docs/rollups.md, for the Spark version the chart runs.
+    (hadoop_aws,) = [p for p in default if p.startswith("org.apache.hadoop:hadoop-aws:")]
+    version = hadoop_aws.rsplit(":", 1)[1]
+    for path in sorted((REPO / "examples" / "spark").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())["spec"]
+        spec = spec.get("template", spec)
+        assert hadoop_aws in spec["deps"]["packages"], path.name
+        assert spec["sparkVersion"] == template["sparkVersion"]
+    assert f"({version} for Spark {template['sparkVersion']}" in (REPO / "docs" / "rollups.md").read_text()
+    custom = one(render(helm, sets=(*sets, "rollup.deps.packages=null", "rollup.sparkConf.spark\\.jars\\.ivy=/tmp/i",
+                                    "rollup.sparkConf.spark\\.sql\\.session\\.timeZone=UTC")),
+                 "ScheduledSparkApplication")["spec"]["template"]
+    assert "deps" not in custom
+    assert custom["sparkConf"] == {"spark.jars.ivy": "/tmp/i", "spark.sql.session.timeZone": "UTC"}
+
+
+def test_the_operator_listen_address_reaches_the_operator(helm: Path) -> None:
+    def parsed(*sets: str) -> Any:
+        manifests = render(helm, sets=sets)
+        return build_parser().parse_args(one(manifests, "Deployment", "-operator")["spec"]["template"]["spec"]
+                                         ["containers"][0]["args"])
+    assert parsed().listen_address == "0.0.0.0"
+    assert parsed("operator.listenAddress=::").listen_address == "::"
+
+
+@pytest.mark.parametrize(("sets", "refused"), [
+    (("operator.metricsPort=9090", "operator.livenessPort=9090"),
+     "operator.metricsPort and operator.livenessPort are both 9090"),
+    (("bridge.autoscaling.enabled=true", "bridge.autoscaling.minReplicas=6", "bridge.autoscaling.maxReplicas=2"),
+     "bridge.autoscaling.minReplicas (6) is above bridge.autoscaling.maxReplicas (2)"),
+])
+def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tuple[str, ...], refused: str) -> None:
+    args = [arg for item in sets for arg in ("--set", item)]
+    result = run_helm(helm, "template", "kcm", str(CHART), *args)
+    assert result.returncode != 0 and refused in result.stderr, result.stderr
+    # Autoscaling off: its bounds do not matter.
+    assert run_helm(helm, "template", "kcm", str(CHART), "--set", "bridge.autoscaling.minReplicas=6",
+                    "--set", "bridge.autoscaling.maxReplicas=2").returncode == 0
 
 
 # --- values schema --------------------------------------------------------------------------------------------
@@ -538,6 +679,61 @@ def test_helm_refuses_bad_values_with_a_message_naming_the_value(helm: Path) -> 
     result = run_helm(helm, "template", "kcm", str(CHART), "--set", "rollup.enabled=true",
                       "--api-versions", "sparkoperator.k8s.io/v1beta2")
     assert result.returncode != 0 and "rollup.output is required when rollup.enabled is true" in result.stderr
+
+
+# What `kcm rollup --last` accepts (kcm_rollups.windows.parse_duration), checked against the schema's pattern.
+LAST_CASES = ["75m", "1d", "2h", "1h30m", "90s", "2H", "1h0m", "0h1m", "007m", "0m", "0h0m", "00s", "", "10", "m",
+              "1x", "1.5h", "-1h", "1h 30m", " 1h"]
+
+
+@pytest.mark.parametrize("last", LAST_CASES)
+def test_values_schema_accepts_the_rollup_durations_kcm_rollup_accepts(last: str) -> None:
+    from kcm_rollups.windows import parse_duration
+
+    try:
+        parse_duration(last, "--last")
+        accepted_by_kcm = " " not in last
+    except UserError:
+        accepted_by_kcm = False
+    errors = list(jsonschema.Draft7Validator(_schema()).iter_errors(_merged({"rollup": {"last": last}})))
+    assert (not errors) == accepted_by_kcm, errors
+
+
+@pytest.mark.parametrize(("overrides", "accepted"), [
+    ({"rollup": {"schedule": "@hourly"}}, True),
+    ({"rollup": {"schedule": "@daily"}}, True),
+    ({"rollup": {"schedule": "@every 2h"}}, True),
+    ({"rollup": {"schedule": "CRON_TZ=Europe/Berlin 15 * * * *"}}, True),
+    ({"rollup": {"schedule": "*/15 * * * *"}}, True),
+    ({"rollup": {"schedule": "hourly"}}, False),
+    ({"rollup": {"schedule": "@often"}}, False),
+    ({"rollup": {"schedule": "15 * * *"}}, False),
+    ({"rollup": {"schedule": ""}}, False),
+    ({"operator": {"watch": {"namespaces": ["n" * 63]}}}, True),
+    ({"operator": {"watch": {"namespaces": ["n" * 64]}}}, False),
+    ({"operator": {"rbac": {"secrets": {"namespaces": ["n" * 63]}}}}, True),
+    ({"operator": {"rbac": {"secrets": {"namespaces": ["n" * 64]}}}}, False),
+    ({"operator": {"listenAddress": "::"}}, True),
+    ({"operator": {"listenAddress": "127.0.0.1"}}, True),
+    ({"operator": {"listenAddress": "localhost"}}, False),
+    ({"rollup": {"deps": {"packages": ["org.apache.hadoop:hadoop-aws:3.5.0"],
+                          "repositories": ["https://maven.example.com/releases"]}}}, True),
+    ({"rollup": {"deps": {"packages": ["hadoop-aws"]}}}, False),
+])
+def test_values_schema_accepts_what_kubernetes_and_the_spark_operator_accept(overrides: dict[str, Any],
+                                                                            accepted: bool) -> None:
+    errors = list(jsonschema.Draft7Validator(_schema()).iter_errors(_merged(overrides)))
+    assert (not errors) == accepted, errors
+
+
+def test_helm_applies_the_schema_patterns_as_python_does(helm: Path) -> None:
+    """Helm's schema validator uses Go regular expressions: the patterns above must mean the same there."""
+    for value, accepted in (("rollup.schedule=@hourly", True), ("rollup.schedule=hourly", False),
+                            ("rollup.last=1h30m", True), ("rollup.last=0m", False), ("rollup.last=1d", True),
+                            ("operator.listenAddress=::", True), ("operator.listenAddress=localhost", False),
+                            ("operator.watch.namespaces={" + "n" * 63 + "}", True)):
+        result = run_helm(helm, "template", "kcm", str(CHART), "--set", value)
+        assert (result.returncode == 0) == accepted, (value, result.stderr)
 
 
 # --- every value documented ---------------------------------------------------------------------------------

@@ -22,6 +22,20 @@
 {{- printf "%s-%s" (include "kcm.fullname" .root | trunc (int (sub 62 (len .component))) | trimSuffix "-") .component -}}
 {{- end -}}
 
+{{/* The ScheduledSparkApplication's name, at most 43 characters: the Spark operator names each run
+     "<name>-<19-digit UnixNano>" and puts that in a label value, which may hold 63. */}}
+{{- define "kcm.rollupAppName" -}}
+{{- printf "%s-rollup" (include "kcm.fullname" . | trunc 36 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* "true" when the Prometheus Operator's API is served: `helm install` lists both the group/version and each
+     group/version/kind, `helm template --api-versions` whichever is given. */}}
+{{- define "kcm.serviceMonitorApi" -}}
+{{- if or (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "kcm.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "kcm.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
@@ -185,7 +199,7 @@ seccompProfile:
 {{- if kindIs "map" $endpoint -}}{{- $headers = get $endpoint "headers" | default dict -}}{{- end -}}
 {{- if kindIs "map" $headers -}}
 {{- range $name, $value := $headers -}}
-{{- if regexMatch "(?i)(auth|token|key|secret|passw|cookie|signature)" $name -}}
+{{- if regexMatch "(?i)(auth|token|key|secret|passw|cookie|signature|credential|team|dsn)" $name -}}
 {{- fail (printf "bridge.config.endpoints[%d].headers.%s would put a credential into a ConfigMap: use headers_from_files with a Secret in bridge.secretMounts, or headers_from_env with bridge.env valueFrom.secretKeyRef" $i $name) -}}
 {{- end -}}
 {{- if not (kindIs "string" $value) -}}
