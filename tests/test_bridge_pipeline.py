@@ -226,6 +226,37 @@ def test_records_the_collector_calls_invalid_go_to_the_dead_letter_topic_as_they
         assert headers["content-encoding"] == b"zstd" and headers["kcm.dlq.topic"] == topic.encode()
 
 
+@pytest.mark.parametrize("first_invalid", [True, False])
+def test_records_split_out_of_a_refused_batch_are_each_judged_by_their_own_refusal(tmp_path, collector, caplog,
+                                                                                    first_invalid):
+    """The halves of a batch refused as invalid may be refused for other reasons too: invalid records still go to
+    the dead-letter topic, and records refused for the endpoint's credentials never do, whatever the order."""
+    import grpc
+
+    from kcm_bridge.consumer import Record
+    from kcm_bridge.offsets import Ticket
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq"})
+    with _unstarted_bridge(config) as bridge, caplog.at_level(logging.ERROR, logger="kcm.bridge"):
+        parts = []
+        for offset, client in enumerate(("first", "second")):
+            record = Record("metrics", 0, offset, *_push(client, f"00000000-0000-0000-0000-00000000000{offset}"))
+            parts.append((*bridge._prepare(record), record.key, record))
+        refusals = [(grpc.StatusCode.INVALID_ARGUMENT, "bad metric"), (grpc.StatusCode.UNAUTHENTICATED, "token")]
+        collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="the batch")
+        for code, message in (refusals if first_invalid else refusals[::-1]):
+            collector.fail_next(code, message=message)
+        bridge._export(bridge._endpoints[0], parts, Ticket())
+        invalid = "first" if first_invalid else "second"
+        assert [(letter.record.offset, letter.reason) for letter in bridge._letters_due] == [
+            (0 if first_invalid else 1, "refused-by-collector")], invalid
+    lines = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert len(lines) == 2
+    assert "rejected with INVALID_ARGUMENT: bad metric; dead-lettering 1 of the batch's 2 records" in lines[0]
+    assert "rejected with UNAUTHENTICATED: token; dropping 1 of the batch's 2 records" in lines[1]
+
+
 def test_a_refused_record_holds_its_batch_uncommitted_until_its_dead_letter_is_written(tmp_path, collector):
     from kcm_bridge.consumer import Record
 
@@ -855,6 +886,19 @@ def test_a_failed_dead_letter_write_is_retried_and_its_record_committed_only_onc
         assert bridge.metrics.value(bridge.metrics.dead_letter_failures) == 2
         assert bridge.metrics.value(bridge.metrics.dead_lettered) == 1
         assert bridge._tracker.to_commit() == {partition: 1} and bridge._inflight_bytes() == 0
+
+
+def test_empty_records_waiting_for_a_refusing_dead_letter_topic_fill_the_budget_and_pause_reading(tmp_path):
+    from kcm_bridge.consumer import Record
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq", ("delivery", "max_inflight_bytes"): 100_000})
+    with _unstarted_bridge(config) as bridge:
+        bridge._dead_letters = _FlakyDeadLetters(failures=10**9)
+        bridge._add([Record("metrics", 0, offset, None, None, []) for offset in range(500)])   # tombstones
+        assert len(bridge._inflight) == 500
+        assert bridge._inflight_bytes() >= 500 * 256 > config.delivery.max_inflight_bytes
+        assert bridge._poll_size() == 1   # the next polls fetch one record at a time, and backpressure pauses
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -56,6 +56,9 @@ _DEAD_LETTER_TURN_S = 0.05
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
 _HEADER_CACHE_MAX_BYTES = 1024
+# Python's objects for one record waiting for the dead-letter topic (Record, headers list, ticket, letter): measured
+# at some 500 bytes beside its own bytes.
+_HELD_RECORD_OVERHEAD = 512
 
 
 class _HeaderFacts(NamedTuple):
@@ -127,6 +130,13 @@ def _payload(record: Record, facts: _HeaderFacts) -> bytes:
         # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
         payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
     return payload
+
+
+def _held_size(record: Record) -> int:
+    """What holding `record` for the dead-letter topic costs in memory: its bytes and its objects, so a topic of
+    empty records (tombstones) waiting for a dead-letter topic that refuses them still fills the in-flight budget."""
+    headers = sum(len(name) + len(value or b"") for name, value in record.headers)
+    return len(record.value or b"") + len(record.key or b"") + headers + _HELD_RECORD_OVERHEAD
 
 
 def _push_interval_s(text: str | None) -> float | None:
@@ -366,7 +376,7 @@ class Bridge:
         self._rejected_log("dead-lettering undecodable record %s to %s (%s): %s", where, topic, reason, message)
         # Held (and counted against the in-flight budget) until written: a dead-letter topic that refuses the
         # record is retried with backoff, so its partition is never committed past it.
-        ticket = Ticket(size=len(record.value or b""))
+        ticket = Ticket(size=_held_size(record))
         self._inflight.append(ticket)
         self._tracker.add(partition, record.offset, ticket)
         self._dead_letter(_DeadLetter(record, reason, ticket))
@@ -434,11 +444,14 @@ class Bridge:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
         budget, sent = 4 * len(records).bit_length(), 1
-        refused, dropped = [records], []   # chunks refused as a whole: to split, or dropped
+        refused = [records]   # chunks refused as invalid as a whole: to split, or dropped as invalid
+        # Records refused for good by their gRPC code, with the (last) outcome of that code: each reason decides
+        # for its own records (invalid ones may be dead-lettered, those refused for credentials never are).
+        dropped: dict[str | None, tuple[Outcome, list[Part]]] = {}
         while refused:
             chunk = refused.pop()
             if len(chunk) == 1 or budget < 2:
-                dropped += chunk
+                dropped.setdefault(outcome.error, (outcome, []))[1].extend(chunk)
                 continue
             half = len(chunk) // 2
             for part in (chunk[:half], chunk[half:]):
@@ -446,12 +459,17 @@ class Bridge:
                 result = self._send(endpoint, part)
                 if result.abandoned:
                     return result
-                if not result.delivered:
+                if result.delivered:
+                    continue
+                if result.error == "INVALID_ARGUMENT":
                     outcome = result
-                    (refused.append(part) if result.error == "INVALID_ARGUMENT" else dropped.extend(part))
-        if dropped:
-            self._refused(endpoint, outcome, dropped, len(records), ticket)
-        else:   # refused as a whole, every part taken (a collector limiting request size this way)
+                    refused.append(part)
+                else:
+                    parts = dropped.get(result.error, (result, []))[1]
+                    dropped[result.error] = (result, parts + part)
+        for why, parts in dropped.values():
+            self._refused(endpoint, why, parts, len(records), ticket)
+        if not dropped:   # refused as a whole, every part taken (a collector limiting request size this way)
             log.warning("export to %s rejected with INVALID_ARGUMENT: %s; the batch of %d records was delivered in "
                         "%d smaller requests", endpoint.name, outcome.detail, len(records), sent - 1)
         return Outcome(True, sent)   # what the collector takes was delivered
