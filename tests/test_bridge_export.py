@@ -264,3 +264,32 @@ def test_a_collector_slower_than_the_timeout_is_named_as_such(collector, caplog)
     assert outcome.delivered and outcome.attempts >= 2
     assert any("failed with DEADLINE_EXCEEDED (no answer within the 0.3 s timeout: if the collector is only slow, "
                "give it a longer one)" in r.getMessage() for r in caplog.records)
+
+
+def test_after_a_long_outage_the_export_gets_through_soon_after_the_collector_is_back():
+    """gRPC reconnects on its own backoff, up to 120 s by default, and fails calls at once meanwhile: the channel
+    must reconnect within the retry policy's cap, or exports keep failing long after the collector is back."""
+    from fake_collector import FakeCollector
+
+    first = FakeCollector()
+    first.start()
+    port = first.port
+    first.stop()
+    endpoint = Endpoint(f"127.0.0.1:{port}", RetryPolicy(initial_backoff_s=0.1, max_backoff_s=0.5),
+                        lambda: False, insecure=True)
+    outcome: list = []
+    exporting = threading.Thread(target=lambda: outcome.append(endpoint.export(client_metrics().SerializeToString())),
+                                 daemon=True)
+    exporting.start()
+    time.sleep(12)   # gRPC's own backoff would by now wait some 6 s (1.6^6 s, ±20%) before its next attempt
+    back = FakeCollector(port=port)
+    back.start()
+    try:
+        returned = time.monotonic()
+        exporting.join(timeout=30)
+        assert outcome and outcome[0].delivered, outcome
+        assert time.monotonic() - returned < 2.5
+        assert len(back.exports) == 1
+    finally:
+        endpoint.close()
+        back.stop()

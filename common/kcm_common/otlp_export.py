@@ -169,6 +169,15 @@ def refusal_hint(code: str | None) -> str:
     return f"; {hint}" if hint else ""
 
 
+def channel_options(retry: RetryPolicy) -> list[tuple[str, int]]:
+    """gRPC's own reconnection backoff within the retry policy's: by default gRPC waits up to 120 s between attempts
+    to reconnect, and calls made meanwhile fail at once, so after a long outage exports would keep failing up to two
+    minutes after the collector came back, whatever `max_backoff_s` says."""
+    most_ms = max(100, int(retry.max_backoff_s * 1000))
+    return [("grpc.max_reconnect_backoff_ms", most_ms),
+            ("grpc.initial_reconnect_backoff_ms", min(most_ms, max(100, int(retry.initial_backoff_s * 1000))))]
+
+
 class Endpoint:
     """One OTLP/gRPC collector: a channel, its call metadata, and the retry loop.
 
@@ -197,13 +206,14 @@ class Endpoint:
         self._give_up = give_up
         self._timeout_s = timeout_s
         self._rng = random.Random()
+        options = channel_options(retry)
         if insecure:
-            self._channel = grpc.insecure_channel(endpoint)
+            self._channel = grpc.insecure_channel(endpoint, options=options)
         else:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(tls.ca_file), private_key=_read(tls.key_file),
                 certificate_chain=_read(tls.cert_file))
-            self._channel = grpc.secure_channel(endpoint, credentials)
+            self._channel = grpc.secure_channel(endpoint, credentials, options=options)
         # Raw bytes go out as they are: a serialised request, or concatenated MetricsData, which are one.
         self._call = self._channel.unary_unary(_METHOD, request_serializer=None,
                                                response_deserializer=ExportMetricsServiceResponse.FromString)
