@@ -21,7 +21,7 @@ import yaml
 
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
-from kcm_common.kafka import SECRET_PROPERTY, load_properties, parse_bootstrap
+from kcm_common.kafka import load_properties, parse_bootstrap
 from kcm_common.names import DEFAULT_METRICS_TOPIC, listen_address_problem, topic_problem
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
@@ -41,7 +41,7 @@ class KafkaConfig:
     bootstrap_servers: str = ""
     command_config: str | None = None          # client properties file (TLS/SASL, consumer tuning)
     # Inline client properties, over the file's; they may hold sasl.password, so repr leaves them out.
-    properties: dict[str, str] = field(default_factory=dict, repr=False, metadata={"verbatim": "secret-keys"})
+    properties: dict[str, str] = field(default_factory=dict, repr=False)
     topics: list[str] = field(default_factory=lambda: [DEFAULT_METRICS_TOPIC])
     group_id: str = "kcm-bridge"
     client: Literal["confluent-kafka", "kafka-python"] = "confluent-kafka"
@@ -65,7 +65,7 @@ class EndpointConfig:
     endpoint: str = ""
     insecure: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
-    headers: dict[str, str] = field(default_factory=dict, repr=False, metadata={"verbatim": "all"})  # tokens
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  # tokens
     headers_from_files: dict[str, str] = field(default_factory=dict)
     headers_from_env: dict[str, str] = field(default_factory=dict)
     compression: Literal["gzip", "none"] = "gzip"
@@ -89,7 +89,7 @@ class AttributeRule:
     action: Literal["drop", "rename", "hash"] = "drop"
     attribute: str = ""
     to: str | None = None
-    salt: str | None = field(default=None, repr=False, metadata={"verbatim": "all"})
+    salt: str | None = field(default=None, repr=False)
     salt_file: str | None = None
     salt_env: str | None = None
 
@@ -230,8 +230,13 @@ def validate(config: BridgeConfig) -> None:
         raise ConfigError("kafka.group_id must not be empty")
     if not config.endpoints:
         raise ConfigError("endpoints: no OTLP endpoint configured; pass --endpoint HOST:PORT (repeatable)")
+    first_at: dict[str, int] = {}
     for index, endpoint in enumerate(config.endpoints):
         _validate_endpoint(endpoint, f"endpoints[{index}]")
+        same = first_at.setdefault(endpoint.endpoint.lower(), index)
+        if same != index:   # with fanout every record would reach that collector twice
+            raise ConfigError(f"endpoints[{index}] repeats endpoints[{same}] ({endpoint.endpoint}); give each "
+                              "collector once")
     _positive(config.batch.max_points, "batch.max_points")
     _positive(config.batch.max_bytes, "batch.max_bytes")
     if config.batch.linger_ms < 0:
@@ -367,7 +372,7 @@ def _seconds(value: float, where: str, allow_zero: bool = False) -> None:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        document = strict_yaml.load(path.read_text(encoding="utf-8"))
+        document = strict_yaml.load(path.read_text(encoding="utf-8"), plain_text=True)
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -401,24 +406,8 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown setting {_join(where, str(unknown[0]))}; known: {', '.join(sorted(names))}")
-    for item in dataclasses.fields(cls):
-        if item.name in raw and item.metadata.get("verbatim"):
-            _check_verbatim(raw[item.name], item.metadata["verbatim"], _join(where, item.name))
     values = {name: _convert(raw[name], hints[name], _join(where, name)) for name in names if name in raw}
     return cls(**values)
-
-
-
-
-def _check_verbatim(value: Any, which: str, where: str) -> None:
-    """Secrets must be YAML strings: unquoted, 0777 reads as 511, yes as true, 12:30 as 750; the value is not shown."""
-    items = value.items() if isinstance(value, dict) else [(None, value)]
-    for key, item in items:
-        if item is None or isinstance(item, (str, dict, list)) or (which != "all" and not SECRET_PROPERTY.search(str(key))):
-            continue  # strings pass; a wrong shape is _convert's to report
-        name = where if key is None else f"{where}.{key}"
-        raise ConfigError(f"{name} must be a quoted string: YAML reads an unquoted 0777 as 511, yes as true and "
-                          "12:30 as 750, which would change the value")
 
 
 def _join(where: str, name: str) -> str:
@@ -453,8 +442,8 @@ def _convert(value: Any, kind: Any, where: str) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.strip().lower() in ("true", "1", "yes")
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            return value.strip().lower() in ("true", "1", "yes", "on")
         raise ConfigError(f"{where} must be true or false, not {value!r}")
     if kind in (int, float):
         if isinstance(value, bool):
