@@ -393,6 +393,25 @@ def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sig
     assert (_committed(sandbox.bootstrap, "kcm-demo-bridge", sandbox.options.topic) or 0) > 0
 
 
+def test_kcm_bridge_logs_json_lines_with_log_format_json(tmp_path):
+    import json
+
+    log_path = tmp_path / "bridge.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kcm_cli.main", "bridge", "--bootstrap-server", f"127.0.0.1:{_closed_port()}",
+             "--endpoint", "127.0.0.1:9", "--insecure", "--log-format", "json"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            _wait(lambda: "cannot reach Kafka" in log_path.read_text(), 30, "the bridge reporting Kafka down")
+        finally:
+            code = _terminate(process)
+    assert code == 0, log_path.read_text()
+    entries = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(entries[0])
+    assert any(e["level"] == "ERROR" and "cannot reach Kafka" in e["message"] for e in entries), entries
+
+
 def _start_kcm_bridge(config_path, log_path) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "bridge", "--config", str(config_path)],

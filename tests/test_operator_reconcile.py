@@ -21,7 +21,7 @@ from kcm_common.kafka import KafkaSettings
 from kcm_operator.admin import SubscriptionAdmin
 from kcm_operator.connections import ConnectionResolver
 from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
-from kcm_operator.logs import JsonFormatter
+from kcm_common.logs import JsonFormatter
 from kcm_operator.reconcile import SET, Change, Op
 from ports import reserved_port
 from kube_emulator import KubeServer

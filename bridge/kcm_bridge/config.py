@@ -130,6 +130,7 @@ class BridgeConfig:
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    log_format: Literal["text", "json"] = "text"
 
     def kafka_properties(self) -> dict[str, str]:
         """The client properties: the file's, then the inline ones over them."""
@@ -153,6 +154,7 @@ _ENV_FIELDS: dict[str, tuple[str, ...]] = {
     "MAX_INFLIGHT_BYTES": ("delivery", "max_inflight_bytes"),
     "SHUTDOWN_TIMEOUT_S": ("delivery", "shutdown_timeout_s"),
     "METRICS_PORT": ("metrics_port",),
+    "LOG_FORMAT": ("log_format",),
 }
 
 

@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dead-letter-topic", metavar="TOPIC", type=topic,
                         help="write undecodable records, and records a collector refuses as invalid, here "
                              "(default: count and log them)")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        help="json: one object per line (time, level, logger, message); default text")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve Prometheus /metrics, /healthz and /readyz on this port")
 
@@ -55,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
         ("routing",): args.routing,
         ("delivery", "dead_letter_topic"): args.dead_letter_topic,
         ("metrics_port",): args.metrics_port,
+        ("log_format",): args.log_format,
     }
     config = bridge_config.load(args.config, env=os.environ, overrides=overrides, endpoints=args.endpoint,
                                 insecure=args.insecure)
+    if config.log_format == "json":
+        from kcm_common.logs import use_json
+
+        use_json()
     bridge = Bridge(config)
 
     def stop(signum: signal.Signals) -> None:

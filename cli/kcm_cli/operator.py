@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from kcm_common.kafka import KafkaSettings
     from kcm_operator.connections import ConnectionResolver
     from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
-    from kcm_operator.logs import use_json
+    from kcm_common.logs import use_json
 
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
     if args.peering_name is not None and args.standalone:

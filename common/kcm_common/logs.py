@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line, with the Kubernetes object kopf attaches to its records."""
+"""Structured logs for the long-running commands: one JSON object per line (with the Kubernetes object kopf attaches
+to the operator's records)."""
 
 from __future__ import annotations
 
