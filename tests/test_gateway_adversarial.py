@@ -12,6 +12,7 @@ import statistics
 import struct
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from kafka.protocol.admin.configs import (
 from kcm_common.contract import compress
 from payloads import client_metrics
 from kcm_sandbox import wire
+from kcm_sandbox.telemetry import subscription_id
 from kcm_sandbox.messages import (
     GetTelemetrySubscriptionsRequest,
     GetTelemetrySubscriptionsResponse,
@@ -198,6 +200,44 @@ def test_a_catastrophic_match_pattern_does_not_stall_other_clients(sandbox_facto
         assert run_for(2.0, attack) >= 3
 
 
+def pipeline_gets(bootstrap: str, client_ids: list[str]) -> float:
+    """Send a GetTelemetrySubscriptions per client id at once on one connection; returns how long all answers took."""
+    attacker = Connection(bootstrap, "attacker")
+    try:
+        frames = []
+        for correlation_id, client_id in enumerate(client_ids):
+            request = GetTelemetrySubscriptionsRequest[0]()
+            request.with_header(correlation_id=correlation_id, client_id=client_id)
+            frames.append(request.encode(header=True, framed=True))
+        start = time.perf_counter()
+        attacker.sock.sendall(b"".join(frames))
+        for _ in client_ids:
+            frame = attacker.read_frame()
+            assert frame is not None
+            assert GetTelemetrySubscriptionsResponse.decode(frame, version=0, header=True).error_code == 0
+        return time.perf_counter() - start
+    finally:
+        attacker.close()
+
+
+def test_pipelined_gets_against_a_catastrophic_match_pattern_do_not_stall_other_clients(sandbox_factory):
+    sandbox = sandbox_factory()
+    subscribe(sandbox.bootstrap, "catastrophic", metrics="org.apache.kafka.", match="client_id=(a+)+b")
+    # Each client id differs, so each Get runs the pattern to its time limit: 60 of them take seconds in all.
+    client_ids = ["a" * 30000 + "c" + str(number) for number in range(60)]
+
+    with bystander(sandbox.bootstrap):
+        pipeline_gets(sandbox.bootstrap, client_ids)
+
+
+def test_a_match_that_ran_out_of_time_is_not_run_again_for_the_same_value(sandbox_factory):
+    sandbox = sandbox_factory()
+    subscribe(sandbox.bootstrap, "catastrophic", metrics="org.apache.kafka.", match="client_id=(a+)+b")
+
+    # 60 full time limits would be 3 s; only the first Get runs the pattern.
+    assert pipeline_gets(sandbox.bootstrap, ["a" * 30000 + "d"] * 60) < BYSTANDER_WORST_S
+
+
 def test_huge_frames_wait_for_the_frame_budget_without_stalling_other_clients(sandbox_factory):
     sandbox = sandbox_factory()
     sandbox.gateway.frame_budget = wire.FrameBudget(limit=48 << 20)
@@ -269,7 +309,8 @@ def connection_task(sandbox: Any, client: Connection) -> Any:
 
 class StuckPush:
     """A client whose push waits in the receiver until `release` is set, with `behind` requests pipelined after it:
-    `send()` sends them all and returns once the push is in the receiver and the rest are read and queued."""
+    `send()` sends them all and returns once the push is in the receiver (the rest wait unread, as the connection is
+    muted while its push is pending)."""
 
     def __init__(self, sandbox: Any, client_id: str, behind: int) -> None:
         self.entered, self.release = threading.Event(), threading.Event()
@@ -308,6 +349,38 @@ class StuckPush:
         self.client.close()
 
 
+def test_a_connection_with_a_push_pending_is_read_no_further(sandbox_factory):
+    sandbox = sandbox_factory()
+    stuck = StuckPush(sandbox, "pipeliner", behind=0)
+    try:
+        stuck.send()
+        clients_before = sandbox.gateway.telemetry.client_count()
+        # 48 pushes of fresh clients behind the pending one, each admissible (a first push needs no Get): a gateway
+        # that read on would hold them all (48 MiB) until the first one is delivered.
+        pushes = []
+        for correlation_id in range(48):
+            instance = uuid.uuid4()
+            push = PushTelemetryRequest[0](
+                client_instance_id=instance, subscription_id=subscription_id(["org.apache.kafka."], 300000, instance),
+                terminating=False, compression_type=0, metrics=bytes(1 << 20))
+            push.with_header(correlation_id=1000 + correlation_id, client_id="pipeliner")
+            pushes.append(push.encode(header=True, framed=True))
+        pipeline = b"".join(pushes)
+        stuck.client.sock.settimeout(1.0)
+        accepted = 0
+        try:
+            while accepted < len(pipeline):
+                accepted += stuck.client.sock.send(pipeline[accepted:accepted + (1 << 20)])
+        except (TimeoutError, socket.timeout):
+            pass
+
+        # Only what the kernel and one stream buffer hold got in, and no push behind the pending one was admitted.
+        assert accepted < 24 << 20
+        assert sandbox.gateway.telemetry.client_count() == clients_before
+    finally:
+        stuck.close()
+
+
 @contextmanager
 def no_unawaited_coroutines() -> Iterator[None]:
     with warnings.catch_warnings(record=True) as caught:
@@ -323,8 +396,8 @@ def test_a_client_leaving_with_answers_unread_lets_them_go_and_others_are_still_
     leaver = StuckPush(sandbox, "leaver", behind=20)
     try:
         with no_unawaited_coroutines():
-            leaver.send()  # the push waits in the receiver; the requests behind it are read, their answers queued
-            leaver.reset()  # 21 answers unread; then the push finishes
+            leaver.send()  # the push waits in the receiver, the requests behind it in the connection's buffers
+            leaver.reset()  # 21 answers unread; then the push finishes and the requests behind it are read
             leaver.release.set()
             deadline = time.monotonic() + TIMEOUT_S
             while not leaver.task.done() and time.monotonic() < deadline:

@@ -6,9 +6,9 @@ API never hands it over) and the push interval (not given to a plugin before the
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -18,26 +18,39 @@ from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.java_receiver import JavaReceiver
 from kcm_sandbox.receiver import TopicReceiver
 from kcm_sandbox.telemetry import ClientIdentity, PushResult
+from test_sandbox_protocol import NONE, KafkaConnection, announce_software, new_client, push
 
 ONLY_PYTHON_KNOWS = {"subscription_id"}
 
 
-def _pushes() -> list[tuple[uuid.UUID, ClientIdentity, PushResult]]:
+def _pushes(sandbox) -> list[tuple[uuid.UUID, ClientIdentity, PushResult]]:
+    """What the sandbox's gateway hands its receiver for real pushes: from a client that announced its software
+    and from a bare one (no client id, no ApiVersions v3+)."""
     metrics = MetricsData()
     gauge = metrics.resource_metrics.add().scope_metrics.add().metrics.add()
     gauge.name = "org.apache.kafka.producer.record.queue.time.avg"
     gauge.gauge.data_points.add().as_double = float("nan")
     payload = metrics.SerializeToString()
-    full = ClientIdentity("orders-1", "apache-kafka-java", "4.3.0", "127.0.0.1", 40001)
-    # A client that never sent ApiVersions v3 and a connection whose port is unknown.
-    bare = ClientIdentity(None, None, None, "127.0.0.1", None)
-    accepted = PushResult(error_code=0, throttle_time_ms=0, payload=payload, subscription_id=77,
-                          push_interval_ms=5000, terminating=False)
-    return [
-        (uuid.UUID(int=1), full, accepted),
-        (uuid.UUID(int=2), bare, accepted),
-        (uuid.UUID(int=1), full, dataclasses.replace(accepted, terminating=True)),
-    ]
+    handed: list[tuple[uuid.UUID, ClientIdentity, PushResult]] = []
+    receive = sandbox.gateway.receiver
+
+    def capture(*push: Any) -> None:
+        handed.append(push)
+        receive(*push)
+
+    sandbox.gateway.receiver = capture
+    try:
+        with KafkaConnection(sandbox.bootstrap, client_id="orders-1") as full:
+            announce_software(full, "apache-kafka-java", "4.3.0")
+            instance_id, subscription_id = new_client(full)
+            assert push(full, instance_id, subscription_id, payload=payload, compression=NONE) == 0
+            with KafkaConnection(sandbox.bootstrap, client_id=None) as bare:
+                bare_id, bare_subscription = new_client(bare)
+                assert push(bare, bare_id, bare_subscription, payload=payload, compression=NONE) == 0
+            assert push(full, instance_id, subscription_id, payload=payload, compression=NONE, terminating=True) == 0
+    finally:
+        sandbox.gateway.receiver = receive
+    return handed
 
 
 def _read(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, bytes, dict[str, str]]]:
@@ -63,11 +76,11 @@ def test_both_receivers_write_the_same_records_apart_from_what_only_one_knows(sa
     ensure_topic(settings, "from-java", 1)
     python = TopicReceiver(settings, "from-python", 111, "kcm-sandbox")
     java = JavaReceiver(sandbox.bootstrap, "from-java", 111, "kcm-sandbox", api=api)
-    pushes = _pushes()
+    pushes = _pushes(sandbox)
     try:
-        for push in pushes:
-            python(*push)
-            java(*push)
+        for handed in pushes:
+            python(*handed)
+            java(*handed)
     finally:
         python.close()
         java.close()  # flushes what the plugin still holds
@@ -80,7 +93,10 @@ def test_both_receivers_write_the_same_records_apart_from_what_only_one_knows(sa
         assert py_key == java_key and py_value == java_value
         only_python = ONLY_PYTHON_KNOWS | ({"push_interval_ms"} if api == "3.8" else set())
         assert {k: v for k, v in py_headers.items() if k not in only_python} == java_headers
-        assert py_headers["subscription_id"] == "77"
-    bare_python, bare_java = written_by_python[1][2], written_by_java[1][2]
-    for unknown in ("client_id", "client_software_name", "client_software_version", "client_source_port"):
+    assert [headers["subscription_id"] for _, _, headers in written_by_python] == [
+        str(result.subscription_id) for _, _, result in pushes]
+    full_python, bare_python, bare_java = written_by_python[0][2], written_by_python[1][2], written_by_java[1][2]
+    assert (full_python["client_software_name"], full_python["client_software_version"]) == ("apache-kafka-java",
+                                                                                             "4.3.0")
+    for unknown in ("client_id", "client_software_name", "client_software_version"):
         assert unknown not in bare_python and unknown not in bare_java

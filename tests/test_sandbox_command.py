@@ -120,6 +120,8 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
                           (["--compression", "zstd,ZSTD"], "--compression names 'zstd' twice"),
                           (["--receiver-api", "3.8"], "--receiver-api applies to the Java receiver only"),
                           (["--listen", "nowhere"], "--listen must be HOST:PORT"),
+                          (["--listen", "127.0.0.1:\u00b2"], "--listen must be HOST:PORT"),  # a Unicode digit
+                          (["--upstream", "127.0.0.1:\u0663"], "--upstream must be HOST:PORT"),
                           (["--listen", "127.0.0.1:0", "--connections-max-idle-ms", "0"],
                            "--connections-max-idle-ms must be from 1 to 31536000000 (a year), not 0"),
                           (["--listen", "127.0.0.1:0", "--partitions", "99999999999"],
@@ -132,6 +134,7 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr
         assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
 
 
 def test_a_non_positive_idle_timeout_is_refused_before_anything_starts():

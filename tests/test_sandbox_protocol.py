@@ -721,7 +721,8 @@ def _accepted_within(seconds: float, push_once: Callable[[], int]) -> bool:
 
 def _metrics_of_size(size: int) -> bytes:
     """Sample metrics serialised to exactly `size` bytes, by lengthening the scope name."""
-    for name_length in range(1, size):
+    guess = size - len(client_metrics("").SerializeToString())
+    for name_length in range(max(guess - 16, 1), guess + 1):
         payload = client_metrics("c" * name_length).SerializeToString()
         if len(payload) == size:
             return payload
@@ -739,6 +740,23 @@ def test_push_larger_than_telemetry_max_bytes_is_too_large_and_one_of_exactly_th
         at_the_limit = push(connection, instance_id, subscription_id, payload=_metrics_of_size(512), compression=NONE)
 
     assert (too_large, at_the_limit) == (TELEMETRY_TOO_LARGE, 0)
+
+
+@pytest.mark.parametrize("telemetry_max_bytes", [1048576, 3000000])
+@pytest.mark.parametrize("compression", [NONE, ZSTD])
+def test_a_push_of_exactly_telemetry_max_bytes_lands_on_the_metrics_topic(sandbox_factory, telemetry_max_bytes,
+                                                                          compression):
+    sandbox = sandbox_factory(telemetry_max_bytes=telemetry_max_bytes)
+    metrics = _metrics_of_size(telemetry_max_bytes)
+    payload = compress(metrics, "zstd") if compression == ZSTD else metrics
+    with KafkaConnection(sandbox.bootstrap, client_id="c" * 32767) as connection:  # the longest client id
+        instance_id, subscription_id = new_client(connection)
+
+        assert push(connection, instance_id, subscription_id, payload=payload, compression=compression) == 0
+
+    (record,) = metrics_records(sandbox, expected=1)
+    assert record.key == str(instance_id).encode()
+    assert decode(record.value, record.headers).metrics.SerializeToString() == metrics
 
 
 def test_telemetry_max_bytes_limits_the_bytes_sent_even_when_they_decompress_within_it(sandbox_factory):

@@ -2,10 +2,12 @@
 String.split and String.trim, and java.util.regex syntax (compiled with the `regex` package).
 
 Match patterns are translated from Java's syntax, not taken as Python syntax: what Java refuses is refused
-(`(?P<x>...)`, `(?#...)`, conditionals, a `{` that is not a quantifier), `\\d \\w \\s \\b` match ASCII only, and
-Java-only forms (`\\Q...\\E`, `\\p{Alpha}`-style POSIX classes, `\\h \\v \\R \\e \\cX \\x{...} \\0oo`) mean what
-they mean in Java. A few Java constructs are refused as unsupported: nested classes and `&&` intersections
-inside `[...]`, `\\P{POSIX}` inside `[...]`, and the inline flags `d`, `u`, `U`.
+(`(?P<x>...)`, `(?#...)`, conditionals, a `{` that is not a quantifier), `\\d \\w \\s \\b` and `(?i)` are ASCII only
+while Unicode properties (`\\p{L}`, `\\p{IsLatin}`, `\\p{InGreek}`, `\\p{javaLowerCase}`) are Unicode, `.` stops at
+Java's line terminators unless `(?s)`, and Java-only forms (`\\Q...\\E`, `\\p{Alpha}`-style POSIX classes,
+`\\h \\v \\R \\e \\cX \\x{...} \\0oo \\k<name>`) mean what they mean in Java. A few Java constructs are refused as
+unsupported: nested classes and `&&` intersections inside `[...]`, `\\P{POSIX}` inside `[...]`, and the inline flags
+`d`, `u`, `U`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,21 @@ _HORIZONTAL_SPACE = " \\t\\xA0\\u1680\\u180E\\u2000-\\u200A\\u202F\\u205F\\u3000
 _VERTICAL_SPACE = "\\n\\x0B\\f\\r\\x85\\u2028\\u2029"
 _LINE_TERMINATOR = "(?:\\r\\n|[\\n\\r\\x85\\u2028\\u2029])"
 # Escapes Java and the `regex` package both read the same way (with the ASCII flag).
-_SHARED_ESCAPES = frozenset("dDwWsSbBAGXtnrfaNk")
+_SHARED_ESCAPES = frozenset("dDwWsSbBAGXtnrfaN")
+# \d \w \s and their complements as class bodies: ASCII, also inside a class made Unicode for a property.
+_ASCII_CLASS_BODIES = {
+    "d": "0-9", "D": "\\x00-\\x2F\\x3A-\\U0010FFFF",
+    "w": "0-9A-Z_a-z", "W": "\\x00-\\x2F\\x3A-\\x40\\x5B-\\x5E\\x60\\x7B-\\U0010FFFF",
+    "s": " \\t\\n\\x0B\\f\\r", "S": "\\x00-\\x08\\x0E-\\x1F\\x21-\\U0010FFFF",
+}
+# Java's `.`: anything but a line terminator, or anything at all under (?s).
+_DOT = "[^\\n\\r\\x85\\u2028\\u2029]"
+_DOT_ALL = "[\\x00-\\U0010FFFF]"
+# Java's own property names (java.lang.Character's isXxx) as Unicode properties the regex package knows.
+_JAVA_PROPERTIES = {
+    "javaLowerCase": "Lowercase", "javaUpperCase": "Uppercase", "javaAlphabetic": "Alphabetic", "javaDigit": "Nd",
+    "javaLetter": "L", "javaTitleCase": "Lt", "javaIdeographic": "Ideographic",
+}
 _JAVA_FLAGS = frozenset("imsx")
 _UNSUPPORTED_FLAGS = frozenset("duU")
 
@@ -78,6 +94,7 @@ def split(text: str, separator: str) -> list[str]:
 def compile_pattern(pattern: str) -> regex.Pattern[str]:
     """Compile a java.util.regex pattern so `fullmatch` behaves as Java's `Matcher.matches()`; raises PatternError."""
     try:
+        # ASCII: \\d \\w \\s \\b and (?i) as Java has them; Unicode properties are scoped back to Unicode.
         return regex.compile(_translate(pattern), flags=regex.ASCII | regex.V0)
     except regex.error as err:
         raise PatternError(str(err)) from None
@@ -86,10 +103,13 @@ def compile_pattern(pattern: str) -> regex.Pattern[str]:
 def _translate(pattern: str) -> str:
     out: list[str] = []
     index, length, in_class = 0, len(pattern), False
+    dotall, outer_dotall = False, []  # whether `.` takes line terminators here, and in each enclosing group
+    class_start, unicode_class = 0, False
     while index < length:
         char = pattern[index]
         if char == "\\":
             text, index = _escape(pattern, index + 1, in_class)
+            unicode_class = unicode_class or (in_class and text.startswith(("\\p", "\\P")))
             out.append(text)
             continue
         if in_class:
@@ -97,13 +117,16 @@ def _translate(pattern: str) -> str:
                 raise PatternError(f"nested character classes (index {index}) are not supported")
             if pattern.startswith("&&", index):
                 raise PatternError(f"character class intersection (index {index}) is not supported")
+            out.append(char)
             if char == "]":
                 in_class = False
-            out.append(char)
+                if unicode_class:  # its \\d \\w \\s are explicit ASCII bodies, so only the properties change
+                    out.insert(class_start, "(?u:")
+                    out.append(")")
             index += 1
             continue
         if char == "[":
-            in_class = True
+            in_class, class_start, unicode_class = True, len(out), False
             out.append(char)
             index += 1
             # A leading "]" (or "^]") is a literal in both dialects.
@@ -114,7 +137,18 @@ def _translate(pattern: str) -> str:
             continue
         if char == "(" and pattern.startswith("(?", index):
             text, index = _group_opening(pattern, index)
+            if not text.endswith(")"):  # a group opens; `(?s)` alone changes the rest of the enclosing group
+                outer_dotall.append(dotall)
+            dotall = _dotall_after(text, dotall)
             out.append(text)
+            continue
+        if char == "(":
+            outer_dotall.append(dotall)
+        elif char == ")" and outer_dotall:
+            dotall = outer_dotall.pop()
+        elif char == ".":
+            out.append(_DOT_ALL if dotall else _DOT)
+            index += 1
             continue
         if char == "{":
             text, index = _repetition(pattern, index)
@@ -139,6 +173,19 @@ def _escape(pattern: str, index: int, in_class: bool) -> tuple[str, int]:
         return "".join(_literal(c) for c in literal), after
     if char in "pP":
         return _property(pattern, index, in_class)
+    if char in _ASCII_CLASS_BODIES and in_class:
+        return _ASCII_CLASS_BODIES[char], index + 1
+    if char == "k" and not in_class:
+        end = pattern.find(">", index)
+        name = pattern[index + 2:end] if pattern.startswith("<", index + 1) and end > 0 else ""
+        if not (name.isascii() and name.isalnum()):
+            raise PatternError("\\k needs a group name in angle brackets")
+        return f"(?P={name})", end + 1
+    if char == "N" and pattern.startswith("{", index + 1):
+        end = pattern.find("}", index)
+        if end < 0:
+            raise PatternError("unclosed character name")
+        return pattern[index - 1:end + 1], end + 1
     if char == "h":
         return ("" if in_class else "[") + _HORIZONTAL_SPACE + ("" if in_class else "]"), index + 1
     if char == "H":
@@ -201,13 +248,44 @@ def _property(pattern: str, index: int, in_class: bool) -> tuple[str, int]:
     else:
         raise PatternError("illegal character family")
     body = _POSIX_CLASSES.get(name)
-    if body is None:
-        return pattern[index - 1:after], after  # Unicode properties and scripts: the regex package knows them
+    if body is None:  # Unicode properties, scripts and blocks: the regex package knows most by the same names
+        text = pattern[index - 1:index + 1] + "{" + _unicode_property(name) + "}"
+        return (text, after) if in_class else (f"(?u:{text})", after)
     if in_class:
         if negated:
             raise PatternError(f"\\P{{{name}}} inside a character class is not supported")
         return body, after
     return ("[^" if negated else "[") + body + "]", after
+
+
+def _unicode_property(name: str) -> str:
+    """The regex package's name for a java.util.regex property: `javaLowerCase` and `IsL` (Is + a category) too."""
+    name = _JAVA_PROPERTIES.get(name, name)
+    if name.startswith("Is") and not _known_property(name) and _known_property(name[2:]):
+        return name[2:]
+    return name
+
+
+def _known_property(name: str) -> bool:
+    try:
+        regex.compile("\\p{" + name + "}")
+    except regex.error:
+        return False
+    return True
+
+
+def _dotall_after(opening: str, dotall: bool) -> bool:
+    """Whether `.` takes line terminators after a `(?flags)` or `(?flags:` opening (other openings keep it)."""
+    flags = opening[2:-1]
+    if not all(c in _JAVA_FLAGS | _UNSUPPORTED_FLAGS | {"-"} for c in flags):
+        return dotall
+    on = True
+    for flag in flags:
+        if flag == "-":
+            on = False
+        elif flag == "s":
+            dotall = on
+    return dotall
 
 
 def _hex_escape(pattern: str, index: int) -> tuple[str, int]:

@@ -8,6 +8,7 @@ import itertools
 import logging
 import re
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ Receiver = Callable[[uuid.UUID, ClientIdentity, PushResult], None]
 DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600000  # Kafka's connections.max.idle.ms
 # Bytes of client frames being read at once; beyond it, frames above 1 MiB wait (see wire.FrameBudget).
 DEFAULT_FRAME_BUDGET_BYTES = 128 * 1024 * 1024
+# A request that kept the event loop longer than this delays its connection's next one by as long.
+_HOLD_S = 0.005
 
 
 @dataclass
@@ -224,9 +227,13 @@ class _Connection:
             budget = self.gateway.frame_budget
             while (frame_bytes := await wire.read_frame(self.reader, self.gateway.idle_timeout_s, budget)) is not None:
                 try:
+                    started = time.perf_counter()
                     header = wire.parse_header(frame_bytes)
                     self.client.client_id = header.client_id
                     answer = await self._route(frame_bytes, header)
+                    # Only kcm's own APIs are answered without waiting on anything: for the others, the time is
+                    # the broker's, not the loop held.
+                    held = time.perf_counter() - started if header.api_key in _LOCAL_VERSIONS else 0.0
                 finally:
                     budget.release(len(frame_bytes))
                 if answer is not None:
@@ -235,6 +242,14 @@ class _Connection:
                     except BaseException:
                         _discard(answer)
                         raise
+                    if isinstance(answer, asyncio.Task):
+                        # A push holds its metrics until delivered: like Kafka, which mutes a channel until its
+                        # request is answered, read nothing more of this connection meanwhile (one push in memory).
+                        await asyncio.wait([answer])
+                # Frames already buffered are read without waiting: yield, so other clients get in between. A request
+                # that held the loop long (a match pattern may take MATCH_TIMEOUT_S) makes its connection wait as
+                # long, so one client's pipelined requests take at most about half of the loop from everyone else.
+                await asyncio.sleep(held if held > _HOLD_S else 0)
         except wire.FrameError as exc:
             log.warning("%s: closing the connection: %s", self.client, exc)
         except asyncio.CancelledError:  # the gateway is stopping: answers still due are not waited for
@@ -392,8 +407,9 @@ class _Connection:
             requested_metrics=result.requested_metrics)
         return _encode(response, header)
 
-    def _push(self, frame_bytes: bytes, header: wire.RequestHeader) -> Awaitable[bytes]:
-        # The ladder runs now, in request order; only decompression and the write to the metrics topic wait.
+    def _push(self, frame_bytes: bytes, header: wire.RequestHeader) -> asyncio.Task[bytes]:
+        # The ladder runs now, in request order; decompression and the write to the metrics topic start at once, and
+        # the connection is read no further until they end.
         request = _decode(PushTelemetryRequest, frame_bytes, header.api_version)
         if request.client_instance_id is not None:
             self.client.instance_id = request.client_instance_id
@@ -401,7 +417,7 @@ class _Connection:
             request.client_instance_id, request.subscription_id, request.terminating, request.compression_type,
             request.metrics, self.client.identity(), connection_id=self.client.connection_id)
         codec = contract.COMPRESSION_IDS.get(request.compression_type, str(request.compression_type))
-        return self._deliver(request.client_instance_id, result, header, codec)
+        return asyncio.create_task(self._deliver(request.client_instance_id, result, header, codec))
 
     async def _deliver(self, instance_id: uuid.UUID, result: PushResult, header: wire.RequestHeader,
                        codec: str) -> bytes:
@@ -458,4 +474,6 @@ def _discard(answer: Awaitable[bytes | None] | None) -> None:
     if asyncio.iscoroutine(answer):
         answer.close()
     elif isinstance(answer, asyncio.Future):
+        if answer.done() and not answer.cancelled():
+            answer.exception()  # seen, so asyncio does not log "exception was never retrieved"
         answer.cancel()

@@ -8,23 +8,30 @@ from kafka import KafkaProducer
 
 from kcm_common import contract
 from kcm_common.kafka import KafkaSettings
-from kcm_sandbox.telemetry import ClientIdentity, PushResult
+from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, UNKNOWN_SOFTWARE, ClientIdentity, PushResult
 
 PRINCIPAL = "User:ANONYMOUS"
 LISTENER = "PLAINTEXT"
+_PRODUCER_DEFAULT_MAX_REQUEST_SIZE = 1048576
+_HEADER_ROOM_BYTES = 1048576
 
 
 class TopicReceiver:
     """Writes pushes with a kafka-python producer; `write` returns once the broker has the record."""
 
     def __init__(self, settings: KafkaSettings, topic: str, broker_id: int, cluster_id: str,
-                 write_timeout_s: float = 10.0) -> None:
+                 write_timeout_s: float = 10.0, telemetry_max_bytes: int = DEFAULT_TELEMETRY_MAX_BYTES) -> None:
         self.topic = topic
         self.broker_id = broker_id
         self.cluster_id = cluster_id
         self.write_timeout_s = write_timeout_s
+        # The producer checks a record's uncompressed size (key, value, headers) against max_request_size, and
+        # every push the gateway accepts must fit: up to telemetry.max.bytes decompressed, plus the headers, whose
+        # client id alone may take 32 KiB. zstd keeps what the broker gets far smaller, as in the Java plugin.
+        max_request_size = max(telemetry_max_bytes, _PRODUCER_DEFAULT_MAX_REQUEST_SIZE) + _HEADER_ROOM_BYTES
         # One record per request keeps the embedded broker's watermarks exact (DESIGN.md, Tansu quirks).
         self._producer = KafkaProducer(acks="all", linger_ms=0, max_in_flight_requests_per_connection=1,
+                                       max_request_size=max_request_size, compression_type="zstd",
                                        **settings.client_options())
 
     def record(self, instance_id: uuid.UUID, identity: ClientIdentity,
@@ -34,8 +41,8 @@ class TopicReceiver:
         attributes = {
             "client_instance_id": instance,
             "client_id": identity.client_id,
-            "client_software_name": identity.software_name,
-            "client_software_version": identity.software_version,
+            "client_software_name": _known(identity.software_name),
+            "client_software_version": _known(identity.software_version),
             "client_source_address": identity.source_address,
             "client_source_port": None if identity.source_port is None else str(identity.source_port),
             "principal": PRINCIPAL,
@@ -59,3 +66,8 @@ class TopicReceiver:
 
     def close(self) -> None:
         self._producer.close(timeout=5)
+
+
+def _known(software: str | None) -> str | None:
+    """Kafka's "unknown" placeholder (the client never sent ApiVersions v3+) is matched on, never written."""
+    return None if software == UNKNOWN_SOFTWARE else software

@@ -53,7 +53,8 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if host.startswith("[") or ":" in host:
         raise SandboxError(f"{option} {text!r}: the sandbox listens on IPv4 only; use an address such as 127.0.0.1")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    # ASCII digits only: str.isdigit() also takes '²' or '٣', which int() refuses.
+    if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise SandboxError(f"{option} must be HOST:PORT, not {text!r}")
     return host, int(port)
 
@@ -194,7 +195,8 @@ def _receiver(options: SandboxOptions, settings: KafkaSettings, broker_id: int,
         return JavaReceiver(settings.bootstrap_servers, options.topic, broker_id, cluster_id, options.receiver_api)
     if options.receiver != "python":
         raise SandboxError(f"--receiver must be python or java, not {options.receiver!r}")
-    return TopicReceiver(settings, options.topic, broker_id, cluster_id)
+    return TopicReceiver(settings, options.topic, broker_id, cluster_id,
+                         telemetry_max_bytes=options.telemetry_max_bytes)
 
 
 def _cluster_identity(settings: KafkaSettings) -> tuple[int, str]:

@@ -55,6 +55,9 @@ _SWEEP_INTERVAL_MS = 1000
 _GET_AGAIN_AFTER = (UNKNOWN_SUBSCRIPTION_ID, UNSUPPORTED_COMPRESSION_TYPE)
 # Java has no bound on a match; one catastrophic pattern must not stall every client on the event loop.
 MATCH_TIMEOUT_S = 0.05
+# (pattern, value) pairs that ran out of time, so a client repeating one costs that time once, not per request.
+_SLOW_MATCHES_MAX = 256
+_slow_matches: OrderedDict[tuple[str, str], None] = OrderedDict()
 
 log = logging.getLogger("kcm.sandbox")
 
@@ -168,11 +171,14 @@ def client_attributes(client_instance_id: uuid.UUID, identity: ClientIdentity) -
 def matches(match: Iterable[tuple[str, str]], attributes: Mapping[str, str | None]) -> bool:
     """Whether every pattern full-matches its attribute; a missing attribute never matches, no patterns match all.
 
-    A match that runs longer than MATCH_TIMEOUT_S counts as no match.
+    A match that runs longer than MATCH_TIMEOUT_S counts as no match, then and for the same value afterwards.
     """
     for key, pattern in match:
         value = attributes.get(key)
         if value is None:
+            return False
+        if (pattern, value) in _slow_matches:
+            _slow_matches.move_to_end((pattern, value))
             return False
         try:
             if _compiled(pattern).fullmatch(value, timeout=MATCH_TIMEOUT_S) is None:
@@ -180,6 +186,9 @@ def matches(match: Iterable[tuple[str, str]], attributes: Mapping[str, str | Non
         except TimeoutError:
             log.warning("match pattern %s=%s gave up on a %d-character value after %.0f ms; treated as no match",
                         key, pattern, len(value), MATCH_TIMEOUT_S * 1000)
+            _slow_matches[(pattern, value)] = None
+            if len(_slow_matches) > _SLOW_MATCHES_MAX:
+                _slow_matches.popitem(last=False)
             return False
     return True
 

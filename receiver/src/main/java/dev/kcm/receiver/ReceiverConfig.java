@@ -14,6 +14,7 @@ import org.apache.kafka.common.config.ConfigDef.Importance;
 import org.apache.kafka.common.config.ConfigDef.Type;
 import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.common.utils.Utils;
 
 /** The plugin's settings: broker properties prefixed {@code kcm.receiver.}, parsed once at start-up. */
 public final class ReceiverConfig {
@@ -86,7 +87,15 @@ public final class ReceiverConfig {
             producer.put(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG, listener.address);
             producer.put(CommonClientConfigs.SECURITY_PROTOCOL_CONFIG, listener.securityProtocol);
         } else if (!bootstrap.isEmpty()) {
+            checkAddresses(BOOTSTRAP_SERVERS, bootstrap);
             producer.put(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG, String.join(",", bootstrap));
+        }
+        if (overrides.containsKey(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG)) {
+            String name = PRODUCER_PREFIX + CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG;
+            Object value = overrides.get(CommonClientConfigs.BOOTSTRAP_SERVERS_CONFIG);
+            @SuppressWarnings("unchecked")
+            List<String> addresses = (List<String>) ConfigDef.parseType(name, value, Type.LIST);
+            checkAddresses(name, addresses);
         }
         String nodeId = nodeId(brokerConfig);
         producer.put(ProducerConfig.CLIENT_ID_CONFIG, nodeId == null ? "kcm-receiver" : "kcm-receiver-" + nodeId);
@@ -127,6 +136,34 @@ public final class ReceiverConfig {
             id = brokerConfig.get("broker.id");
         }
         return id == null ? null : String.valueOf(id);
+    }
+
+    /**
+     * The HOST:PORT syntax check KafkaProducer makes (ClientUtils.parseAndValidateAddresses), without resolving names:
+     * the producer is built on the writer thread, which retries for names that do not resolve yet, but an address
+     * without a valid port can never work and must fail start-up instead.
+     */
+    static void checkAddresses(String property, List<String> addresses) {
+        boolean any = false;
+        for (String address : addresses) {
+            if (address == null || address.isBlank()) {
+                continue;
+            }
+            any = true;
+            String host = Utils.getHost(address);
+            Integer port;
+            try {
+                port = Utils.getPort(address);
+            } catch (NumberFormatException e) {
+                port = null;
+            }
+            if (host == null || host.isEmpty() || port == null || port > 65535) {
+                throw new ConfigException(property, address, "not a HOST:PORT address (port 0-65535)");
+            }
+        }
+        if (!any) {
+            throw new ConfigException(property, String.join(",", addresses), "no HOST:PORT address given");
+        }
     }
 
     private static void checkProducer(Map<String, Object> producer) {

@@ -26,6 +26,27 @@ class ReceiverConfigTest {
     }
 
     @Test
+    void aBootstrapAddressWithoutAValidPortFailsStartUpNamingTheProperty() {
+        for (String property : new String[] {"kcm.receiver.bootstrap.servers",
+                "kcm.receiver.producer.bootstrap.servers"}) {
+            for (String value : new String[] {"kafka-0", "kafka-0:notaport", "kafka-0:99999", "kafka-0:9092,kafka-1",
+                    ":9092", "kafka-0:12345678901", " , "}) {
+                String message = failure(property, value);
+                assertTrue(message.contains(property), property + "=" + value + ": " + message);
+            }
+        }
+    }
+
+    @Test
+    void aBootstrapNameThatDoesNotResolveYetIsAccepted() {
+        // The producer retries until it resolves (a StatefulSet's DNS name appears after the pod starts).
+        ReceiverConfig config = ReceiverConfig.parse(Fixtures.brokerConfig(
+                "kcm.receiver.bootstrap.servers", "kafka-0.kafka.invalid:9092, [::1]:9093"));
+        assertEquals("kafka-0.kafka.invalid:9092,[::1]:9093", config.producerConfig.get("bootstrap.servers"));
+        ReceiverConfig.parse(Fixtures.brokerConfig("kcm.receiver.producer.bootstrap.servers", "kafka-0.invalid:9092"));
+    }
+
+    @Test
     void aMisspeltPropertyIsNamedButItsValueNeverShown() {
         String message = failure("kcm.receiver.sasl.jaas.config", "password=\"hunter2\";");
         assertTrue(message.contains("kcm.receiver.sasl.jaas.config"), message);
