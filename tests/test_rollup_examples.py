@@ -50,8 +50,11 @@ def test_examples_cover_a_one_off_and_an_hourly_schedule_and_the_image_provides_
     kinds = {yaml.safe_load(p.read_text())["kind"] for p in EXAMPLES}
     assert kinds == {"SparkApplication", "ScheduledSparkApplication"}
     dockerfile = (ROOT / "images" / "spark" / "Dockerfile").read_text()
-    assert "cp /tmp/kcm-src/images/spark/rollup.py /opt/kcm/rollup.py" in dockerfile
-    assert '"/tmp/kcm-src[rollup]"' in dockerfile and "/tmp/.ivy2" in dockerfile
+    assert "COPY images/spark/rollup.py /opt/kcm/rollup.py" in dockerfile
+    assert 'pip install ".[rollup]"' in dockerfile and "/tmp/.ivy2" in dockerfile
+    assert {yaml.safe_load(p.read_text())["spec"].get("mainApplicationFile")
+            or yaml.safe_load(p.read_text())["spec"]["template"]["mainApplicationFile"]
+            for p in EXAMPLES} == {"local:///opt/kcm/rollup.py"}
 
 def test_the_image_entry_point_is_kcm_rollup(tmp_path):
     # Run as spark-submit would: a plain script; --help exits 0 and shows the rollup options.
