@@ -285,6 +285,9 @@ def test_the_older_resource_owns_a_subscription_and_the_newer_takes_over_when_it
     conflict = cluster.wait_condition("second", "False", "Conflict")
     assert "team/first" in conflict["message"]
     assert cluster.kafka("shared")["interval.ms"] == "60000"
+    events = wait_for(lambda: cluster.events("Conflict"), "a Conflict event")
+    assert [(e["type"], e["involvedObject"]["name"]) for e in events] == [("Warning", "second")]
+    assert "team/first" in events[0]["message"]
 
     cluster.patch("first", {"spec": {"deletionPolicy": "Retain"}})
     cluster.delete("first")

@@ -226,9 +226,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         admin = config.admin(namespace, desired.connection)
         first = _older_owner(config, admin, me, claims.get(desired.name, []))
         if first is not None:
-            status.set("Ready", "False", "Conflict",
-                       f"subscription {desired.name} is managed by the older resource {first.ref}")
+            message = f"subscription {desired.name} is managed by the older resource {first.ref}"
+            status.set("Ready", "False", "Conflict", message)
             config.mark_ready(body.metadata.uid, False)
+            if status.ready_changed:
+                kopf.event(body, type="Warning", reason="Conflict", message=message)
             metrics.record(started, "failed", "Conflict")
             return
         change = _apply(admin, desired)
