@@ -147,6 +147,21 @@ def test_the_bridges_consumer_settings_in_the_shared_client_file_are_passed_over
     assert listing.splitlines()[0].split()[0] == "NAME"
 
 
+@pytest.mark.timeout(60)
+def test_a_name_that_is_not_utf8_is_refused_never_sent_to_hang(sandbox, tmp_path, capsys):
+    """kafka-python cannot encode a lone surrogate (a stray byte on the command line, a YAML escape) and its request
+    then never ends: such a name or value is refused before anything is sent."""
+    code, _, err = _kcm(capsys, "describe", "\udcff", "--bootstrap-server", sandbox.bootstrap)
+    assert code == 2 and "subscription name '\\udcff' is not UTF-8 text" in err
+    manifest = tmp_path / "surrogate.yaml"
+    manifest.write_text(_subscription("bad", """\
+        subscriptionName: "x\\ud800"
+        metrics: ["org.apache.kafka."]
+        """))
+    code, _, err = _kcm(capsys, "apply", "-f", str(manifest), "--bootstrap-server", sandbox.bootstrap)
+    assert code == 2 and "is not UTF-8 text" in err, err
+
+
 def test_delete_removes_every_key_and_a_missing_subscription_is_an_error_unless_ignored(sandbox, capsys):
     apply_files(KafkaSettings(sandbox.bootstrap), [EXAMPLES / "demo"])
 

@@ -76,6 +76,8 @@ class SubscriptionAdmin:
 
     def describe_each(self, names: Sequence[str]) -> dict[str, dict[str, str] | Exception]:
         """Per named subscription: its set configs ({} when it does not exist), or the error Kafka gave for it."""
+        for name in names:
+            _check_text(name, "subscription name")
         found: dict[str, dict[str, str] | Exception] = {}
         for start in range(0, len(names), BATCH_SIZE):
             chunk = list(dict.fromkeys(names[start:start + BATCH_SIZE]))
@@ -93,6 +95,11 @@ class SubscriptionAdmin:
         """Send every change's ops (IncrementalAlterConfigs); per subscription: None, or the error Kafka gave."""
         outcome: dict[str, Exception | None] = {}
         pending = [change for change in changes if change.ops]
+        for change in pending:
+            _check_text(change.name, "subscription name")
+            for op in change.ops:
+                if isinstance(op.value, str):
+                    _check_text(op.value, f"subscription {change.name!r}: {op.key}")
         for start in range(0, len(pending), BATCH_SIZE):
             chunk = pending[start:start + BATCH_SIZE]
             request = IncrementalAlterConfigsRequest(
@@ -261,3 +268,12 @@ def _error(code: int, message: str) -> Exception:
         return InvalidSpecError(message)
     name = kafka_errors.for_code(code).__name__
     return KafkaRefusedError(f"{name} (error {code}): {message}")
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse text that is not UTF-8 (a lone surrogate, from a YAML escape or a command line's stray byte): kafka-python
+    cannot encode it, and its request would never be sent nor fail, holding the connection for ever."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSpecError(f"{what} {text!r} is not UTF-8 text (a lone surrogate such as \\ud800?)") from None
