@@ -93,7 +93,7 @@ def test_histogram_and_summary_points_fill_their_own_columns_on_their_own_rows()
         ("org.apache.kafka.producer.node.request.latency.avg", "gauge", None, 12.5, None, None, None, None, None),
         ("org.apache.kafka.producer.record.send.total", "sum", "delta", 42.0, None, None, None, None, None),
         ("latency", "histogram", "delta", None, 3, 7.5, [1, 2, 0], [1.0, 5.0], None),
-        ("sizes", "summary", None, None, 2, 10.0, None, None, None),
+        ("sizes", "summary", "cumulative", None, 2, 10.0, None, None, None),  # OTLP: cumulative
         (None, None, None, None, None, None, None, None, "empty"),
     ]
 
@@ -148,3 +148,16 @@ def test_a_record_time_no_window_can_hold_is_one_row_with_its_reason_and_spares_
     assert [(r["client_instance_id"], r["error"], r["metric"] is not None) for r in rows] == [
         ("k0", None, True), ("k0", None, True), ("k1", "invalid-timestamp", False), ("k2", "invalid-timestamp", False)]
     assert all("9000-01-01" in r["error_message"] for r in rows[2:])
+
+
+def test_a_key_that_is_not_utf8_is_read_with_replacements_never_failing_the_batch():
+    """Spark's Kafka source casts the binary key to a string without checking it: the batch's string column may
+    hold bytes that are not UTF-8 (any producer may write such a key), as kcm's own source never hands over."""
+    good = client_metrics().SerializeToString()
+    batch = records_batch([("placeholder", good, {}), ("ok", good, {})])
+    keys = pa.array([b"\xff\xfe-not-utf8", b"ok"], pa.binary())
+    unchecked = pa.Array.from_buffers(pa.string(), len(keys), keys.buffers())   # what Spark's cast hands over
+    batch = batch.set_column(batch.schema.get_field_index("key"), "key", unchecked)
+    rows = flatten(batch).to_pylist()
+    assert [r["client_instance_id"] for r in rows] == ["\ufffd\ufffd-not-utf8"] * 2 + ["ok"] * 2
+    assert all(r["error"] is None for r in rows)

@@ -343,6 +343,32 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
 
 
+def test_windows_an_offset_range_cuts_are_marked_partial_and_the_whole_topics_are_not(spark, kafka, new_topic,
+                                                                                     tmp_path):
+    topic = new_topic()
+    minute = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(hours=3)
+    producer = KafkaProducer(**kafka.client_options())
+    for i, at_s in enumerate([0, 10, 20, 70, 80, 130]):   # three minutes of one hour, two records each
+        producer.send(topic, value=client_metrics(f"i{i}").SerializeToString(), key=f"i{i}".encode(),
+                      timestamp_ms=int(minute.timestamp() + at_s) * 1000).get(timeout=10)  # one record per batch
+    producer.close()
+
+    def partial(**offsets) -> dict:
+        output = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        run(spark, RollupOptions(kafka=kafka, topic=topic, output=str(output), resolutions=parse_resolutions("1m,1h"),
+                                 **offsets))
+        return {(r["resolution"], int((r["window_start"] - minute.replace(tzinfo=None)).total_seconds() // 60)):
+                r["partial"] for r in spark.read.parquet(str(output)).select("resolution", "window_start",
+                                                                               "partial").distinct().collect()}
+
+    hour = int(minute.minute)   # the 1h window's start, in minutes before the first minute
+    assert partial() == {("1m", 0): False, ("1m", 1): False, ("1m", 2): False, ("1h", -hour): False}
+    cut_start = partial(starting_offsets=json.dumps({topic: {"0": 1}}))      # the first minute loses a record
+    assert cut_start == {("1m", 0): True, ("1m", 1): False, ("1m", 2): False, ("1h", -hour): True}
+    cut_end = partial(ending_offsets=json.dumps({topic: {"0": 4}}))          # ends inside the second minute
+    assert cut_end == {("1m", 0): False, ("1m", 1): True, ("1h", -hour): True}
+
+
 def test_a_time_range_takes_predecessors_from_its_lookback_and_rolls_up_only_its_own_windows(spark, kafka, new_topic,
                                                                                              tmp_path):
     topic = new_topic()
@@ -449,6 +475,18 @@ def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
     code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/unused", *arguments])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_master_spark_cannot_start_on_is_one_line_and_exit_2(broker, tmp_path):
+    """yarn without its configuration fails as Spark starts: one line naming the master, not Spark's traceback."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")}
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "rollup", "--bootstrap-server", broker.bootstrap,
+                             "--last", "5m", "--output", str(tmp_path / "out"), "--master", "yarn"],
+                            capture_output=True, text=True, timeout=180, env=environment)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("kcm rollup:")]
+    assert len(lines) == 1 and "cannot start Spark with --master yarn: " in lines[0], result.stderr
+    assert "HADOOP_CONF_DIR" in lines[0] and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("master", ["local", "local[3]", "local[*]", "local[4, 2]", "local-cluster[2,1,1024]",

@@ -119,6 +119,20 @@ def test_histograms_merge_buckets_when_bounds_agree_and_estimate_quantiles_like_
     assert (counted["bucket_counts"], counted["count"], counted["sum"]) == ([0, 2, 1], 3, 7.0)
 
 
+def test_summaries_count_and_sum_are_cumulative_so_a_window_gets_their_increase(spark):
+    """OTLP defines a summary point's count and sum as running totals since its start: each push repeats the
+    history, so a window adds their differences, as for cumulative histograms, with a new start time a reset."""
+    summary = {"type": "summary", "temporality": "cumulative"}
+    rows = rows_of(spark, [
+        point("q", 1, "i1", count=10, sum=20.0, start_ns=1, **summary),
+        point("q", 20, "i1", count=20, sum=40.0, start_ns=1, **summary),
+        point("q", 40, "i1", count=30, sum=60.0, start_ns=1, **summary),
+        point("q", 50, "i1", count=4, sum=8.0, start_ns=2, **summary),     # restarted: its own count
+    ], resolutions=(MINUTE,))
+    window = rows[("1m", 0, "q", ())]
+    assert (window["count"], window["sum"], window["avg"]) == (24, 48.0, 2.0)
+
+
 def test_histogram_counts_past_64_bits_saturate_instead_of_failing_the_job(spark):
     """uint64 counts each fit a long, but their sum need not: it stays at 2^63 - 1 (one client's absurd counts never
     fail the job for the others), in the finest windows and in every merge of them."""

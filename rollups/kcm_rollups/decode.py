@@ -118,7 +118,9 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decode every record of `batch` (DECODE_INPUT_SCHEMA) with the shared codec and flatten its data points column
     by column."""
     values = batch.column("value").to_pylist()
-    keys = batch.column("key").to_pylist()
+    # Spark's binary-to-string cast of the key does not check it is UTF-8 (the key is the producer's): read as
+    # bytes and replaced as the codec replaces them, rather than failing the batch and with it the job.
+    keys = utf8_text(batch.column("key").cast(pa.binary())).to_pylist()
     times = batch.column("record_micros").to_pylist()
     headers = header_columns(batch.column("headers"), _CODEC_HEADERS + ATTRIBUTE_HEADERS)
     header_values = {name: headers[name].to_pylist() for name in _CODEC_HEADERS + IDENTITY}
@@ -240,7 +242,9 @@ class _PointColumns:
                         body, temporality, monotonic = metric.gauge, None, None
                     else:
                         body = getattr(metric, kind)
-                        temporality = None if kind == "summary" else _TEMPORALITY.get(body.aggregation_temporality)
+                        # A summary has no temporality field: OTLP defines its count and sum as cumulative.
+                        temporality = ("cumulative" if kind == "summary"
+                                       else _TEMPORALITY.get(body.aggregation_temporality))
                         monotonic = body.is_monotonic if kind == "sum" else None
                     number = kind in ("gauge", "sum")
                     for point in body.data_points:

@@ -244,8 +244,6 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
                end: datetime | None = None, last: timedelta | None = None, resolutions: str = "1m,1h",
                command_config: str | None = None, master: str | None = None, **options: Any) -> RollupResult:
     """Roll up `topic` into Parquet at `output`; `last` means the range [now - last, now). Returns the summary."""
-    from kcm_rollups.session import spark_session
-
     if last is not None:
         end = datetime.now(timezone.utc)
         if last > end - EARLIEST_TIME:
@@ -261,7 +259,9 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
     quiet = _Py4jSendTraceback()
     logging.getLogger().addFilter(quiet)
     try:
-        return run(spark_session(master), rollup_options)
+        return run(_started(master), rollup_options)
+    except UserError:
+        raise
     except Exception as err:
         # The Python source runs in Spark's Python workers: its errors come back wrapped in Spark's.
         found = re.search(r"KafkaSourceError: (.+)", str(err))
@@ -270,6 +270,40 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
         raise UserError(found.group(1).strip()) from None
     finally:
         logging.getLogger().removeFilter(quiet)
+
+
+def _cut_by_offsets(rows: Any, options: RollupOptions) -> Any:
+    """Windows an offset range may have cut (a time range never cuts one: it is widened to whole windows): with a
+    starting offset other than earliest, those holding the range's first finest window; with an ending offset other
+    than latest, those holding its last. Their rows hold only the range's records, so they are marked partial."""
+    from pyspark.sql import functions as F
+
+    cut = F.lit(False)
+    if options.window_range() or (options.starting_offsets == "earliest" and options.ending_offsets == "latest"):
+        return cut
+    start = F.unix_micros("window_start")
+    first, last = rows.filter(F.col("resolution") == options.resolutions[0].label).agg(
+        F.min(start), F.max(start)).first()
+    if first is None:
+        return cut
+    if options.starting_offsets != "earliest":
+        cut = cut | (start <= F.lit(first))
+    if options.ending_offsets != "latest":
+        cut = cut | (F.unix_micros("window_end") > F.lit(last))
+    return cut
+
+
+def _started(master: str) -> Any:
+    """The Spark session on `master`; a UserError naming the master when Spark cannot start there (no Java, a cluster
+    manager without its configuration, a master that does not answer), not Spark's traceback."""
+    from kcm_rollups.session import spark_session
+
+    try:
+        return spark_session(master)
+    except Exception as err:
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise UserError(f"cannot start Spark with --master {master}: {first[:300]}; check the master (and for yarn "
+                        "HADOOP_CONF_DIR or YARN_CONF_DIR), and that Java 17 or later is installed") from None
 
 
 class _Py4jSendTraceback(logging.Filter):
@@ -349,7 +383,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
         state = add_cumulative(state, read_points(spark, options, read_from, until, columns), options, since_micros)
         finished("cumulative points")
     rows = rollup_state(state, options.resolutions, options.dimensions)
-    rows = rows.withColumn("partial", F.col("window_end") > F.lit(now)).withColumn(
+    rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(rows, options)).withColumn(
         "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
     finished("finish")
     labels = tuple(r.label for r in options.resolutions)
