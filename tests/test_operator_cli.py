@@ -93,7 +93,8 @@ def test_no_kubernetes_api_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--peering-lifetime", "0"], "kcm operator: --peering-lifetime must be at least 1 second, not 0"),
+    (["--peering-lifetime", "0"], "kcm operator: --peering-lifetime must be from 1 second to 86400 (a day), not 0"),
+    (["--peering-lifetime", "400000000000"], "--peering-lifetime must be from 1 second to 86400 (a day), not 4000"),
     (["--peering-lifetime", "1.5"], "argument --peering-lifetime: invalid int value: '1.5'"),
     (["--peering-name", "Kcm_Peers"], "--peering-name 'Kcm_Peers' is not a Kubernetes object name"),
     (["--peering-name", "kcm", "--standalone"], "--peering-name and --standalone contradict each other"),

@@ -162,6 +162,13 @@ def test_a_name_that_is_not_utf8_is_refused_never_sent_to_hang(sandbox, tmp_path
     assert code == 2 and "is not UTF-8 text" in err, err
 
 
+def test_a_request_timeout_in_the_client_properties_is_honoured_not_a_crash(sandbox, tmp_path, capsys):
+    config = tmp_path / "client.properties"
+    config.write_text("request.timeout.ms=15000\n")
+    code, listing, err = _kcm(capsys, "list", "--bootstrap-server", sandbox.bootstrap, "--command-config", str(config))
+    assert (code, err) == (0, "") and listing.splitlines()[0].split()[0] == "NAME"
+
+
 def test_delete_removes_every_key_and_a_missing_subscription_is_an_error_unless_ignored(sandbox, capsys):
     apply_files(KafkaSettings(sandbox.bootstrap), [EXAMPLES / "demo"])
 

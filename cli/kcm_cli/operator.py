@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if args.peering_name is not None and not _PEERING_NAME.fullmatch(args.peering_name):
         raise UserError(f"--peering-name {args.peering_name[:80]!r} is not a Kubernetes object name (lowercase "
                         "letters, digits, '-' and '.', at most 253)")
-    if args.peering_lifetime < 1:
-        raise UserError(f"--peering-lifetime must be at least 1 second, not {args.peering_lifetime}")
+    if not 1 <= args.peering_lifetime <= 86400:   # kopf adds it to a datetime: far beyond a day it overflows
+        raise UserError(f"--peering-lifetime must be from 1 second to 86400 (a day), not {args.peering_lifetime}")
     for option in ("metrics_port", "liveness_port"):
         if not 0 <= getattr(args, option) <= 65535:
             raise UserError(f"--{option.replace('_', '-')} must be a port from 0 to 65535")

@@ -164,8 +164,9 @@ class SubscriptionAdmin:
             raise InvalidSpecError(f"Kafka at {self.settings.describe()}: {exc}") from None
         timeout_ms = int(self.timeout_s * 1000)
         try:
-            client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms,
-                                      **self.settings.client_options())
+            # A request.timeout.ms in the client properties is the user's and wins over the operator's bound.
+            client = KafkaAdminClient(bootstrap_timeout_ms=timeout_ms,
+                                      **{"request_timeout_ms": timeout_ms, **self.settings.client_options()})
         except kafka_errors.KafkaError as exc:
             problem = diagnose_failure(self.settings, exc)
             if isinstance(problem, KafkaConfigError):
