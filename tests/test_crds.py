@@ -85,6 +85,18 @@ def test_defaults_fill_interval_and_deletion_policy():
     assert spec["intervalMs"] == 300000 and spec["deletionPolicy"] == "Delete"
 
 
+def test_nulls_are_dropped_before_defaults_as_the_api_server_does():
+    """Helm output often carries `match: null`: kubectl apply takes it (the API server prunes the null, then
+    defaults), so kcm must too; a required field given as null is still missing."""
+    obj = _with(_with(_with(SUBSCRIPTION, "spec.intervalMs", None), "spec.match", None), "spec.deletionPolicy", None)
+
+    assert schema.validate(obj, crds=CRDS) == []
+    spec = schema.apply_defaults(CRDS[schema.SUBSCRIPTION_KIND].schema, obj)["spec"]
+    assert (spec["intervalMs"], spec["deletionPolicy"], "match" in spec) == (300000, "Delete", False)
+    assert schema.validate(_with(SUBSCRIPTION, "spec.metrics", None), crds=CRDS) == [
+        "spec: 'metrics' is a required property"]
+
+
 @pytest.mark.parametrize("base, path, value, reason", [
     (SUBSCRIPTION, "spec.intervalMs", 99, "spec.intervalMs: 99 is less than the minimum of 100"),
     (SUBSCRIPTION, "spec.intervalMs", 3600001, "spec.intervalMs: 3600001 is greater than the maximum of 3600000"),

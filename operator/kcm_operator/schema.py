@@ -59,7 +59,8 @@ def load_crds(directory: Path | None = None) -> dict[str, Crd]:
 
 
 def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
-    """A copy of `value` with the schema's defaults filled in where fields are missing, as the API server does."""
+    """A copy of `value` as the API server stores it: nulls of fields that are not `nullable` dropped (Helm output
+    often has `match: null`), then the schema's defaults filled in where fields are missing."""
     value = copy.deepcopy(value)
     _default(schema, value)
     return value
@@ -112,6 +113,8 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
 def _default(schema: Mapping[str, Any], value: Any) -> None:
     if isinstance(value, dict):
         for name, sub in (schema.get("properties") or {}).items():
+            if name in value and value[name] is None and not sub.get("nullable"):
+                del value[name]
             if name not in value and "default" in sub:
                 value[name] = copy.deepcopy(sub["default"])
             if name in value:
