@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, diagnose_failure, rejected_message
+from kcm_common.kafka import (CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError, diagnose_failure,
+                              rejected_message)
 from kcm_common.librdkafka import librdkafka_config
 from kcm_common.pacing import PacedLog
 
@@ -22,20 +23,6 @@ log = logging.getLogger("kcm.bridge.consumer")
 Partition = tuple[str, int]
 PartitionsCallback = Callable[[list[Partition]], None]
 
-# Consumer tuning a client properties file may carry beside TLS/SASL: Kafka name -> (kafka-python, librdkafka, type).
-CONSUMER_PROPERTIES: dict[str, tuple[str, str, type]] = {
-    "session.timeout.ms": ("session_timeout_ms", "session.timeout.ms", int),
-    "heartbeat.interval.ms": ("heartbeat_interval_ms", "heartbeat.interval.ms", int),
-    "max.poll.interval.ms": ("max_poll_interval_ms", "max.poll.interval.ms", int),
-    "auto.offset.reset": ("auto_offset_reset", "auto.offset.reset", str),
-    "fetch.min.bytes": ("fetch_min_bytes", "fetch.min.bytes", int),
-    "fetch.max.wait.ms": ("fetch_max_wait_ms", "fetch.wait.max.ms", int),
-    "fetch.max.bytes": ("fetch_max_bytes", "fetch.max.bytes", int),
-    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", "max.partition.fetch.bytes", int),
-    "partition.assignment.strategy": ("", "partition.assignment.strategy", str),
-    "queued.max.messages.kbytes": ("", "queued.max.messages.kbytes", int),
-    "fetch.queue.backoff.ms": ("", "fetch.queue.backoff.ms", int),
-}
 # librdkafka prefetches up to 64 MiB by default, so its memory would grow with the backlog up to that. 16 MiB keeps
 # the bridge fed (8 MiB let it wait for fetches on the benchmark) with memory the same for any backlog. A full
 # prefetch queue postpones the next fetch by fetch.queue.backoff.ms, 1 s by default, which capped the bridge at one

@@ -57,12 +57,21 @@ _PROPERTY_TO_KWARG = {
 _FILE_PROPERTIES = frozenset(
     {"ssl.ca.location", "ssl.truststore.location", "ssl.certificate.location", "ssl.keystore.location", "ssl.key.location"}
 )
-# Consumer tuning the bridge takes from the same client properties file (kcm_bridge.consumer.CONSUMER_PROPERTIES;
-# a test keeps the two lists equal). Every other command passes over it, so one file (one Secret) serves them all.
-CONSUMER_TUNING = frozenset({
-    "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "auto.offset.reset", "fetch.min.bytes",
-    "fetch.max.wait.ms", "fetch.max.bytes", "max.partition.fetch.bytes", "partition.assignment.strategy",
-    "queued.max.messages.kbytes", "fetch.queue.backoff.ms"})
+# Consumer tuning a client properties file may carry beside TLS/SASL: Kafka name -> (kafka-python, librdkafka, type).
+# The bridge applies it; every other command passes over it, so one file (one Secret) serves them all.
+CONSUMER_PROPERTIES: dict[str, tuple[str, str, type]] = {
+    "session.timeout.ms": ("session_timeout_ms", "session.timeout.ms", int),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", "heartbeat.interval.ms", int),
+    "max.poll.interval.ms": ("max_poll_interval_ms", "max.poll.interval.ms", int),
+    "auto.offset.reset": ("auto_offset_reset", "auto.offset.reset", str),
+    "fetch.min.bytes": ("fetch_min_bytes", "fetch.min.bytes", int),
+    "fetch.max.wait.ms": ("fetch_max_wait_ms", "fetch.wait.max.ms", int),
+    "fetch.max.bytes": ("fetch_max_bytes", "fetch.max.bytes", int),
+    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", "max.partition.fetch.bytes", int),
+    "partition.assignment.strategy": ("", "partition.assignment.strategy", str),
+    "queued.max.messages.kbytes": ("", "queued.max.messages.kbytes", int),
+    "fetch.queue.backoff.ms": ("", "fetch.queue.backoff.ms", int),
+}
 # Java clients name the store format; kcm reads PEM files only, so the type is accepted when it says PEM.
 _STORE_TYPES = frozenset({"ssl.truststore.type", "ssl.keystore.type"})
 _PEM_CONVERSION = ("kcm reads PEM files only: convert a JKS or PKCS12 store with "
@@ -136,7 +145,7 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """Translate client properties into kafka-python keyword arguments, rejecting what it cannot honour."""
     options: dict[str, Any] = {}
     for key, value in properties.items():
-        if key in CONSUMER_TUNING:
+        if key in CONSUMER_PROPERTIES:
             continue
         if key in _STORE_TYPES:
             if value.strip().upper() != "PEM":
