@@ -451,7 +451,7 @@ class Bridge:
         while refused:
             chunk = refused.pop()
             if len(chunk) == 1 or budget < 2:
-                dropped.setdefault(outcome.error, (outcome, []))[1].extend(chunk)
+                dropped.setdefault(outcome.error, (outcome, []))[1].extend(chunk)   # refused as invalid
                 continue
             half = len(chunk) // 2
             for part in (chunk[:half], chunk[half:]):
@@ -465,8 +465,7 @@ class Bridge:
                     outcome = result
                     refused.append(part)
                 else:
-                    parts = dropped.get(result.error, (result, []))[1]
-                    dropped[result.error] = (result, parts + part)
+                    dropped.setdefault(result.error, (result, []))[1].extend(part)
         for why, parts in dropped.values():
             self._refused(endpoint, why, parts, len(records), ticket)
         if not dropped:   # refused as a whole, every part taken (a collector limiting request size this way)
