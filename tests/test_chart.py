@@ -434,14 +434,6 @@ def test_a_credential_inline_in_the_bridge_config_is_refused_naming_the_secret_b
     assert "S3CRET" not in result.stdout + result.stderr
 
 
-def test_the_chart_and_the_bridge_agree_on_which_client_properties_are_credentials() -> None:
-    from kcm_common.kafka import SECRET_PROPERTY
-
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    (chart_pattern,) = re.findall(r'regexMatch "\(\?i\)\((password[^"]*)\)" \$key', helpers)
-    assert chart_pattern.replace("\\\\", "\\") == SECRET_PROPERTY.pattern
-
-
 def test_bridge_config_without_inline_credentials_renders(helm: Path, tmp_path: Path) -> None:
     config = {"kafka": {"properties": {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}},
               "endpoints": [{"endpoint": "c:4317", "headers": {"x-scope-orgid": "team"},

@@ -136,9 +136,6 @@ def _check_pem_file(key: str, path: str) -> None:
 
 
 _PROPERTY_NAME = re.compile(r"[a-z][a-z0-9-]*(\.[a-z0-9-]+)+")  # how every Kafka client property is spelt
-# Client properties whose values are credentials (passwords, JAAS lines, inline keys, OAuth client settings). The
-# chart refuses them inline in bridge.config with the same pattern (tests/test_chart.py checks they agree).
-SECRET_PROPERTY = re.compile(r"password|secret|jaas|ssl\.key\.pem|keystore\.key|oauthbearer\.config", re.IGNORECASE)
 
 
 def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
