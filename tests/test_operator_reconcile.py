@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from kcm_common.kafka import KafkaSettings
+from kcm_operator import admin as admin_module
 from kcm_operator.admin import SubscriptionAdmin
 from kcm_operator.connections import ConnectionResolver
 from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
@@ -109,10 +111,12 @@ def run_operator(kube, sandbox, tmp_path):
     """Start the operator (in this process, through kopf's test runner) for the sandbox; stopped after the test."""
     runners = []
 
-    def start(drift_interval_s: float = 60.0, settings: KafkaSettings | None = None) -> Cluster:
+    def start(drift_interval_s: float = 60.0, settings: KafkaSettings | None = None,
+              kafka_timeout_s: float = 2) -> Cluster:
         api_client = config.new_client_from_config(str(kube.kubeconfig))
         operator_config = OperatorConfig(settings or KafkaSettings(sandbox.bootstrap), drift_interval_s,
-                                         resolve=ConnectionResolver(api_client, tmp_path).resolve, kafka_timeout_s=2)
+                                         resolve=ConnectionResolver(api_client, tmp_path).resolve,
+                                         kafka_timeout_s=kafka_timeout_s)
         settings = operator_settings()
         settings.scanning.disabled = True  # kmock cannot parse /api/v1/namespaces; the namespace is named anyway
         runner = KopfRunner(["run", "--standalone", "--namespace", NS], timeout=30,
@@ -318,10 +322,50 @@ def test_a_broker_without_kip714_is_unsupported_and_names_the_receiver(run_opera
     assert "needs kcm's receiver" in cluster.wait_condition("payments", "False", "Unsupported")["message"]
 
 
+def test_a_subscription_is_removed_from_a_cluster_whose_receiver_plugin_was_removed(run_operator, monkeypatch):
+    cluster = run_operator()
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    cluster.stop()
+    # The brokers restart without kcm's receiver: no telemetry APIs, while their CLIENT_METRICS configs stay.
+    monkeypatch.setattr(admin_module, "PUSH_TELEMETRY", 9999)
+    cluster = run_operator()
+    cluster.wait_condition("payments", "False", "Unsupported")
+
+    cluster.delete("payments")
+
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    assert cluster.sandbox.store.names() == []
+    assert not cluster.events("NotRemoved")
+
+
 def _connection(cluster: Cluster, name: str, spec: dict) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "KafkaConnection",
             "metadata": {"name": name, "namespace": NS}, "spec": spec}
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", body)
+
+
+def test_a_cluster_that_never_answers_holds_up_only_its_own_resources(run_operator):
+    # 150 resources on a cluster that accepts connections and never answers: their handlers wait for Kafka (15 s
+    # each attempt), more of them than a batch, while a resource on the default cluster is created.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1024)
+    try:
+        cluster = run_operator(kafka_timeout_s=15)
+        _connection(cluster, "silent", {"bootstrapServers": f"127.0.0.1:{silent.getsockname()[1]}"})
+        for number in range(150):
+            cluster.apply(f"stuck-{number}", {**SPEC, "connection": "silent"})
+        time.sleep(2)  # their handlers are waiting for the silent cluster now
+
+        started = time.monotonic()
+        cluster.apply("payments", SPEC)
+        cluster.wait_condition("payments", "True", "Applied")
+
+        assert time.monotonic() - started < 7, "the default cluster's resource waited for the silent cluster's"
+        assert cluster.kafka("team.payments") == IN_KAFKA
+    finally:
+        silent.close()  # the waiting connections are reset, so the operator stops without waiting out 15 s
 
 
 def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_operator, sandbox_factory):

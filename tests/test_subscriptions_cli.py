@@ -12,6 +12,7 @@ import pytest
 
 from kcm_cli.main import main
 from kcm_common.kafka import KafkaSettings
+from kcm_operator import admin as admin_module
 from kcm_operator.admin import SubscriptionAdmin
 from kcm_operator.apply import apply_files
 from kcm_operator.reconcile import SET, Change, Op
@@ -188,6 +189,21 @@ def test_a_broker_without_kip714_is_unsupported(broker, capsys):
 
     assert code == 2
     assert "needs kcm's receiver" in err
+
+
+def test_a_cluster_whose_receiver_plugin_was_removed_refuses_apply_but_lists_and_deletes(sandbox, tmp_path, capsys,
+                                                                                          monkeypatch):
+    _kcm(capsys, "apply", "-f", str(EXAMPLES / "demo"), "--bootstrap-server", sandbox.bootstrap)
+    # The brokers restart without kcm's receiver: no telemetry APIs, while their CLIENT_METRICS configs stay.
+    monkeypatch.setattr(admin_module, "PUSH_TELEMETRY", 9999)
+
+    applied, _, apply_err = _kcm(capsys, "apply", "-f", str(EXAMPLES / "demo"), "--bootstrap-server", sandbox.bootstrap)
+    listed, names, _ = _kcm(capsys, "list", "--bootstrap-server", sandbox.bootstrap)
+    deleted, _, _ = _kcm(capsys, "delete", "demo-producers", "--bootstrap-server", sandbox.bootstrap)
+
+    assert applied == 2 and "needs kcm's receiver" in apply_err
+    assert listed == 0 and "demo-producers" in names
+    assert deleted == 0 and sandbox.store.names() == ["demo-consumers"]
 
 
 def test_missing_files_and_unreachable_kafka_are_one_line_errors(tmp_path, capsys):

@@ -1,7 +1,9 @@
 """The Kafka edge of reconciliation: list, describe and incrementally alter CLIENT_METRICS resources, many per request.
 
 Errors come back mapped: a spec Kafka refuses → InvalidSpecError, no connection → KafkaUnavailableError,
-a broker without KIP-714 (APIs 71/72 not advertised) → UnsupportedError.
+a broker without KIP-714 (APIs 71/72 not advertised) → UnsupportedError, from `require_telemetry` (applying there
+would have no effect) and from listing on a broker too old to hold subscriptions at all (no API 74). Reading and
+removing subscriptions never needs the telemetry APIs: a cluster whose receiver plugin was removed keeps them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kcm_common.codes import (
     GET_TELEMETRY_SUBSCRIPTIONS,
     INVALID_CONFIG,
     INVALID_REQUEST,
+    LIST_CONFIG_RESOURCES,
     PUSH_TELEMETRY,
 )
 from kcm_common.kafka import (
@@ -58,9 +61,23 @@ class SubscriptionAdmin:
         self._failed: tuple[float, Exception] | None = None
         self._closed = False
         self._cluster_id: str | None = None  # known from the first connection's metadata; a cluster keeps its id
+        self._apis: frozenset[int] = frozenset()  # the API keys the brokers advertised on the last connection
+
+    def require_telemetry(self) -> None:
+        """Refuse (UnsupportedError) a cluster whose brokers do not do KIP-714: a subscription applied there has no
+        effect. Connects the first time."""
+        self._connected()
+        if not {GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY} <= self._apis:
+            raise UnsupportedError(
+                f"the brokers at {self.settings.describe()} do not do KIP-714 client telemetry "
+                "(no GetTelemetrySubscriptions/PushTelemetry APIs): each broker needs kcm's receiver "
+                "plugin (metric.reporters) before subscriptions have any effect")
 
     def list_names(self) -> list[str]:
         """Every CLIENT_METRICS resource in the cluster, managed or not."""
+        self._connected()
+        if LIST_CONFIG_RESOURCES not in self._apis:  # before Kafka 3.7: no CLIENT_METRICS resources to list
+            self.require_telemetry()
         response = self._send(ListConfigResourcesRequest(resource_types=[CLIENT_METRICS_RESOURCE]))
         if response.error_code:
             raise _error(response.error_code, "listing subscriptions")
@@ -150,11 +167,12 @@ class SubscriptionAdmin:
                     raise type(self._failed[1])(str(self._failed[1]))
                 try:
                     self._client = self._connect()
-                except (KafkaUnavailableError, UnsupportedError) as exc:
+                except KafkaUnavailableError as exc:
                     self._failed = (time.monotonic() + self.timeout_s, exc)
                     raise
                 self._failed = None
                 self._cluster_id = self._client._manager.cluster.cluster_id or self._cluster_id
+                self._apis = frozenset(self._client._manager.broker_version_data.api_versions)
             return self._client
 
     def _connect(self) -> KafkaAdminClient:
@@ -172,13 +190,6 @@ class SubscriptionAdmin:
             if isinstance(problem, KafkaConfigError):
                 raise InvalidSpecError(f"Kafka at {self.settings.describe()}: {problem}") from None
             raise problem from None
-        api_versions = client._manager.broker_version_data.api_versions
-        if GET_TELEMETRY_SUBSCRIPTIONS not in api_versions or PUSH_TELEMETRY not in api_versions:
-            client.close()
-            raise UnsupportedError(
-                f"the brokers at {self.settings.describe()} do not do KIP-714 client telemetry "
-                "(no GetTelemetrySubscriptions/PushTelemetry APIs): each broker needs kcm's receiver "
-                "plugin (metric.reporters) before subscriptions have any effect")
         return client
 
     def _reset(self) -> None:
@@ -202,6 +213,9 @@ class BatchedAdmin:
     @property
     def settings(self) -> KafkaSettings:
         return self.admin.settings
+
+    def require_telemetry(self) -> None:
+        self.admin.require_telemetry()
 
     def describe_one(self, name: str) -> dict[str, str]:
         """The set configs of one subscription ({} when it does not exist); raises what Kafka said about it alone."""

@@ -36,6 +36,7 @@ def apply_files(settings: KafkaSettings, paths: Iterable[str | Path], dry_run: b
 
 def apply_desired(admin: SubscriptionAdmin, wanted: list[Desired], dry_run: bool = False) -> list[Change]:
     """Describe, diff, let Kafka validate every change, then alter (unless `dry_run`); one request per step."""
+    admin.require_telemetry()
     actual = admin.describe([desired.name for desired in wanted])
     changes = [diff(desired, actual.get(desired.name, {})) for desired in wanted]
     refused = {name: error for name, error in admin.alter(changes, validate_only=True).items() if error is not None}

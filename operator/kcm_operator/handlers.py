@@ -7,12 +7,16 @@ a subscription owns it, and `kcm.dev/paused: "true"` stops reconciling.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import copy
 import datetime
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +65,19 @@ class OperatorConfig:
     cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
     # uid → the lock one resource's handlers take in turn: kopf runs its drift timer alongside its change handlers.
     resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
+    # (namespace, connection) or None → the threads that run the handlers of resources on that cluster.
+    pools: dict[tuple[str, str] | None, ThreadPoolExecutor] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def pool(self, ref: tuple[str, str] | None) -> ThreadPoolExecutor:
+        """The handler threads of one cluster (the default, or a KafkaConnection's): enough to fill a batch. Handlers
+        block on Kafka, so a cluster that never answers holds these, never the threads of other clusters' resources."""
+        with self.lock:
+            pool = self.pools.get(ref)
+            if pool is None:
+                pool = self.pools[ref] = ThreadPoolExecutor(
+                    BATCH_SIZE, thread_name_prefix="kcm-" + ("/".join(ref) if ref else "default"))
+            return pool
 
     def resource_lock(self, uid: str) -> threading.Lock:
         with self.lock:
@@ -133,6 +149,9 @@ class OperatorConfig:
             for _, admin in self.admins.values():
                 admin.close()
             self.admins.clear()
+            for pool in self.pools.values():
+                pool.shutdown(wait=False, cancel_futures=True)
+            self.pools.clear()
 
 
 def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
@@ -142,7 +161,7 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     # Not GROUP itself: kopf ignores every annotation under its storage prefix, kcm.dev/paused included.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STATE_PREFIX)
-    settings.execution.max_workers = BATCH_SIZE  # handlers block on Kafka; enough of them to fill a batch
+    # The handlers below run on their cluster's own threads (`OperatorConfig.pool`); kopf's serve the index.
     settings.posting.loggers = False  # log lines stay logs; Events are the applied/failed/drift ones below
     # A deleted resource keeps its finalizer until its drift timer has stopped; one still running a check when the
     # deletion is handled is looked at again this often (kopf's default, 60 s, held deletions for a minute).
@@ -167,12 +186,18 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.resume(**resource, id="reconcile")
     @kopf.on.create(**resource, id="reconcile")
     @kopf.on.update(**resource, id="reconcile")
-    def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
+        await _on_cluster_threads(config, body, lambda: _locked_reconcile(body, patch, claims, retry))
+
+    def _locked_reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
             _reconcile(config, body, patch, claims, retry, drift_check=False)
 
     @kopf.timer(**resource, id="drift", interval=config.drift_interval_s, initial_delay=config.drift_interval_s)
-    def check_drift(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, **_: Any) -> None:
+    async def check_drift(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, **_: Any) -> None:
+        await _on_cluster_threads(config, body, lambda: _locked_drift_check(body, patch, claims))
+
+    def _locked_drift_check(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index) -> None:
         # kopf's body is live: a snapshot taken under the lock is what the change handlers last saw, and stays one
         # spec for the whole check. An edit not yet reconciled (its generation not yet observed) or a deletion under
         # way is theirs to apply: a drift check from the spec before them would revert the edit, or bring a removed
@@ -188,10 +213,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 pass  # the status says why; the next tick tries again
 
     @kopf.on.delete(**resource, id="delete")
-    def delete(body: kopf.Body, claims: kopf.Index, retry: int, **_: Any) -> None:
+    async def delete(body: kopf.Body, claims: kopf.Index, retry: int, **_: Any) -> None:
+        await _on_cluster_threads(config, body, lambda: _locked_delete(body, claims, retry))
+        config.forget(body.metadata.uid)  # not reached while the deletion is retried
+
+    def _locked_delete(body: kopf.Body, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
             _delete(config, body, claims, retry)
-        config.forget(body.metadata.uid)  # not reached while the deletion is retried
 
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -203,6 +231,24 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         config.close()
 
     return registry
+
+
+async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Callable[[], None]) -> None:
+    """Run a handler's blocking work on the threads of the cluster its resource names, as kopf runs a sync handler on
+    its own: in a copy of the context (kopf.event needs it), and waited for even when cancelled, so no thread is left
+    running that holds a resource's lock."""
+    ref = cluster_ref(body.metadata.namespace, body.spec.get("connection") or None)
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(config.pool(ref), context.run, work)
+    cancelled = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    future.result()
 
 
 def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
@@ -224,6 +270,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     me = _claim(body, desired)
     try:
         admin = config.admin(namespace, desired.connection)
+        admin.require_telemetry()
         first = _older_owner(config, admin, me, claims.get(desired.name, []))
         if first is not None:
             message = f"subscription {desired.name} is managed by the older resource {first.ref}"
@@ -339,13 +386,14 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
             return
         change = removal(desired.name, admin.describe_one(desired.name))
         error = admin.alter_one(change)
-    except UnsupportedError:
-        return  # a cluster without KIP-714 cannot have been given the subscription
     except (InvalidSpecError, *RETRIED) as exc:
         if not isinstance(exc, (InvalidSpecError, KubernetesApiError)):
             metrics.KAFKA_ERRORS.labels(reason_of(exc)).inc()
         if gone is not None:  # the last good settings do not reach it either: no more than a few tries
             _retry_or_let_go(body, desired, retry, f"{gone}, and with its last settings: {exc}")
+            return
+        if isinstance(exc, InvalidSpecError):  # Kafka refuses the removal itself: asking again will not help
+            _retry_or_let_go(body, desired, retry, exc)
             return
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
     if error is not None:
@@ -380,7 +428,8 @@ def _say(level: int, namespace: str | None, name: str, message: str, *args: obje
 
 
 def _backoff(retry: int) -> float:
-    return min(MAX_BACKOFF_S, 2.0 ** min(retry, 6))
+    """1, 2, 4 … 60 s, each ±20 %: resources that failed together (a cluster down) do not all retry at one instant."""
+    return min(MAX_BACKOFF_S, 2.0 ** min(retry, 6)) * random.uniform(0.8, 1.2)
 
 
 class _Status:
