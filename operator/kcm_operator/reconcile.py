@@ -121,6 +121,8 @@ def removal(name: str, actual: Mapping[str, str]) -> Change:
 
 def drift(change: Change) -> str:
     """What an out-of-band edit changed, for the drift event: `interval.ms is 1000, want 60000; match was removed`."""
+    if not change.before:
+        return "the subscription was deleted"
     parts = []
     for op in change.ops:
         was = change.before.get(op.key)
@@ -130,7 +132,7 @@ def drift(change: Change) -> str:
             parts.append(f"{op.key} was removed (want {op.value!r})")
         else:
             parts.append(f"{op.key} is {was!r}, want {op.value!r}")
-    return "; ".join(parts) if parts else "the subscription was deleted"
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
