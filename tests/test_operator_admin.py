@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from kafka.future import Future as KafkaFuture
 
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError
 from kcm_operator import admin as admin_module
@@ -113,6 +114,30 @@ def test_a_client_closed_under_a_call_is_unavailable_and_a_closed_admin_never_re
     with pytest.raises(KafkaUnavailableError, match="was closed"):
         admin.list_names()
     assert admin._client is None
+
+
+def test_a_request_never_answered_is_unavailable_after_a_deadline_and_the_next_call_reconnects(sandbox):
+    admin = SubscriptionAdmin(KafkaSettings(sandbox.bootstrap), timeout_s=1)
+    assert admin.list_names() == []
+    stuck = admin._client
+    stuck._manager.send = lambda request, **_: KafkaFuture()  # lost by the client: never answered, never failed
+    outcome: list[BaseException] = []
+    caller = threading.Thread(target=lambda: _record_error(outcome, lambda: admin.describe(["x"])), daemon=True)
+
+    caller.start()
+    caller.join(timeout=20)
+
+    assert not caller.is_alive(), "a request nobody answers held the call for ever"
+    assert len(outcome) == 1 and isinstance(outcome[0], KafkaUnavailableError)
+    assert admin.describe(["x"]) == {"x": {}} and admin._client is not stuck
+    admin.close()
+
+
+def _record_error(errors: list[BaseException], call) -> None:
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the test looks at it
+        errors.append(exc)
 
 
 def test_tls_material_that_no_longer_loads_is_invalid_spec_naming_the_setting(tmp_path):

@@ -145,8 +145,11 @@ class SubscriptionAdmin:
     def _send(self, request: Any) -> Any:
         with self._send_lock:
             client = self._connected()
+            # A deadline of its own beyond the request's: a request that is neither answered nor failed (kafka-python
+            # lost it) must not hold this lock, and with it every resource of the cluster, for ever.
+            deadline_ms = client.config["request_timeout_ms"] + int(self.timeout_s * 1000)
             try:
-                return client._manager.run(_await, client._manager.send(request))
+                return client._manager.run(client._manager.wait_for, client._manager.send(request), deadline_ms)
             except _CONNECTION_ERRORS as exc:  # also the client closed under the call ("NetworkSelector closed!")
                 with self._lock:
                     if self._client is client:
@@ -272,10 +275,6 @@ class _Batcher:
             return
         for key, (_, future) in batch.items():
             future.set_result(results.get(key))
-
-
-async def _await(future: Any) -> Any:
-    return await future
 
 
 def _error(code: int, message: str) -> Exception:
