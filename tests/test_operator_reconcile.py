@@ -339,6 +339,22 @@ def test_a_subscription_is_removed_from_a_cluster_whose_receiver_plugin_was_remo
     assert not cluster.events("NotRemoved")
 
 
+def test_an_unexpected_fault_is_ready_false_failed_and_retried_until_it_passes(run_operator, monkeypatch):
+    def broken(self) -> None:
+        raise ZeroDivisionError("a bug")
+    monkeypatch.setattr(admin_module.SubscriptionAdmin, "require_telemetry", broken)
+    cluster = run_operator()
+    cluster.apply("payments", SPEC)
+
+    failed = cluster.wait_condition("payments", "False", "Failed")
+    monkeypatch.undo()
+
+    cluster.wait_condition("payments", "True", "Applied")
+    assert "ZeroDivisionError" in failed["message"] and "a bug" not in failed["message"]
+    assert [event["message"] for event in cluster.events("Failed")] == [failed["message"]]
+    assert cluster.kafka("team.payments") == IN_KAFKA
+
+
 def _connection(cluster: Cluster, name: str, spec: dict) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "KafkaConnection",
             "metadata": {"name": name, "namespace": NS}, "spec": spec}

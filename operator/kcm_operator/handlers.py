@@ -296,6 +296,17 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
                 metrics.KAFKA_ERRORS.labels(reason).inc()
             raise kopf.TemporaryError(str(exc), delay=_backoff(retry)) from None
         return
+    except Exception as exc:  # a fault no branch above knows (a bug, a library's surprise): said, then retried
+        # The exception's text stays in the log: it may quote settings, which status and events never show.
+        _say(logging.ERROR, namespace, name, "reconciling failed unexpectedly", exc_info=True)
+        message = (f"reconciling failed unexpectedly ({type(exc).__name__}; the operator's log has the details); "
+                   "retried with backoff")
+        status.set("Ready", "False", "Failed", message)
+        config.mark_ready(body.metadata.uid, False)
+        if status.ready_changed:
+            kopf.event(body, type="Warning", reason="Failed", message=message)
+        metrics.record(started, "failed", "Failed")
+        raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
     if change.ops:
         status.applied()
         if drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
@@ -420,10 +431,10 @@ def _retry_or_let_go(body: kopf.Body, desired: Desired, retry: int, why: object)
     kopf.event(body, type="Warning", reason="NotRemoved", message=message)
 
 
-def _say(level: int, namespace: str | None, name: str, message: str, *args: object) -> None:
+def _say(level: int, namespace: str | None, name: str, message: str, *args: object, exc_info: bool = False) -> None:
     """A kcm line about one resource, `namespace/name: message`, which JSON logs also carry as `namespace` and `name`
     (the fields kopf's own per-resource lines have)."""
-    log.log(level, "%s/%s: " + message, namespace, name, *args,
+    log.log(level, "%s/%s: " + message, namespace, name, *args, exc_info=exc_info,
             extra={"k8s_ref": {"namespace": namespace, "name": name}})
 
 
