@@ -13,6 +13,7 @@ from kafka.future import Future as KafkaFuture
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError
 from kcm_operator import admin as admin_module
 from kcm_operator.admin import BatchedAdmin, SubscriptionAdmin
+from kcm_operator.connections import in_connection_terms
 from kcm_operator.errors import InvalidSpecError, KafkaRefusedError
 from kcm_operator.reconcile import desired_from_spec, diff
 
@@ -138,6 +139,23 @@ def _record_error(errors: list[BaseException], call) -> None:
         call()
     except BaseException as exc:  # noqa: BLE001 - the test looks at it
         errors.append(exc)
+
+
+def test_a_kafka_connections_problem_is_told_in_its_fields_not_in_client_properties():
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    settings = KafkaSettings(f"127.0.0.1:{silent.getsockname()[1]}")
+    try:
+        with pytest.raises(KafkaUnavailableError) as told:
+            SubscriptionAdmin(settings, timeout_s=0.5, explain=in_connection_terms).list_names()
+        with pytest.raises(KafkaUnavailableError) as cli:
+            SubscriptionAdmin(settings, timeout_s=0.5).list_names()
+    finally:
+        silent.close()
+
+    assert "securityProtocol: SSL" in str(told.value) and "security.protocol" not in str(told.value)
+    assert "security.protocol=SSL" in str(cli.value)  # kcm subscriptions' user has a --command-config
 
 
 def test_tls_material_that_no_longer_loads_is_invalid_spec_naming_the_setting(tmp_path):

@@ -66,10 +66,25 @@ def test_a_missing_secret_key_names_the_secret_and_key_not_a_value(tmp_path):
 def test_tls_material_that_does_not_load_is_named_by_its_secret_and_key_not_by_a_file(tmp_path):
     spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL", "tls": {"caSecretRef": {"name": "garbage"}}}
 
-    with pytest.raises(KafkaConfigError, match=r"ssl.ca.location Secret garbage key 'ca.crt' holds no usable CA") as err:
+    with pytest.raises(KafkaConfigError, match=r"tls.caSecretRef Secret garbage key 'ca.crt' holds no usable CA") as err:
         settings_from_spec(spec, _read, tmp_path)
 
-    assert str(tmp_path) not in str(err.value)
+    assert str(tmp_path) not in str(err.value) and "ssl.ca.location" not in str(err.value)
+
+
+def test_an_encrypted_client_key_says_to_store_it_unencrypted_not_to_set_a_property(tmp_path):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-passout", "pass:pw", "-subj", "/CN=client",
+                    "-days", "2", "-keyout", "client.key", "-out", "client.pem"], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=60)
+    secrets = {"tls.crt": (tmp_path / "client.pem").read_bytes(), "tls.key": (tmp_path / "client.key").read_bytes()}
+    spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL",
+            "tls": {"clientCertSecretRef": {"name": "client"}}}
+
+    with pytest.raises(KafkaConfigError) as err:
+        settings_from_spec(spec, lambda secret, key: secrets[key], tmp_path)
+
+    assert "Secret client key 'tls.key' is encrypted" in str(err.value)
+    assert "a KafkaConnection takes no pass phrase" in str(err.value) and "ssl.key.password" not in str(err.value)
 
 
 def test_a_credential_that_is_not_utf8_is_named_never_echoed(tmp_path):

@@ -50,9 +50,11 @@ _CONNECTION_ERRORS = (kafka_errors.KafkaConnectionError, kafka_errors.BrokerNotA
 class SubscriptionAdmin:
     """CLIENT_METRICS calls on one cluster; reconnects by itself after Kafka went away. Thread-safe."""
 
-    def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0) -> None:
+    def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0,
+                 explain: Callable[[str], str] | None = None) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
+        self._explain = explain  # rewrites a connection problem's message in the terms its settings were given in
         self._client: KafkaAdminClient | None = None
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one request at a time: the operator calls from many handler threads
@@ -170,9 +172,11 @@ class SubscriptionAdmin:
                     raise type(self._failed[1])(str(self._failed[1]))
                 try:
                     self._client = self._connect()
-                except KafkaUnavailableError as exc:
-                    self._failed = (time.monotonic() + self.timeout_s, exc)
-                    raise
+                except (KafkaUnavailableError, InvalidSpecError) as exc:
+                    problem = type(exc)(self._explain(str(exc))) if self._explain else exc
+                    if isinstance(problem, KafkaUnavailableError):
+                        self._failed = (time.monotonic() + self.timeout_s, problem)
+                    raise problem from None
                 self._failed = None
                 self._cluster_id = self._client._manager.cluster.cluster_id or self._cluster_id
                 self._apis = frozenset(self._client._manager.broker_version_data.api_versions)

@@ -29,6 +29,24 @@ _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading
 # the old settings, or a handler that resolved them a moment ago, may still open it meanwhile.
 RETIRED_MATERIAL_GRACE_S = 600.0
 _MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+# kcm_common.kafka's messages speak of client properties and --command-config; a KafkaConnection has its own fields.
+_CONNECTION_TERMS = (
+    ("check --bootstrap-server and --command-config",
+     "check the KafkaConnection's bootstrapServers, securityProtocol, sasl and tls"),
+    ("check --command-config", "check the KafkaConnection's spec"),
+    ("sasl.username and sasl.password in --command-config", "the username and password keys of sasl.secretRef"),
+    ("the ssl.* settings in --command-config", "the KafkaConnection's tls"),
+    ("set ssl.key.password, or store the key unencrypted",
+     "store the key unencrypted (a KafkaConnection takes no pass phrase)"),
+    ("belong together, and ssl.key.password", "belong together, and the key is not encrypted"),
+    ("client property ssl.ca.location", "tls.caSecretRef"),
+    ("client property ssl.certificate.location", "tls.clientCertSecretRef"),
+    ("client property ssl.key.location", "tls.clientCertSecretRef"),
+    ("ssl.ca.location", "tls.caSecretRef"),
+    ("ssl.* settings", "tls"),
+    ("security.protocol=SSL", "securityProtocol: SSL"),
+    ("security.protocol is", "securityProtocol is"),
+)
 
 
 class ConnectionResolver:
@@ -115,12 +133,20 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
         message = str(exc)
         for path, source in sources.items():
             message = message.replace(repr(path), source).replace(path, source)
-        raise KafkaConfigError(message) from None
+        raise KafkaConfigError(in_connection_terms(message)) from None
     if validated is not None:
         if len(validated) >= _VALIDATED_SETTINGS:
             validated.clear()
         validated.add(key)
     return settings
+
+
+def in_connection_terms(message: str) -> str:
+    """A message about Kafka client settings as a KafkaConnection's author knows them: its fields, not the client
+    properties and `--command-config` of kcm's commands."""
+    for said, meant in _CONNECTION_TERMS:
+        message = message.replace(said, meant)
+    return message
 
 
 class MaterialLedger:

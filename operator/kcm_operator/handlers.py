@@ -25,6 +25,7 @@ import kopf
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, SubscriptionAdmin
+from kcm_operator.connections import in_connection_terms
 from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
 from kcm_operator.reconcile import (
     DELETE_POLICY,
@@ -107,7 +108,8 @@ class OperatorConfig:
                 if cached is None or cached[0] != key:
                     settings.validate()  # once per distinct settings, not per event
                     retired = cached[1] if cached is not None else None
-                    self.admins[ref] = (key, BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s)))
+                    explain = in_connection_terms if connection else None  # the default cluster's: from the CLI
+                    self.admins[ref] = (key, BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s, explain)))
                 return self.admins[ref][1]
         except KafkaConfigError as exc:
             where = f"KafkaConnection {namespace}/{connection}" if connection else "the default cluster"
