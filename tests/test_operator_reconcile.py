@@ -355,6 +355,45 @@ def test_an_unexpected_fault_is_ready_false_failed_and_retried_until_it_passes(r
     assert cluster.kafka("team.payments") == IN_KAFKA
 
 
+def test_two_operators_fighting_over_a_subscription_stop_and_say_contested(kube, sandbox):
+    # Namespaced operators (one release per team) cannot see each other's resources: two naming one subscription
+    # would revert each other at every drift check for ever.
+    custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+    runners = []
+    for namespace in (NS, "other"):
+        settings = operator_settings()
+        settings.scanning.disabled = True
+        runner = KopfRunner(["run", "--standalone", "--namespace", namespace], timeout=30, settings=settings,
+                            registry=build_registry(OperatorConfig(KafkaSettings(sandbox.bootstrap), 0.3)))
+        runner.__enter__()
+        runners.append(runner)
+    try:
+        for namespace, interval in ((NS, 60000), ("other", 1000)):
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
+                "metadata": {"name": "payments", "namespace": namespace},
+                "spec": {**SPEC, "subscriptionName": "shared", "intervalMs": interval}})
+
+        def ready(namespace: str) -> dict:
+            status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "payments").get("status")
+            return next((c for c in (status or {}).get("conditions") or () if c["type"] == "Ready"), {})
+        wait_for(lambda: ready(NS).get("reason") == "Contested" or ready("other").get("reason") == "Contested",
+                 "one of them to see the subscription contested")
+        settled = sandbox.store.configs("shared")
+        time.sleep(1.5)  # five drift intervals
+
+        assert sandbox.store.configs("shared") == settled, "the fight went on"
+        contested = [event for namespace in (NS, "other") for event in kube.objects("events", namespace).values()
+                     if event.get("reason") == "Contested"]
+        assert contested and all("something else manages it too" in event["message"] for event in contested)
+        assert len(contested) <= 2  # one each at most, not one per drift check
+    finally:
+        for runner in runners:
+            runner.__exit__(None, None, None)
+    for runner in runners:
+        assert runner.exception is None, runner.output
+
+
 def _connection(cluster: Cluster, name: str, spec: dict) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "KafkaConnection",
             "metadata": {"name": name, "namespace": NS}, "spec": spec}

@@ -29,6 +29,7 @@ from kcm_operator.connections import in_connection_terms
 from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
 from kcm_operator.reconcile import (
     DELETE_POLICY,
+    Change,
     Claim,
     Desired,
     cluster_ref,
@@ -46,6 +47,7 @@ PAUSED_ANNOTATION = "kcm.dev/paused"
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 MAX_BACKOFF_S = 60.0
 LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
+CONTESTED_AFTER = 3  # drift checks in a row that found (and reverted) drift before kcm stops reverting
 
 log = logging.getLogger("kcm.operator")
 
@@ -66,6 +68,8 @@ class OperatorConfig:
     cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
     # uid → the lock one resource's handlers take in turn: kopf runs its drift timer alongside its change handlers.
     resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
+    # uid → how many drift checks in a row found the subscription changed outside kcm (under the resource's lock).
+    drift_streaks: dict[str, int] = field(default_factory=dict)
     # (namespace, connection) or None → the threads that run the handlers of resources on that cluster.
     pools: dict[tuple[str, str] | None, ThreadPoolExecutor] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -87,6 +91,7 @@ class OperatorConfig:
     def forget(self, uid: str) -> None:
         with self.lock:
             self.resource_locks.pop(uid, None)
+            self.drift_streaks.pop(uid, None)
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -282,7 +287,12 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
                 kopf.event(body, type="Warning", reason="Conflict", message=message)
             metrics.record(started, "failed", "Conflict")
             return
-        change = _apply(admin, desired)
+        change = diff(desired, admin.describe_one(desired.name))
+        contested = _contested(config, body.metadata.uid, status, change, drift_check)
+        if change.ops and not contested:
+            error = admin.alter_one(change)
+            if error is not None:
+                raise error  # InvalidSpecError for what the spec asks, KafkaRefusedError for anything else
         # Connected now: what newer resources naming this subscription through other connections compare with, in
         # this operator's memory and (for after a restart, when the connection may not work) in the status.
         status.applied_to(config.remember_cluster_id(me.cluster_ref, admin.cluster_id()))
@@ -309,6 +319,18 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             kopf.event(body, type="Warning", reason="Failed", message=message)
         metrics.record(started, "failed", "Failed")
         raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
+    if contested:
+        message = (f"subscription {desired.name} was changed outside kcm again after each of {CONTESTED_AFTER} "
+                   "reverts in a row: something else manages it too (another kcm operator watching other "
+                   "namespaces, a script), so kcm stopped reverting it. Let one operator manage each subscription; "
+                   "kcm applies this resource again when its spec changes or the operator restarts")
+        status.set("Ready", "False", "Contested", message)
+        config.mark_ready(body.metadata.uid, False)
+        if status.ready_changed:
+            _say(logging.WARNING, namespace, name, "%s", message)
+            kopf.event(body, type="Warning", reason="Contested", message=message)
+        metrics.record(started, "failed", "Contested")
+        return
     if change.ops:
         status.applied()
         if drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
@@ -349,13 +371,19 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
     return None
 
 
-def _apply(admin: BatchedAdmin, desired: Desired) -> Any:
-    change = diff(desired, admin.describe_one(desired.name))
-    if change.ops:
-        error = admin.alter_one(change)
-        if error is not None:
-            raise error  # InvalidSpecError for what the spec asks, KafkaRefusedError for anything else
-    return change
+def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change, drift_check: bool) -> bool:
+    """Whether to leave the subscription as it is: each of the last CONTESTED_AFTER drift checks found it changed
+    outside kcm (and reverted it), so something else keeps changing it back, and reverting again would only go on
+    fighting it. Kafka as specified, a spec change or a restart (resume) ends it."""
+    if not drift_check or not change.ops:
+        config.drift_streaks.pop(uid, None)
+        return False
+    if status.ready_reason == "Contested":
+        return True
+    if not status.was_ready:  # a takeover or a recovery, not someone else's edit
+        return False
+    config.drift_streaks[uid] = streak = config.drift_streaks.get(uid, 0) + 1
+    return streak > CONTESTED_AFTER
 
 
 def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: int) -> None:
@@ -455,6 +483,7 @@ class _Status:
         self._conditions = {condition["type"]: dict(condition) for condition in self._current.get("conditions") or ()}
         self.ready_changed = False
         self.was_ready = self._conditions.get("Ready", {}).get("status") == "True"
+        self.ready_reason = self._conditions.get("Ready", {}).get("reason")
         # The generation the Ready condition describes, None before it was first set.
         self.ready_generation = self._conditions.get("Ready", {}).get("observedGeneration")
         if self._current.get("subscriptionName") != subscription_name:
