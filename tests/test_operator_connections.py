@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import base64
+import socket
 import stat
 import subprocess
 import threading
+import time
 import types
 from pathlib import Path
 
 import pytest
 
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
+from kubernetes import client
+
+from kcm_operator import connections
 from kcm_operator.connections import ConnectionResolver, MaterialLedger, settings_from_spec
-from kcm_operator.errors import InvalidSpecError
+from kcm_operator.errors import InvalidSpecError, KubernetesApiError
 from kcm_operator.handlers import OperatorConfig
 
 NOT_A_CERTIFICATE = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
@@ -53,6 +58,24 @@ def test_sasl_ssl_with_named_keys_a_ca_and_no_hostname_check(tmp_path):
         assert ca.read() == SECRETS["ca", "ca.crt"]
     assert stat.S_IMODE((tmp_path / options["ssl_cafile"]).stat().st_mode) == 0o600
     assert "p4ss" not in repr(settings)
+
+
+def test_a_kubernetes_api_that_never_answers_is_a_kubernetes_error_in_bounded_time(tmp_path, monkeypatch):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setattr(connections, "API_TIMEOUT_S", (1.0, 1.0))
+    resolver = ConnectionResolver(client.ApiClient(configuration), tmp_path)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KubernetesApiError, match=r"did not answer in time \(1 s per try\)"):
+            resolver.resolve("team", "analytics")
+    finally:
+        silent.close()
+
+    assert time.monotonic() - started < 15  # four tries (the client retries three times)
 
 
 def test_a_missing_secret_key_names_the_secret_and_key_not_a_value(tmp_path):
@@ -231,11 +254,11 @@ def test_resolving_a_connection_after_its_secret_rotated_retires_the_old_tls_fil
     secret = {"ca.crt": SECRETS["ca", "ca.crt"]}
 
     class Api:   # the two Kubernetes reads the resolver makes
-        def get_namespaced_custom_object(self, *_: object) -> dict:
+        def get_namespaced_custom_object(self, *_: object, **__: object) -> dict:
             return {"spec": {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL",
                              "tls": {"caSecretRef": {"name": "ca"}}}}
 
-        def read_namespaced_secret(self, *_: object) -> types.SimpleNamespace:
+        def read_namespaced_secret(self, *_: object, **__: object) -> types.SimpleNamespace:
             return types.SimpleNamespace(data={key: base64.b64encode(value).decode() for key, value in secret.items()})
 
     material = tmp_path / "material"

@@ -599,13 +599,16 @@ def test_sasl_credentials_come_from_the_secret_and_never_reach_status_or_events(
     assert all(password not in event.get("message", "") for event in cluster.kube.objects("events", NS).values())
 
 
-def test_a_missing_kafka_connection_is_invalid_spec(run_operator):
-    cluster = run_operator()
+def test_a_missing_kafka_connection_is_invalid_spec_until_it_is_created(run_operator):
+    cluster = run_operator()  # drift checks every 60 s: not what brings it back
 
-    cluster.apply("payments", {**SPEC, "connection": "nowhere"})
+    cluster.apply("payments", {**SPEC, "connection": "later"})
+    missing = cluster.wait_condition("payments", "False", "InvalidSpec")
+    _connection(cluster, "later", {"bootstrapServers": cluster.sandbox.bootstrap})  # GitOps applied it second
 
-    assert "KafkaConnection team/nowhere does not exist" in cluster.wait_condition(
-        "payments", "False", "InvalidSpec")["message"]
+    cluster.wait_condition("payments", "True", "Applied")
+    assert "KafkaConnection team/later does not exist" in missing["message"]
+    assert cluster.kafka("team.payments") == IN_KAFKA
 
 
 def test_two_replicas_peer_the_higher_priority_works_and_the_other_takes_over_when_it_stops(kube, sandbox, tmp_path):

@@ -15,19 +15,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kcm_common.files import write_atomically
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import schema
-from kcm_operator.errors import InvalidSpecError, KubernetesApiError
+from kcm_operator.errors import KubernetesApiError, MissingReferenceError
 
 PLURAL = "kafkaconnections"
 _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading; beyond, it starts again
 # A TLS file no KafkaConnection names any more (its Secret rotated) is deleted this long after: an admin built from
 # the old settings, or a handler that resolved them a moment ago, may still open it meanwhile.
 RETIRED_MATERIAL_GRACE_S = 600.0
+API_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread for ever
 _MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 # kcm_common.kafka's messages speak of client properties and --command-config; a KafkaConnection has its own fields.
 _CONNECTION_TERMS = (
@@ -60,13 +62,18 @@ class ConnectionResolver:
         self.material = MaterialLedger()
 
     def resolve(self, namespace: str, name: str) -> KafkaSettings:
-        """The settings of KafkaConnection `namespace/name`; InvalidSpecError when it or a Secret is missing."""
+        """The settings of KafkaConnection `namespace/name`; MissingReferenceError when it or a Secret is missing,
+        KubernetesApiError when the API fails or does not answer in time."""
         try:
-            obj = self._custom.get_namespaced_custom_object(schema.GROUP, schema.VERSION, namespace, PLURAL, name)
+            obj = self._custom.get_namespaced_custom_object(schema.GROUP, schema.VERSION, namespace, PLURAL, name,
+                                                            _request_timeout=API_TIMEOUT_S)
         except ApiException as exc:
             if exc.status == 404:
-                raise InvalidSpecError(f"spec.connection: KafkaConnection {namespace}/{name} does not exist") from None
+                raise MissingReferenceError(f"spec.connection: KafkaConnection {namespace}/{name} does not exist") \
+                    from None
             raise _api_error(f"reading KafkaConnection {namespace}/{name}", exc) from None
+        except urllib3.exceptions.HTTPError as exc:  # no answer in time, or no connection
+            raise KubernetesApiError(f"reading KafkaConnection {namespace}/{name} failed: {_transport(exc)}") from None
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
@@ -76,13 +83,15 @@ class ConnectionResolver:
 
     def _secret_value(self, namespace: str, secret: str, key: str) -> bytes:
         try:
-            data = self._core.read_namespaced_secret(secret, namespace).data or {}
+            data = self._core.read_namespaced_secret(secret, namespace, _request_timeout=API_TIMEOUT_S).data or {}
         except ApiException as exc:
             if exc.status == 404:
-                raise InvalidSpecError(f"Secret {namespace}/{secret} does not exist") from None
+                raise MissingReferenceError(f"Secret {namespace}/{secret} does not exist") from None
             raise _api_error(f"reading Secret {namespace}/{secret}", exc) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise KubernetesApiError(f"reading Secret {namespace}/{secret} failed: {_transport(exc)}") from None
         if key not in data:
-            raise InvalidSpecError(f"Secret {namespace}/{secret} has no key {key!r}")
+            raise MissingReferenceError(f"Secret {namespace}/{secret} has no key {key!r}")
         return base64.b64decode(data[key])
 
 
@@ -188,6 +197,15 @@ def _material(directory: Path, content: bytes) -> str:
         # Handlers run side by side: none may read a half-written key, nor collide with another writing it.
         write_atomically(path, content)
     return str(path)
+
+
+def _transport(error: urllib3.exceptions.HTTPError) -> str:
+    # The exception's class only: its text names the pool and the URL, nothing a user acts on.
+    if isinstance(error, urllib3.exceptions.MaxRetryError) and error.reason is not None:
+        error = error.reason  # the client's own retries (3) gave up: why the last one failed
+    if isinstance(error, urllib3.exceptions.TimeoutError):
+        return f"the Kubernetes API did not answer in time ({API_TIMEOUT_S[1]:g} s per try)"
+    return f"the Kubernetes API could not be reached ({type(error).__name__})"
 
 
 def _api_error(what: str, error: ApiException) -> KubernetesApiError:

@@ -5,12 +5,17 @@ from __future__ import annotations
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaUnavailableError
 
-__all__ = ["InvalidSpecError", "KafkaRefusedError", "KafkaUnavailableError", "KubernetesApiError", "UnsupportedError",
-           "RETRIED", "reason_of"]
+__all__ = ["InvalidSpecError", "KafkaRefusedError", "KafkaUnavailableError", "KubernetesApiError",
+           "MissingReferenceError", "UnsupportedError", "RETRIED", "reason_of"]
 
 
 class InvalidSpecError(UserError):
     """Kafka (or the CRD schema) refuses the spec; the message is theirs. Retrying will not help until it is edited."""
+
+
+class MissingReferenceError(InvalidSpecError):
+    """The spec names a KafkaConnection, Secret or Secret key that does not exist (yet: GitOps applies resources in
+    any order), so it is retried with backoff, unlike other invalid specs."""
 
 
 class UnsupportedError(UserError):
@@ -26,7 +31,7 @@ class KubernetesApiError(UserError):
 
 
 # Reported on the resource and retried with backoff; the other errors wait for the spec to change.
-RETRIED = (KafkaUnavailableError, KafkaRefusedError, KubernetesApiError)
+RETRIED = (KafkaUnavailableError, KafkaRefusedError, KubernetesApiError, MissingReferenceError)
 
 
 def reason_of(error: Exception) -> str:

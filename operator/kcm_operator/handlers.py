@@ -304,7 +304,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             kopf.event(body, type="Warning", reason=reason, message=str(exc))
         metrics.record(started, "failed", reason)
         if isinstance(exc, RETRIED):
-            if not isinstance(exc, KubernetesApiError):
+            if not isinstance(exc, (KubernetesApiError, InvalidSpecError)):
                 metrics.KAFKA_ERRORS.labels(reason).inc()
             raise kopf.TemporaryError(str(exc), delay=_backoff(retry)) from None
         return
