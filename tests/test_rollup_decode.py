@@ -161,3 +161,31 @@ def test_a_key_that_is_not_utf8_is_read_with_replacements_never_failing_the_batc
     rows = flatten(batch).to_pylist()
     assert [r["client_instance_id"] for r in rows] == ["\ufffd\ufffd-not-utf8"] * 2 + ["ok"] * 2
     assert all(r["error"] is None for r in rows)
+
+
+def test_each_resource_of_a_record_gives_its_points_their_identity_and_anonymous_ones_their_resource():
+    """The OpenTelemetry Collector's Kafka exporter batches several resources into one plain OTLP record (no headers,
+    no key): each point takes its identity from its own resource, and a point left without an instance id carries
+    that resource, which is what tells its streams from other writers'."""
+    def resource(data: metrics_pb2.MetricsData, metric: str, attributes: dict[str, str]) -> None:
+        resource_metrics = data.resource_metrics.add()
+        resource_metrics.resource.attributes.extend(
+            KeyValue(key=key, value=AnyValue(string_value=value)) for key, value in attributes.items())
+        resource_metrics.scope_metrics.add().metrics.add(name=metric).gauge.data_points.add(as_double=1.0)
+
+    batched = metrics_pb2.MetricsData()
+    resource(batched, "of.a", {"service.name": "a", "client_id": "app-A"})
+    resource(batched, "of.b", {"service.instance.id": "b-1", "service.name": "b"})
+    keyed = metrics_pb2.MetricsData()
+    resource(keyed, "of.k", {"client_id": "app-K"})
+    rows = flatten(records_batch([
+        (None, batched.SerializeToString(), {}),
+        ("id-1", client_metrics("orders").SerializeToString(), {"client_instance_id": "id-1"}),
+        ("k2", keyed.SerializeToString(), {}),
+    ])).to_pylist()
+    assert [(r["metric"].rsplit(".", 1)[-1], r["client_id"], r["client_instance_id"], r["resource"]) for r in rows] == [
+        ("a", "app-A", None, '{"client_id":"app-A","service.name":"a"}'),
+        ("b", None, None, '{"service.instance.id":"b-1","service.name":"b"}'),
+        ("avg", None, "id-1", None), ("total", None, "id-1", None),
+        ("k", "app-K", "k2", None)]
+    assert [r["record_first"] for r in rows] == [True, False, True, False, True]

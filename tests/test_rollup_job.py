@@ -4,6 +4,7 @@ agree, decode errors are counted, re-runs replace exactly their windows, and the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -343,10 +344,46 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
 
 
+def _plain_otlp(*counters: tuple[str, int]) -> bytes:
+    """What the OpenTelemetry Collector's Kafka exporter writes: plain OTLP with one ResourceMetrics per service
+    (several in one record) and, here, one cumulative counter each."""
+    data = metrics_pb2.MetricsData()
+    for service, value in counters:
+        resource_metrics = data.resource_metrics.add()
+        resource_metrics.resource.attributes.add(key="service.name").value.string_value = service
+        total = resource_metrics.scope_metrics.add().metrics.add(name="requests.total")
+        total.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+        total.sum.is_monotonic = True
+        total.sum.data_points.add(start_time_unix_nano=10**9, time_unix_nano=2 * 10**9, as_int=value)
+    return data.SerializeToString()
+
+
+def test_other_writers_counters_are_a_stream_per_resource_through_either_kafka_input(spark, kafka, new_topic, tmp_path,
+                                                                                   caplog):
+    topic = new_topic()
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+    for i, counters in enumerate(([("a", 100)], [("b", 5)], [("a", 110), ("b", 6)], [("a", 120)], [("b", 7)])):
+        producer.send(topic, value=_plain_otlp(*counters),  # no headers, no key
+                      timestamp_ms=int(minute.timestamp() + i) * 1000).get(timeout=10)
+    producer.close()
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"))
+    run(spark, options)
+    written = _sorted_rows(spark.read.parquet(str(tmp_path / "out")).drop("partial", "date", "window_end"))
+    # The same rows from points decoded after a frame shaped like Spark's connector gives (mapInArrow).
+    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
+    assert written == _sorted_rows(expected)
+    # a: +10 +10, b: +1 +1 (each first point has no predecessor); each service is an instance.
+    assert [(r["increase"], r["instances"]) for r in written if r["resolution"] == "1h"] == [(22.0, 2)]
+    assert not [r for r in caplog.records if r.name == "kcm.rollup" and r.levelno >= logging.WARNING]
+
+
 def test_windows_an_offset_range_cuts_are_marked_partial_and_the_whole_topics_are_not(spark, kafka, new_topic,
                                                                                      tmp_path):
     topic = new_topic()
-    minute = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(hours=3)
+    # Ten past an hour that ended: the three minutes below lie in one hour whatever the time the test runs.
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
     producer = KafkaProducer(**kafka.client_options())
     for i, at_s in enumerate([0, 10, 20, 70, 80, 130]):   # three minutes of one hour, two records each
         producer.send(topic, value=client_metrics(f"i{i}").SerializeToString(), key=f"i{i}".encode(),
@@ -369,35 +406,46 @@ def test_windows_an_offset_range_cuts_are_marked_partial_and_the_whole_topics_ar
     assert cut_end == {("1m", 0): False, ("1m", 1): True, ("1h", -hour): True}
 
 
-def test_a_time_range_takes_predecessors_from_its_lookback_and_rolls_up_only_its_own_windows(spark, kafka, new_topic,
-                                                                                             tmp_path):
+def test_a_time_range_takes_predecessors_from_its_lookback_rolls_up_only_its_own_windows_and_warns_of_streams_without(
+        spark, kafka, new_topic, tmp_path, caplog):
     topic = new_topic()
     hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
     t0 = int(hour.timestamp())
-    # (instance, seconds from the range's start, counter value); the range is [t0, t0 + 1h), the lookback 5 minutes.
-    points = [("i0", -400, 1),     # before the lookback: never read (else i0's first increase would differ: see i1)
-              ("i0", -120, 10),    # in the lookback: the predecessor of the first point in range
-              ("i0", 30, 25), ("i0", 90, 30),
-              ("i0", 3630, 100),   # after the range: not rolled up
-              ("i1", -400, 50),    # i1's only earlier point is outside the lookback
-              ("i1", 30, 70), ("i1", 100, 75)]
+    # (instance, seconds from the range's start, counter value, its start time from t0); the range is [t0, t0 + 1h),
+    # the lookback 5 minutes. Counters started at 0 (long ago) unless said otherwise.
+    points = [("i0", -400, 1, None),     # before the lookback: never read (else i0's first increase would differ)
+              ("i0", -120, 10, None),    # in the lookback: the predecessor of the first point in range
+              ("i0", 30, 25, None), ("i0", 90, 30, None),
+              ("i0", 3630, 100, None),   # after the range: not rolled up
+              ("i1", -400, 50, None),    # i1's only earlier point is outside the lookback: the run warns of it
+              ("i1", 30, 70, None), ("i1", 100, 75, None),
+              ("i2", 30, 7, 10), ("i2", 90, 9, 10),  # started inside the range: its first value counts
+              ("i3", -100, 3, -120),     # started inside the lookback: its first value serves only as predecessor
+              ("i3", 40, 8, -120)]
     producer = KafkaProducer(**kafka.client_options())
-    for instance, offset_s, value in points:
+    for instance, offset_s, value, started in points:
         headers = [("client_instance_id", instance.encode()), ("client_id", b"app")]
-        producer.send(topic, value=_cumulative_push(instance, value, 0), key=instance.encode(), headers=headers,
+        pushed = _cumulative_push(instance, value, 0 if started is None else t0 + started)
+        producer.send(topic, value=pushed, key=instance.encode(), headers=headers,
                       timestamp_ms=(t0 + offset_s) * 1000).get(timeout=10)  # one record per batch: exact end offsets
     producer.close()
     options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
                             resolutions=parse_resolutions("1m,1h"), start=hour, end=hour + timedelta(hours=1))
-    result = run(spark, options)
+    with caplog.at_level(logging.WARNING, logger="kcm.rollup"):
+        result = run(spark, options)
     assert "cumulative points" in result.stage_seconds
     rows = _sorted_rows(spark.read.parquet(str(tmp_path / "out")))
     start = hour.replace(tzinfo=None)  # Spark reads timestamps back as naive UTC datetimes
     assert {r["window_start"] for r in rows} <= {start + timedelta(minutes=m) for m in range(60)}
     written = [r for r in rows if r["metric"] == "written.total"]
     increases = {(r["resolution"], (r["window_start"] - start).total_seconds()): r["increase"] for r in written}
-    # i0: 25 - 10 and 30 - 25; i1: its first point in range has no predecessor within the lookback, then 75 - 70.
-    assert increases == {("1m", 0): 15, ("1m", 60): 5 + 5, ("1h", 0): 25}
+    # i0: 25 - 10 and 30 - 25; i1: its first point in range has no predecessor within the lookback, then 75 - 70;
+    # i2: 7 from its start, then 9 - 7; i3: 8 - 3.
+    assert increases == {("1m", 0): 15 + 7 + 5, ("1m", 60): 5 + 5 + 2, ("1h", 0): 39}
+    warned = [r.getMessage() for r in caplog.records if r.name == "kcm.rollup" and r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("1 cumulative stream(s) found no point in the --lookback of 5m before their first in "
+                                "the range"), warned
 
 
 def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_ended(spark, telemetry, tmp_path,

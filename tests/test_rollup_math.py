@@ -90,6 +90,37 @@ def test_points_before_since_only_serve_as_predecessors(spark):
     assert rows[("1m", 0, "c", ())]["count"] == 4
 
 
+def test_cumulative_streams_without_an_instance_id_are_told_apart_by_their_resource(spark):
+    """Other writers' records carry no instance id: two services' counters of one metric are two streams (not one
+    that seems to reset at every alternation), and each resource counts as an instance."""
+    a, b = '{"service.name":"a"}', '{"service.name":"b"}'
+    pushes = [(1, 100.0, a), (2, 5.0, b), (3, 110.0, a), (4, 6.0, b), (5, 120.0, a), (6, 7.0, b)]
+    rows = rows_of(spark, [point("c", s, None, value=v, start_ns=1, resource=r, **CUMULATIVE) for s, v, r in pushes],
+                   resolutions=(MINUTE,))
+    assert (rows[("1m", 0, "c", ())]["increase"], rows[("1m", 0, "c", ())]["instances"]) == (10.0 + 10.0 + 1.0 + 1.0, 2)
+
+
+def test_a_stream_that_started_inside_what_was_read_counts_its_first_value_as_after_a_reset(spark):
+    """Without a predecessor, a start time at or after where the read began means the counter (or cumulative
+    histogram) started from zero inside it: its first value is its increase, as after a reset. An earlier start, or
+    an unknown one (0), leaves the first point without an increase."""
+    read_from_s = T0 - 300
+    began = read_from_s * 10**9
+    histogram = {"type": "histogram", "temporality": "cumulative", "bounds": [1.0]}
+    rows = rows_of(spark, [
+        point("c", 30, "inside", value=7.0, start_ns=began + 10**10, **CUMULATIVE),
+        point("c", 90, "inside", value=9.0, start_ns=began + 10**10, **CUMULATIVE),
+        point("c", 30, "before", value=50.0, start_ns=began - 1, **CUMULATIVE),
+        point("c", 90, "before", value=60.0, start_ns=began - 1, **CUMULATIVE),
+        point("c", 40, "unknown", value=4.0, start_ns=0, **CUMULATIVE),
+        point("h", 30, "at", count=3, sum=6.0, bucket_counts=[1, 2], start_ns=began, **histogram),
+        point("h", 40, "at", count=5, sum=9.0, bucket_counts=[2, 3], start_ns=began, **histogram),
+    ], resolutions=(MINUTE,), read_from_micros=read_from_s * 1_000_000)
+    assert (rows[("1m", 0, "c", ())]["increase"], rows[("1m", 60, "c", ())]["increase"]) == (7.0, 2.0 + 10.0)
+    counted = rows[("1m", 0, "h", (1.0,))]
+    assert (counted["count"], counted["sum"], counted["bucket_counts"]) == (5, 9.0, [2, 3])
+
+
 def test_a_cumulative_point_without_a_value_is_skipped_like_nan_and_keeps_its_streams_increase(spark):
     for missing in (None, math.nan):  # OTLP's "no recorded value" point decodes to null
         rows = rows_of(spark, [point("c", 1, "i1", value=10.0, **CUMULATIVE), point("c", 2, "i1", value=missing,

@@ -50,6 +50,9 @@ def golden_points() -> list[dict]:
         {**point(None, 40, "i5", type=None, time_ns=None, attributes=None), "error": "empty"},
         {**point(None, 41, "i5", type=None, time_ns=None, attributes=None), "error": "decompress-failed"},
         point("g", 50, None, value=6.0),
+        # Other writers' points without an instance id: their resources count as instances.
+        point("g", 51, None, value=5.0, resource='{"service.name":"a"}'),
+        point("g", 52, None, value=4.0, resource='{"service.name":"b"}'),
         # A producer-set time far in the future (beyond 2^53 microseconds): rolled up as Spark does, not a failure.
         {**point("far", 0, "i1", value=1.0), "record_micros": 32_503_680_000_000_123, "time_ns": 1},
         # Bounds Spark groups as one: -0.0 is 0.0.

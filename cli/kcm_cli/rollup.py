@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dimensions besides metric and type (default: "
                              "client_id,client_software_name,client_software_version,attributes)")
     parser.add_argument("--lookback", default="5m", metavar="DURATION",
-                        help="read this much before --from to find each counter's previous value (default: %(default)s)")
+                        help="read this much before --from to find each cumulative counter's previous value; longer "
+                             "than the longest push interval (default: %(default)s)")
     parser.add_argument("--output", required=True, metavar="PATH",
                         help="Parquet directory: local path or any Hadoop filesystem URI (s3a://, gs://, hdfs://)")
     parser.add_argument("--master", metavar="URL",

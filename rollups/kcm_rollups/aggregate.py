@@ -51,12 +51,12 @@ def needs_previous() -> Column:
                       F.lit(False))
 
 
-def with_increases(points: DataFrame) -> DataFrame:
+def with_increases(points: DataFrame, read_from_micros: int | None = None) -> DataFrame:
     """Add `increase` to sum points and `d_count/d_sum/d_buckets` to histogram points: deltas as they are, cumulative
     points as the difference to their stream's previous point, or the new value after a reset (drop, new start)."""
     # Only cumulative points need their stream's previous point: the rest skip the shuffle and sort of the window.
     return with_direct_increases(points.filter(~needs_previous())).unionByName(
-        with_cumulative_increases(points.filter(needs_previous())))
+        with_cumulative_increases(points.filter(needs_previous()), read_from_micros))
 
 
 def with_direct_increases(points: DataFrame) -> DataFrame:
@@ -68,13 +68,16 @@ def with_direct_increases(points: DataFrame) -> DataFrame:
         F.when(histogram, F.col("sum")).alias("d_sum"), F.when(histogram, F.col("bucket_counts")).alias("d_buckets"))
 
 
-def with_cumulative_increases(points: DataFrame) -> DataFrame:
-    """with_increases for points that need their predecessor: each stream's points in order, through a window."""
-    # The first point of a stream has no predecessor here and adds nothing: the job reads a lookback for it.
+def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = None) -> DataFrame:
+    """with_increases for points that need their predecessor: each stream's points in order, through a window.
+    A stream's first point adds its whole value if it started at or after `read_from_micros` (the start of what was
+    read, so the counter began from zero inside it), else nothing (the job reads a lookback for its predecessor)."""
     counter = _counter() & ~F.isnan("value")
     histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
-    stream = Window.partitionBy("client_instance_id", "metric", "attributes").orderBy(
+    # Without an instance id (other writers), the resource tells one client's stream from another's.
+    stream = Window.partitionBy("client_instance_id", "resource", "metric", "attributes").orderBy(
         "record_micros", "partition", "offset", "time_ns")
+    started_inside = _started_since(read_from_micros)
     prev_value, prev_start = F.lag("value").over(stream), F.lag("start_ns").over(stream)
     reset = (F.col("value") < prev_value) | (F.col("start_ns") != prev_start)
     prev_count, prev_sum = F.lag("count").over(stream), F.lag("sum").over(stream)
@@ -85,15 +88,24 @@ def with_cumulative_increases(points: DataFrame) -> DataFrame:
     h_first = prev_count.isNull()
 
     def h_delta(column: str, difference: Column) -> Column:
-        return F.when(histogram, F.when(h_first, None).when(h_reset, F.col(column)).otherwise(difference))
+        return F.when(histogram, F.when(h_first, F.when(started_inside, F.col(column))).when(h_reset, F.col(column))
+                      .otherwise(difference))
 
     return points.select(
         "*",
-        F.when(counter, F.when(prev_value.isNull(), None).when(reset, F.col("value"))
+        F.when(counter, F.when(prev_value.isNull(), F.when(started_inside, F.col("value"))).when(reset, F.col("value"))
                .otherwise(F.col("value") - prev_value)).alias("increase"),
         h_delta("count", F.col("count") - prev_count).alias("d_count"),
         h_delta("sum", F.col("sum") - prev_sum).alias("d_sum"),
         h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
+
+
+def _started_since(read_from_micros: int | None) -> Column:
+    """Whether a point's start time (0: unknown) is at or after `read_from_micros`; never without a bound."""
+    bound = None if read_from_micros is None else read_from_micros * 1000
+    if bound is None or bound > INT64_MAX:  # start_ns is a long: a bound beyond it is after every start
+        return F.lit(False)
+    return (F.col("start_ns") > 0) & (F.col("start_ns") >= F.lit(bound))
 
 
 def _saturating_add(left: Column, right: Column) -> Column:
@@ -140,7 +152,8 @@ def partial_state(points: DataFrame, size_seconds: int, dimensions: Sequence[str
         F.max_by(last_value, order).alias("last"),
         F.max(F.when(last_value.isNotNull(), F.timestamp_micros("record_micros"))).alias("last_at"),
         F.kll_sketch_agg_double(level).alias("kll_sketch"),
-        F.hll_sketch_agg("client_instance_id").alias("instances_sketch"),
+        # Points without an instance id (other writers) count one instance per resource.
+        F.hll_sketch_agg(F.coalesce("client_instance_id", "resource")).alias("instances_sketch"),
         F.sum(F.when(_counter(), F.col("increase"))).alias("increase"),
         sum_arrays("d_buckets").alias("bucket_counts"),
         *extra,
@@ -211,10 +224,11 @@ def finish(state: DataFrame, resolution: Resolution, dimensions: Sequence[str] =
 
 
 def rollup(points: DataFrame, resolutions: Sequence[Resolution], dimensions: Sequence[str] = DEFAULT_DIMENSIONS,
-           since_micros: int | None = None) -> DataFrame:
+           since_micros: int | None = None, read_from_micros: int | None = None) -> DataFrame:
     """Rows of every resolution for decoded `points` (errors dropped): the finest from points, each coarser merged
-    from the one before. Points before `since_micros` serve only as predecessors of cumulative points."""
-    points = with_increases(points.filter(F.col("error").isNull() & F.col("metric").isNotNull()))
+    from the one before. Points before `since_micros` serve only as predecessors of cumulative points;
+    `read_from_micros` is where what was read starts (see with_cumulative_increases)."""
+    points = with_increases(points.filter(F.col("error").isNull() & F.col("metric").isNotNull()), read_from_micros)
     if since_micros is not None:
         points = points.filter(F.col("record_micros") >= F.lit(since_micros))
     # Materialised once: the finest rows and every coarser merge read it, instead of each recomputing it from points.

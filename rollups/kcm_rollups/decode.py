@@ -1,6 +1,10 @@
 """Decode metrics-topic records inside Spark: `mapInArrow` picks the contract headers out vectorised, runs the shared
 codec and flattens columnar into one row per data point.
 
+Each point's client identity comes from the headers, else from its own ResourceMetrics' resource (a record may hold
+several), else (the instance id) from the record key. A point left without an instance id carries its resource
+attributes as canonical JSON (`resource`): what tells other writers' clients, and their cumulative streams, apart.
+
 A record that does not follow the contract, holds a point the columns cannot (INVALID_POINT) or has a time windows
 cannot (INVALID_TIMESTAMP), becomes one row with its `error` reason; it never fails the job.
 """
@@ -24,7 +28,7 @@ from kcm_common import contract, points
 from kcm_common.names import ATTRIBUTE_HEADERS
 from kcm_rollups.windows import LATEST_TIME
 
-IDENTITY = ("client_instance_id", "client_id", "client_software_name", "client_software_version")
+IDENTITY = ("client_instance_id", "client_id", "client_software_name", "client_software_version")  # instance first
 # Contract headers other than the client identity ride through decoding unchanged, to group by if asked.
 CARRIED = tuple(name for name in ATTRIBUTE_HEADERS if name not in IDENTITY)
 _CODEC_HEADERS = (contract.CONTENT_TYPE_HEADER, contract.CONTENT_ENCODING_HEADER)
@@ -33,7 +37,7 @@ POINTS_SCHEMA = StructType(
     [StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("offset", LongType()),
      StructField("record_micros", LongType())]
     + [StructField(name, StringType()) for name in IDENTITY + CARRIED]
-    + [StructField("record_first", BooleanType()),
+    + [StructField("resource", StringType()), StructField("record_first", BooleanType()),
        StructField("metric", StringType()), StructField("type", StringType()),
        StructField("temporality", StringType()), StructField("monotonic", BooleanType()),
        StructField("time_ns", LongType()), StructField("start_ns", LongType()),
@@ -125,33 +129,44 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
     headers = header_columns(batch.column("headers"), _CODEC_HEADERS + ATTRIBUTE_HEADERS)
     header_values = {name: headers[name].to_pylist() for name in _CODEC_HEADERS + IDENTITY}
     built = _PointColumns()
+    resource_text = _AttributesText()
     first: list[bool] = []
+    # Per resource of each record (the OpenTelemetry Collector's Kafka exporter batches several into one): the client
+    # identity, the resource that keeps streams apart where there is no instance id, and how many rows it holds.
     identity: dict[str, list[Any]] = {name: [] for name in IDENTITY}
+    resources: list[str | None] = []
+    part_rows: list[int] = []
     for i, value in enumerate(values):
         record_headers = [(name, column[i]) for name, column in header_values.items() if column[i] is not None]
         start = len(built.record)
+        parts: list[tuple[Any, int]] = [(None, 1)]
         try:
             if times[i] is None or times[i] >= _LATEST_MICROS:
                 raise NotRollable(f"the record's Kafka timestamp is not before {LATEST_TIME:%Y-%m-%d}",
                                    INVALID_TIMESTAMP)
             decoded = contract.decode(value, record_headers)
-            built.add_points(i, decoded.metrics)
+            parts = built.add_points(i, decoded.metrics) or parts
         except (contract.DecodeError, NotRollable) as err:
             built.drop_rows(start)
             built.add_empty(i, err.reason, str(err))
-            resource: dict[str, Any] = {}
         else:
-            missing = any(header_values[name][i] is None for name in IDENTITY)
-            resource = points.resource_attributes(decoded.metrics) if missing else {}
             if len(built.record) == start:  # a valid record without points still counts as input
                 built.add_empty(i, None, None)
-        for name in IDENTITY:
-            found = header_values[name][i] or resource.get(name)
-            if found is None and name == "client_instance_id":
-                found = keys[i]
-            identity[name].append(None if found is None else str(found))
+        given = [header_values[name][i] for name in IDENTITY]
+        for resource, rows in parts:
+            found = given
+            if None in given:
+                attributes = points.attributes(resource.attributes) if resource is not None else {}
+                found = [header or attributes.get(name) for name, header in zip(IDENTITY, given)]
+                found[0] = keys[i] if found[0] is None else found[0]  # the instance id, last from the key
+                found = [None if item is None else str(item) for item in found]
+            for name, text in zip(IDENTITY, found):
+                identity[name].append(text)
+            resources.append(resource_text(resource.attributes) if found[0] is None and resource is not None else None)
+            part_rows.append(rows)
         first += [True] + [False] * (len(built.record) - start - 1)
     indices = pa.array(built.record, pa.int64())
+    parts_of_rows = pa.array(np.repeat(np.arange(len(part_rows), dtype=np.int64), part_rows))
     arrays = []
     for field in POINTS_SCHEMA:
         if field.name in ("topic", "partition", "offset", "record_micros"):
@@ -159,7 +174,9 @@ def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
         elif field.name in CARRIED:
             arrays.append(headers[field.name].take(indices))
         elif field.name in IDENTITY:
-            arrays.append(pa.array(identity[field.name], pa.string()).take(indices))
+            arrays.append(pa.array(identity[field.name], pa.string()).take(parts_of_rows))
+        elif field.name == "resource":
+            arrays.append(pa.array(resources, pa.string()).take(parts_of_rows))
         elif field.name == "record_first":
             arrays.append(pa.array(first, pa.bool_()))
         else:
@@ -223,15 +240,17 @@ class _PointColumns:
             while entries and next(reversed(entries)) >= start:
                 entries.popitem()
 
-    def add_points(self, i: int, data: metrics_pb2.MetricsData) -> None:
-        """A row per data point of record `i`."""
+    def add_points(self, i: int, data: metrics_pb2.MetricsData) -> list[tuple[Any, int]]:
+        """A row per data point of record `i`; returns each resource with how many rows it added, in row order."""
         # Python's per-point cost is what limits decoding: bound appends, no per-point dict lookups.
         record, dense, sparse, text = self.record.append, self.dense, self.sparse, self._attributes_text
         metric_name, metric_type = dense["metric"].append, dense["type"].append
         temporality_of, monotonic_of = dense["temporality"].append, dense["monotonic"].append
         time_ns, start_ns = dense["time_ns"].append, dense["start_ns"].append
         attributes, value = dense["attributes"].append, dense["value"].append
+        parts = []
         for resource_metrics in data.resource_metrics:
+            before = len(self.record)
             for scope_metrics in resource_metrics.scope_metrics:
                 for metric in scope_metrics.metrics:
                     kind = metric.WhichOneof("data")
@@ -274,6 +293,9 @@ class _PointColumns:
                                                                    else point.as_int))
                         else:
                             value(None)
+            if len(self.record) > before:
+                parts.append((resource_metrics.resource, len(self.record) - before))
+        return parts
 
     def column(self, name: str, arrow_type: pa.DataType) -> pa.Array:
         if name in self.dense:

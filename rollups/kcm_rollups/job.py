@@ -380,8 +380,13 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     if sum(r["cumulative"] or 0 for r in counts):
         # Only what the cumulative pass reads crosses from the Python workers to the JVM.
         columns = tuple(dict.fromkeys(CUMULATIVE_INPUTS + options.dimensions))
-        state = add_cumulative(state, read_points(spark, options, read_from, until, columns), options, since_micros)
+        state, unpreceded = add_cumulative(state, read_points(spark, options, read_from, until, columns), options,
+                                           since_micros, read_from * 1_000_000 if span else None)
         finished("cumulative points")
+        if span and unpreceded:
+            log.warning("%d cumulative stream(s) found no point in the --lookback of %s before their first in the "
+                        "range: their increase up to it is counted by no run; give a --lookback longer than the "
+                        "longest push interval", unpreceded, duration_label(options.lookback_seconds))
     rows = rollup_state(state, options.resolutions, options.dimensions)
     rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(rows, options)).withColumn(
         "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
@@ -417,9 +422,9 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
 
 
 # The decoded point columns the cumulative pass reads besides the dimensions.
-CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "metric", "type",
-                                      "temporality", "monotonic", "time_ns", "start_ns", "attributes", "value",
-                                      "count", "sum", "bucket_counts", "bounds", "error")
+CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "resource",
+                                      "metric", "type", "temporality", "monotonic", "time_ns", "start_ns",
+                                      "attributes", "value", "count", "sum", "bucket_counts", "bounds", "error")
 
 
 def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]:
@@ -439,19 +444,26 @@ def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]
     return good.drop("error", "needs_previous", "records", "points"), counts
 
 
-def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros: int | None) -> Any:
-    """`state` merged with the state of the cumulative points, each turned into an increase by its predecessor."""
+def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros: int | None,
+                   read_from_micros: int | None = None) -> tuple[Any, int]:
+    """`state` merged with the state of the cumulative `points` (read from `read_from_micros`), each turned into an
+    increase by its predecessor; and how many streams found none for their first point from `since_micros` on."""
     from pyspark.sql import functions as F
 
     from kcm_rollups.aggregate import merge_state, needs_previous, partial_state, with_cumulative_increases
 
     finest = options.resolutions[0].seconds
     cumulative = with_cumulative_increases(
-        points.filter(F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()))
+        points.filter(F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()), read_from_micros)
     if since_micros is not None:
         cumulative = cumulative.filter(F.col("record_micros") >= F.lit(since_micros))
-    both = state.unionByName(partial_state(cumulative, finest, options.dimensions))
-    return merge_state(both, None, options.dimensions).localCheckpoint(eager=True)  # both in finest windows already
+    # Only a stream's first point can be left without an increase (counters) or a count (histograms, summaries).
+    unpreceded = F.col("increase").isNull() & F.col("d_count").isNull()
+    added = partial_state(cumulative, finest, options.dimensions, extra=(
+        F.count(F.when(unpreceded, True)).alias("unpreceded"),)).localCheckpoint(eager=True)
+    missed = added.agg(F.sum("unpreceded")).first()[0] or 0
+    both = state.unionByName(added.drop("unpreceded"))
+    return merge_state(both, None, options.dimensions).localCheckpoint(eager=True), missed  # both in finest windows
 
 
 def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None,

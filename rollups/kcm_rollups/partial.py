@@ -121,7 +121,8 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
         "level": level, "sum": pc.if_else(histogram, col["sum"], level), "last": last_value,
         "last_micros": _when(has_last, col["record_micros"]), "last_partition": _when(has_last, col["partition"]),
         "last_offset": _when(has_last, col["offset"]), "last_time_ns": _when(has_last, col["time_ns"]),
-        "increase": _when(counter, _when(counted, value)), "instance": col["client_instance_id"],
+        "increase": _when(counter, _when(counted, value)),
+        "instance": pc.coalesce(col["client_instance_id"], col["resource"]),  # as aggregate.partial_state counts them
         "row": pa.array(np.arange(table.num_rows, dtype=np.int64)),
         "records": pc.cast(col["record_first"], pa.int64()), "metric_valid": pc.cast(pc.is_valid(col["metric"]),
                                                                                       pa.int64()),
