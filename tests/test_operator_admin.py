@@ -102,6 +102,33 @@ def test_after_a_failed_connect_callers_get_the_answer_at_once_for_one_timeout(m
     assert len(probes) == 2
 
 
+def test_while_a_failed_cluster_is_tried_again_other_callers_get_its_last_answer_at_once(monkeypatch):
+    trying = threading.Event()
+
+    def slow_and_unreachable(settings, timeout_s):
+        trying.set()
+        time.sleep(timeout_s)  # a cluster that accepts connections and never answers
+        raise KafkaUnavailableError("cannot reach Kafka: 127.0.0.1:1 does not answer")
+
+    monkeypatch.setattr(admin_module, "check_reachable", slow_and_unreachable)
+    admin = SubscriptionAdmin(KafkaSettings("127.0.0.1:1"), timeout_s=1.0)
+    with pytest.raises(KafkaUnavailableError):
+        admin.list_names()
+    time.sleep(1.1)  # the failure is no longer answered by itself: the next caller tries again
+    trying.clear()
+    retrying = threading.Thread(target=lambda: _record_error([], admin.list_names), daemon=True)
+    retrying.start()
+    assert trying.wait(5)
+
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailableError, match="does not answer"):
+        admin.list_names()
+    waited = time.monotonic() - started
+    retrying.join(5)
+
+    assert waited < 0.5, f"waited {waited:.1f} s for the other caller's connect"
+
+
 def test_a_client_closed_under_a_call_is_unavailable_and_a_closed_admin_never_reconnects(sandbox):
     admin = SubscriptionAdmin(KafkaSettings(sandbox.bootstrap))
     admin.list_names()

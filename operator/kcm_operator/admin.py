@@ -58,22 +58,33 @@ class SubscriptionAdmin:
         self._client: KafkaAdminClient | None = None
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one request at a time: the operator calls from many handler threads
-        # After a failed connect, the callers queued behind it get the same answer for `timeout_s` instead of each
-        # probing again: a cluster that never answers holds the handler threads for one timeout, not one each.
+        # After a failed connect, callers get the same answer at once for `timeout_s`, and after that too while
+        # another caller tries again: a cluster that never answers holds one handler thread, not one per resource.
         self._failed: tuple[float, Exception] | None = None
         self._closed = False
         self._cluster_id: str | None = None  # known from the first connection's metadata; a cluster keeps its id
         self._apis: frozenset[int] = frozenset()  # the API keys the brokers advertised on the last connection
+        self._apis_read = 0.0  # when (monotonic)
 
     def require_telemetry(self) -> None:
         """Refuse (UnsupportedError) a cluster whose brokers do not do KIP-714: a subscription applied there has no
         effect. Connects the first time."""
-        self._connected()
-        if not {GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY} <= self._apis:
+        client = self._connected()
+        if not self._telemetry() and time.monotonic() - self._apis_read >= self.timeout_s:
+            # The brokers tell their APIs only on connecting, and a connection outlives their restart (as with the
+            # receiver plugin added): connect again, at most once a timeout, to read them anew.
+            with self._lock:
+                if self._client is client:
+                    self._reset()
+            self._connected()
+        if not self._telemetry():
             raise UnsupportedError(
                 f"the brokers at {self.settings.describe()} do not do KIP-714 client telemetry "
                 "(no GetTelemetrySubscriptions/PushTelemetry APIs): each broker needs kcm's receiver "
                 "plugin (metric.reporters) before subscriptions have any effect")
+
+    def _telemetry(self) -> bool:
+        return {GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY} <= self._apis
 
     def list_names(self) -> list[str]:
         """Every CLIENT_METRICS resource in the cluster, managed or not."""
@@ -163,7 +174,12 @@ class SubscriptionAdmin:
                 raise KafkaRefusedError(f"{type(exc).__name__}: {exc}") from None
 
     def _connected(self) -> KafkaAdminClient:
-        with self._lock:
+        if not self._lock.acquire(blocking=self._failed is None):
+            failed = self._failed  # the cluster failed, and another caller is connecting again
+            if failed is not None:
+                raise type(failed[1])(str(failed[1]))
+            self._lock.acquire()
+        try:
             if self._closed:
                 raise KafkaUnavailableError(f"the client for Kafka at {self.settings.describe()} was closed (its "
                                             "settings changed); the next attempt uses the new ones")
@@ -180,7 +196,10 @@ class SubscriptionAdmin:
                 self._failed = None
                 self._cluster_id = self._client._manager.cluster.cluster_id or self._cluster_id
                 self._apis = frozenset(self._client._manager.broker_version_data.api_versions)
+                self._apis_read = time.monotonic()
             return self._client
+        finally:
+            self._lock.release()
 
     def _connect(self) -> KafkaAdminClient:
         try:

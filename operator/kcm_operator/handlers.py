@@ -8,6 +8,7 @@ a subscription owns it, and `kcm.dev/paused: "true"` stops reconciling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import copy
 import datetime
@@ -15,7 +16,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, l
 MAX_BACKOFF_S = 60.0
 LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
 CONTESTED_AFTER = 3  # drift checks in a row that found (and reverted) drift before kcm stops reverting
+HANDLER_THREADS = 2 * BATCH_SIZE  # threads for the handlers' blocking work, all clusters together
+CLUSTER_THREADS = BATCH_SIZE  # of which one cluster's resources may hold: enough to fill a batch
 
 log = logging.getLogger("kcm.operator")
 
@@ -70,19 +73,31 @@ class OperatorConfig:
     resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
     # uid → how many drift checks in a row found the subscription changed outside kcm (under the resource's lock).
     drift_streaks: dict[str, int] = field(default_factory=dict)
-    # (namespace, connection) or None → the threads that run the handlers of resources on that cluster.
-    pools: dict[tuple[str, str] | None, ThreadPoolExecutor] = field(default_factory=dict)
+    threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
+    # (namespace, connection) or None → [the cluster's share of the threads, handlers using or awaiting it]; used on
+    # the event loop only, and an entry goes when its last handler is done.
+    cluster_slots: dict[tuple[str, str] | None, list[Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def pool(self, ref: tuple[str, str] | None) -> ThreadPoolExecutor:
-        """The handler threads of one cluster (the default, or a KafkaConnection's): enough to fill a batch. Handlers
-        block on Kafka, so a cluster that never answers holds these, never the threads of other clusters' resources."""
+    def handler_threads(self) -> ThreadPoolExecutor:
         with self.lock:
-            pool = self.pools.get(ref)
-            if pool is None:
-                pool = self.pools[ref] = ThreadPoolExecutor(
-                    BATCH_SIZE, thread_name_prefix="kcm-" + ("/".join(ref) if ref else "default"))
-            return pool
+            if self.threads is None:
+                self.threads = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="kcm-handler")
+            return self.threads
+
+    @contextlib.asynccontextmanager
+    async def cluster_slot(self, ref: tuple[str, str] | None) -> AsyncIterator[None]:
+        """One of CLUSTER_THREADS places for the handlers of one cluster (the default, or a KafkaConnection's).
+        Handlers block on Kafka: a cluster that never answers fills its own places, never the others' threads."""
+        entry = self.cluster_slots.setdefault(ref, [asyncio.Semaphore(CLUSTER_THREADS), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.cluster_slots[ref]
 
     def resource_lock(self, uid: str) -> threading.Lock:
         with self.lock:
@@ -156,9 +171,9 @@ class OperatorConfig:
             for _, admin in self.admins.values():
                 admin.close()
             self.admins.clear()
-            for pool in self.pools.values():
-                pool.shutdown(wait=False, cancel_futures=True)
-            self.pools.clear()
+            if self.threads is not None:
+                self.threads.shutdown(wait=False, cancel_futures=True)
+                self.threads = None
 
 
 def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
@@ -168,7 +183,7 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     # Not GROUP itself: kopf ignores every annotation under its storage prefix, kcm.dev/paused included.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STATE_PREFIX)
-    # The handlers below run on their cluster's own threads (`OperatorConfig.pool`); kopf's serve the index.
+    # The handlers below run on threads of their own (`_on_cluster_threads`); kopf's serve the index.
     settings.posting.loggers = False  # log lines stay logs; Events are the applied/failed/drift ones below
     # A deleted resource keeps its finalizer until its drift timer has stopped; one still running a check when the
     # deletion is handled is looked at again this often (kopf's default, 60 s, held deletions for a minute).
@@ -241,21 +256,23 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
 
 async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Callable[[], None]) -> None:
-    """Run a handler's blocking work on the threads of the cluster its resource names, as kopf runs a sync handler on
-    its own: in a copy of the context (kopf.event needs it), and waited for even when cancelled, so no thread is left
-    running that holds a resource's lock."""
-    ref = cluster_ref(body.metadata.namespace, body.spec.get("connection") or None)
-    context = contextvars.copy_context()
-    future = asyncio.get_running_loop().run_in_executor(config.pool(ref), context.run, work)
-    cancelled = None
-    while not future.done():
-        try:
-            await asyncio.shield(future)
-        except asyncio.CancelledError as exc:
-            cancelled = exc
-    if cancelled is not None:
-        raise cancelled
-    future.result()
+    """Run a handler's blocking work on a handler thread within its cluster's share, as kopf runs a sync handler: in a
+    copy of the context (kopf.event needs it). Cancelled, work not yet started is dropped; started work is waited
+    for, so no thread is left running that holds a resource's lock."""
+    async with config.cluster_slot(cluster_ref(body.metadata.namespace, body.spec.get("connection") or None)):
+        job = config.handler_threads().submit(contextvars.copy_context().run, work)
+        done = asyncio.wrap_future(job)
+        cancelled = None
+        while not done.done():
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError as exc:
+                if job.cancel():
+                    raise
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
+        done.result()
 
 
 def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
@@ -277,7 +294,6 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     me = _claim(body, desired)
     try:
         admin = config.admin(namespace, desired.connection)
-        admin.require_telemetry()
         first = _older_owner(config, admin, me, claims.get(desired.name, []))
         if first is not None:
             message = f"subscription {desired.name} is managed by the older resource {first.ref}"
@@ -287,6 +303,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
                 kopf.event(body, type="Warning", reason="Conflict", message=message)
             metrics.record(started, "failed", "Conflict")
             return
+        admin.require_telemetry()  # also, outside the batches, the quick answer of a cluster known to be failing
         change = diff(desired, admin.describe_one(desired.name))
         contested = _contested(config, body.metadata.uid, status, change, drift_check)
         if change.ops and not contested:
@@ -380,7 +397,8 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
         return False
     if status.ready_reason == "Contested":
         return True
-    if not status.was_ready:  # a takeover or a recovery, not someone else's edit
+    if not status.was_ready:  # a takeover or a recovery, not someone else's edit: applied, and counted afresh
+        config.drift_streaks.pop(uid, None)
         return False
     config.drift_streaks[uid] = streak = config.drift_streaks.get(uid, 0) + 1
     return streak > CONTESTED_AFTER
@@ -437,8 +455,11 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
             _retry_or_let_go(body, desired, retry, exc)
             return
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
+    if isinstance(error, InvalidSpecError):  # Kafka refuses the removal itself: asking again will not help
+        _retry_or_let_go(body, desired, retry, error)
+        return
     if error is not None:
-        raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=MAX_BACKOFF_S)
+        raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=_backoff(retry))
     _say(logging.INFO, namespace, name, "%s", change.describe())
 
 
