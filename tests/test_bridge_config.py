@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -330,3 +333,93 @@ def test_the_same_collector_given_twice_is_refused():
     with pytest.raises(ConfigError, match=repeated):
         load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092"}, endpoints=["otel:4317", "OTEL:4317"],
              insecure=True)
+
+
+GOOD = {("kafka", "bootstrap_servers"): "k:9092"}
+
+
+@pytest.mark.parametrize(("env", "overrides", "yaml_text", "field"), [
+    ({}, {("kafka", "group_id"): "g-Xk9\udcff"}, "", "kafka.group_id"),          # --group-id $'g\xff'
+    ({"KCM_BRIDGE_GROUP_ID": "g-Xk9\udcff"}, {}, "", "kafka.group_id"),
+    ({}, {}, 'kafka: {group_id: "g-Xk9\\udcff"}', "kafka.group_id"),            # a YAML escape
+    ({"KCM_BRIDGE_BOOTSTRAP_SERVERS": "local\udcffhost:9092"}, {("kafka", "bootstrap_servers"): None}, "",
+     "kafka.bootstrap_servers"),
+    ({"KCM_BRIDGE_ENDPOINTS": "Xk9\udcff:4317"}, {}, "", "endpoints[0].endpoint"),
+    ({"KCM_BRIDGE_TOPICS": "metrics,Xk9\udcff"}, {}, "", "kafka.topics[1]"),
+    ({}, {}, 'enrich: {static_attributes: {team: "Xk9\\udcff"}}', "enrich.static_attributes.team"),
+    ({}, {}, 'enrich: {static_attributes: {"Xk9\\udcff": a}}', "a name in enrich.static_attributes"),
+    ({}, {}, 'kafka: {properties: {sasl.password: "Xk9\\ud800"}}', "kafka.properties.sasl.password"),
+    ({}, {}, 'endpoints: [{endpoint: "c:4317", headers: {authorization: "Bearer Xk9\\udcff"}}]',
+     "endpoints[0].headers.authorization"),
+    ({}, {}, 'enrich: {rules: [{action: hash, attribute: principal, salt: "Xk9\\udcff"}]}', "enrich.rules[0].salt"),
+])
+def test_a_setting_that_is_not_utf8_text_is_refused_naming_the_field_not_the_value(tmp_path, env, overrides,
+                                                                                    yaml_text, field):
+    # Python reads a byte that is not UTF-8 in argv or the environment as a lone surrogate, as YAML reads \udcff: a
+    # group id made librdkafka abort the process, a static attribute made every record unprocessable (all dropped).
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml_text + ("" if "endpoints:" in yaml_text else "\nendpoints: [{endpoint: 'c:4317'}]\n"))
+    with pytest.raises(ConfigError) as error:
+        load(path, env=env, overrides={**GOOD, **overrides})
+    message = str(error.value)
+    assert message.startswith(f"{field} is not UTF-8 text (a byte that is not UTF-8 in a variable or on the command "
+                              "line"), message
+    assert "Xk9" not in message
+
+
+def test_an_escaped_surrogate_pair_in_the_file_is_the_one_character_it_stands_for(tmp_path):
+    path = tmp_path / "bridge.yaml"
+    path.write_text('enrich: {static_attributes: {team: "\\ud83d\\ude80"}}\n')
+    config = load(path, env={}, overrides=GOOD, endpoints=["c:4317"])
+    assert config.enrich.static_attributes == {"team": "\U0001F680"}
+
+
+def test_the_command_reports_a_group_id_that_is_not_utf8_in_one_line_with_exit_code_2():
+    # In a process of its own: librdkafka given such a group id aborts the process (SIGABRT, a core dump).
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "bridge", "--bootstrap-server", "127.0.0.1:1",
+                             "--endpoint", "c:4317", "--insecure", "--group-id", b"g\xff"],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (2, "kcm bridge: kafka.group_id is not UTF-8 text (a byte that is "
+                                                     "not UTF-8 in a variable or on the command line, or a lone "
+                                                     "\\uD800-\\uDFFF escape)\n")
+
+
+def test_the_command_reports_a_property_escaping_half_a_surrogate_pair_in_one_line_with_exit_code_2(tmp_path,
+                                                                                                   capsys):
+    from kcm_cli.main import main
+
+    properties = tmp_path / "client.properties"
+    properties.write_text("client.id=app\\ud800\n")
+    assert main(["bridge", "--bootstrap-server", "127.0.0.1:1", "--endpoint", "c:4317", "--insecure",
+                 "--command-config", str(properties)]) == 2
+    assert capsys.readouterr().err.startswith("kcm bridge: the value of property client.id on line 1 is not UTF-8 "
+                                              "text (a \\uD800-\\uDFFF escape that is not half of a surrogate pair)\n")
+
+
+def test_a_salt_from_the_environment_is_its_bytes_whatever_they_are_as_from_a_file(tmp_path, monkeypatch):
+    from kcm_bridge.config import rule_salt
+
+    monkeypatch.setenv("KCM_TEST_SALT", "\udcff\udcfesalt")   # env MY_SALT=$'\xff\xfesalt'
+    salt_file = tmp_path / "salt"
+    salt_file.write_bytes(b"\xff\xfesalt")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(f"enrich: {{rules: [{{action: hash, attribute: principal, salt_env: KCM_TEST_SALT}}, "
+                    f"{{action: hash, attribute: client_id, salt_file: '{salt_file}'}}]}}\n")
+    from_env, from_file = load(path, env={}, overrides=GOOD, endpoints=["c:4317"]).enrich.rules
+    assert rule_salt(from_env) == rule_salt(from_file) == b"\xff\xfesalt"
+
+
+def test_a_header_value_from_the_environment_that_is_not_utf8_is_refused_naming_the_header(monkeypatch):
+    monkeypatch.setenv("KCM_TEST_TOKEN", "Bearer Xk9\udcff")
+    with pytest.raises(ConfigError) as error:
+        load(env={}, overrides={**GOOD, ("endpoints",): [
+            {"endpoint": "c:4317", "headers_from_env": {"authorization": "KCM_TEST_TOKEN"}}]})
+    assert str(error.value).startswith("endpoints[0].headers_from_env.authorization: header 'authorization' must "
+                                       "have a value of printable ASCII") and "Xk9" not in str(error.value)
+
+
+def test_a_file_path_is_opened_by_its_bytes_so_any_name_the_file_system_holds_will_do(tmp_path):
+    properties = tmp_path / "client-\udcff.properties"   # a name with the byte 0xff
+    properties.write_text("client.id=bridge\n")
+    config = load(env={"KCM_BRIDGE_COMMAND_CONFIG": str(properties)}, overrides=GOOD, endpoints=["c:4317"])
+    assert config.kafka_properties() == {"client.id": "bridge"}

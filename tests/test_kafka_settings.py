@@ -15,7 +15,8 @@ import pytest
 from kafka.errors import KafkaConfigurationError, KafkaTimeoutError
 
 from kcm_common.kafka import (KafkaConfigError, KafkaSettings, KafkaUnavailableError, check_reachable,
-                              diagnose_failure, kafka_python_options, load_properties, parse_properties)
+                              diagnose_failure, kafka_python_options, load_properties, parse_bootstrap,
+                              parse_properties)
 
 _NOT_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
 
@@ -140,6 +141,50 @@ def test_an_unreadable_property_line_is_named_by_number_never_quoted(line):
         parse_properties(text)
     assert str(raised.value) == "cannot read the property on line 3: expected key=value"
     assert "S3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("sasl.password=S3cr3t\\ud800", "the value of property sasl.password on line 2 is not UTF-8 text"),
+    ("client.id=S3cr3t\\uDE00\\uD83D", "the value of property client.id on line 2 is not UTF-8 text"),
+    ("client\\udcff.id=S3cr3t", "the property name on line 2 is not UTF-8 text"),
+])
+def test_a_property_escaping_half_a_surrogate_pair_is_named_never_quoted(tmp_path, line, message):
+    # Java reads \\uD800 alone into a String, but neither Kafka client can send it: librdkafka fails its config.
+    config = tmp_path / "client.properties"
+    config.write_text(f"security.protocol=PLAINTEXT\n{line}\n")
+    with pytest.raises(KafkaConfigError) as raised:
+        load_properties(config)
+    assert str(raised.value).startswith(message) and "S3cr3t" not in str(raised.value)
+
+
+def test_an_escaped_surrogate_pair_is_one_character_as_java_reads_it():
+    assert parse_properties("client.id=app-\\uD83D\\uDE00\n") == {"client.id": "app-\U0001F600"}
+
+
+@pytest.mark.parametrize("properties", [{"sasl.password": "S3cr3t\udcff"}, {"client.id\udcff": "S3cr3t"}])
+def test_settings_holding_a_lone_surrogate_are_refused_at_validation_never_quoted(properties):
+    # What the properties file reader refuses can still come from elsewhere (a Secret, the bridge's YAML).
+    with pytest.raises(KafkaConfigError) as raised:
+        KafkaSettings("k:9092", {"security.protocol": "SASL_PLAINTEXT", "sasl.username": "u", **properties}).validate()
+    message = str(raised.value)
+    assert "is not UTF-8 text" in message and "S3cr3t" not in message and "\udcff" not in message
+
+
+@pytest.mark.parametrize(("servers", "message"), [
+    ("local\udcffhost:9092", r"bootstrap server 'local\\udcffhost:9092' is not UTF-8 text \(a byte that is not UTF-8"),
+    ("k:9092,kafka..svc:9092", "bootstrap server 'kafka..svc:9092' has no host name the resolver can be asked for"),
+    (f"{'k' * 64}.svc:9092", "has no host name the resolver can be asked for"),
+])
+def test_a_bootstrap_host_the_resolver_cannot_be_asked_for_is_a_config_error(servers, message):
+    # Python encodes a host name as IDNA before resolving it: these were a UnicodeError traceback from kcm tail.
+    with pytest.raises(KafkaConfigError, match=message):
+        parse_bootstrap(servers)
+    with pytest.raises(KafkaConfigError, match=message):
+        check_reachable(KafkaSettings(servers), timeout_s=5)
+
+
+def test_an_international_host_name_is_still_a_bootstrap_server():
+    assert parse_bootstrap("b\u00fccher.example:9092,[::1]:9093") == [("b\u00fccher.example", 9092), ("::1", 9093)]
 
 
 def test_servers_that_never_answer_cost_one_timeout_in_all_and_are_named_once(tmp_path):

@@ -235,6 +235,47 @@ def test_unknown_client_property_is_rejected_before_connecting(tmp_path, broker)
     assert "unsupported client property 'bogus.key'" in result.stderr
 
 
+def test_a_bootstrap_host_that_is_not_utf8_is_a_one_line_error_with_exit_code_2():
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", b"local\xffhost:1"],
+                            capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 2
+    assert result.stderr == ("kcm tail: bootstrap server 'local\\udcffhost:1' is not UTF-8 text (a byte that is not "
+                             "UTF-8 in a variable or on the command line, or a lone \\uD800-\\uDFFF escape)\n")
+
+
+class _NotUtf8(str):
+    """A header name kafka-python's producer writes as bytes that are not UTF-8: brokers do not check them."""
+
+    def encode(self, *args, **kwargs) -> bytes:
+        return b"\xff\xfebad"
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_record_kafka_python_cannot_read_is_an_error_row_and_tail_reads_past_it(broker, new_topic, producer,
+                                                                                    partitions):
+    # kafka-python raises CorruptRecordError for such a header name, which tail took for Kafka gone and stopped.
+    topic = new_topic(partitions=partitions)
+    last = partitions - 1
+    value, headers = _contract_record("before")
+    producer.send(topic, partition=last, value=value, headers=headers).get(timeout=10)
+    producer.send(topic, partition=last, value=value, headers=[*headers, (_NotUtf8("x"), b"v")]).get(timeout=10)
+    value, headers = _contract_record("after")
+    producer.send(topic, partition=last, value=value, headers=headers).get(timeout=10)
+    if partitions > 1:   # kafka-python does not say which partition failed: tail must find it among several
+        value, headers = _contract_record("elsewhere")
+        producer.send(topic, partition=0, value=value, headers=headers).get(timeout=10)
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", str(2 + partitions))
+
+    assert result.returncode == 0, result.stderr
+    rows = sorted((item["partition"], item["offset"], item["error"], item["resource"].get("client_id"))
+                  for item in map(json.loads, result.stdout.splitlines()))
+    expected = [(last, 0, None, "before"), (last, 1, "unreadable-record", None), (last, 2, None, "after")]
+    assert rows == sorted(expected + ([(0, 0, None, "elsewhere")] if partitions > 1 else []))
+
+
 def test_tail_prints_what_a_real_librdkafka_client_pushed_through_the_sandbox(sandbox):
     import confluent_kafka
     from kafka import KafkaAdminClient

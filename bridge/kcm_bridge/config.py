@@ -21,7 +21,7 @@ import yaml
 
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
-from kcm_common.kafka import load_properties, parse_bootstrap
+from kcm_common.kafka import LONE_SURROGATE, load_properties, parse_bootstrap, utf8_text
 from kcm_common.names import DEFAULT_METRICS_TOPIC, listen_address_problem, topic_problem
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
@@ -34,12 +34,17 @@ class ConfigError(UserError):
     """A bridge setting that is missing, malformed or contradicts another; the message names the field."""
 
 
+# A file's path: Python opens it by its bytes, so any name the file system holds will do, UTF-8 or not. Every other
+# string setting ends up in a request to Kafka or a collector, or in a record, and must be UTF-8 text.
+_PATH = {"path": True}
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """Where to read: the metrics topic(s) as one consumer group."""
 
     bootstrap_servers: str = ""
-    command_config: str | None = None          # client properties file (TLS/SASL, consumer tuning)
+    command_config: str | None = field(default=None, metadata=_PATH)  # client properties (TLS/SASL, tuning)
     # Inline client properties, over the file's; they may hold sasl.password, so repr leaves them out.
     properties: dict[str, str] = field(default_factory=dict, repr=False)
     topics: list[str] = field(default_factory=lambda: [DEFAULT_METRICS_TOPIC])
@@ -50,9 +55,9 @@ class KafkaConfig:
 
 @dataclass(frozen=True)
 class TlsConfig:
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: str | None = field(default=None, metadata=_PATH)
+    cert_file: str | None = field(default=None, metadata=_PATH)
+    key_file: str | None = field(default=None, metadata=_PATH)
 
 
 MAX_CONCURRENCY = 64  # export threads per endpoint: far more than a collector gains from, and each holds a batch
@@ -66,7 +71,7 @@ class EndpointConfig:
     insecure: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # tokens
-    headers_from_files: dict[str, str] = field(default_factory=dict)
+    headers_from_files: dict[str, str] = field(default_factory=dict, metadata=_PATH)
     headers_from_env: dict[str, str] = field(default_factory=dict)
     compression: Literal["gzip", "none"] = "gzip"
     timeout_s: float = 10.0
@@ -90,7 +95,7 @@ class AttributeRule:
     attribute: str = ""
     to: str | None = None
     salt: str | None = field(default=None, repr=False)
-    salt_file: str | None = None
+    salt_file: str | None = field(default=None, metadata=_PATH)
     salt_env: str | None = None
 
 
@@ -348,7 +353,8 @@ def rule_salt(rule: AttributeRule, where: str = "enrich.rules") -> bytes:
     elif rule.salt_env:
         if rule.salt_env not in os.environ:
             raise ConfigError(f"{where}.salt_env: environment variable {rule.salt_env} is not set")
-        salt, source = os.environ[rule.salt_env].encode(), f"{where}.salt_env {rule.salt_env}"
+        # The variable's bytes as the process got them, as a salt_file's are read: any bytes make a salt.
+        salt, source = os.fsencode(os.environ[rule.salt_env]), f"{where}.salt_env {rule.salt_env}"
     else:
         salt, source = (rule.salt or "").encode(), f"{where}.salt"
     if not salt:
@@ -404,11 +410,12 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where or 'the config'} must be a mapping, not {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown setting {_join(where, str(unknown[0]))}; known: {', '.join(sorted(names))}")
-    values = {name: _convert(raw[name], hints[name], _join(where, name)) for name in names if name in raw}
+        raise ConfigError(f"unknown setting {_join(where, str(unknown[0]))}; known: {', '.join(sorted(fields))}")
+    values = {name: _convert(raw[name], hints[name], _join(where, name), path=f.metadata.get("path", False))
+              for name, f in fields.items() if name in raw}
     return cls(**values)
 
 
@@ -416,15 +423,16 @@ def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
-def _convert(value: Any, kind: Any, where: str) -> Any:
-    """Coerce a YAML value, or an environment/flag string, to the field's declared type."""
+def _convert(value: Any, kind: Any, where: str, path: bool = False) -> Any:
+    """Coerce a YAML value, or an environment/flag string, to the field's declared type; `path`: the strings (a
+    mapping's values) name files."""
     origin = typing.get_origin(kind)
     args = typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _convert(value, inner, where)
+        return _convert(value, inner, where, path)
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, not {value!r}")
@@ -434,11 +442,15 @@ def _convert(value: Any, kind: Any, where: str) -> Any:
             value = [part.strip() for part in value.split(",") if part.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list, not {type(value).__name__}")
-        return [_convert(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+        return [_convert(item, args[0], f"{where}[{i}]", path) for i, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping of names to values, not {type(value).__name__}")
-        return {str(k): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
+        converted = {}
+        for key, item in value.items():
+            name = _text(str(key), f"a name in {where}")
+            converted[name] = _convert(item, args[1], f"{where}.{name}", path)
+        return converted
     if dataclasses.is_dataclass(kind):
         return _build(kind, value, where)
     if kind is bool:
@@ -461,5 +473,13 @@ def _convert(value: Any, kind: Any, where: str) -> Any:
     if kind is str:
         if isinstance(value, (dict, list)) or value is None:
             raise ConfigError(f"{where} must be a string, not {type(value).__name__}")
-        return str(value)
+        return str(value) if path else _text(str(value), where)
     raise TypeError(f"no conversion for {kind!r}")  # a field type this loader does not know: a bug, not a user error
+
+
+def _text(text: str, where: str) -> str:
+    """`text` as UTF-8 text; raises ConfigError naming `where`, never the text (it may be a secret)."""
+    joined = utf8_text(text)
+    if joined is None:
+        raise ConfigError(f"{where} is not UTF-8 text ({LONE_SURROGATE})")
+    return joined

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import KafkaError
+from kafka.errors import CorruptRecordError, KafkaError
 
 from kcm_cli.arguments import kafka_connection, seconds, topic
 from kcm_common import contract, points
@@ -108,16 +108,46 @@ def table_lines(item: dict[str, Any], error_message: str | None = None) -> Itera
             yield _format_row((client_id, instance, metric["name"], attrs, _point_value(point)))
 
 
-def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[ConsumerRecord]:
+def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """Each record as its jsonl object and decode error message; one kafka-python cannot read is an error row."""
     last_record = time.monotonic()
     while True:
-        batches = consumer.poll(timeout_ms=200)
+        try:
+            batches = consumer.poll(timeout_ms=200)
+        except CorruptRecordError as exc:   # one record's fault, not Kafka's: skipped, so reading goes on
+            yield _skip_unreadable(consumer, exc)
+            last_record, batches = time.monotonic(), {}
         records = sorted((r for rs in batches.values() for r in rs), key=lambda r: (r.timestamp, r.partition, r.offset))
         if records:
             last_record = time.monotonic()
-        yield from records
+        yield from map(record_json, records)
         if args.timeout is not None and time.monotonic() - last_record >= args.timeout:
             return
+
+
+def _skip_unreadable(consumer: KafkaConsumer, error: CorruptRecordError) -> tuple[dict[str, Any], str]:
+    """The error row of the record kafka-python could not read (e.g. a header name that is not UTF-8), after seeking
+    past it; the records after it in its producer's batch cannot be read either, and get a row each."""
+    partition = _unreadable_partition(consumer)
+    if partition is None:
+        raise UserError(f"a record cannot be read ({error}) and kafka-python does not say on which partition; "
+                        "kcm tail cannot skip it")
+    offset = consumer.position(partition)
+    consumer.seek(partition, offset + 1)
+    item = {"topic": partition.topic, "partition": partition.partition, "offset": offset, "key": None,
+            "resource": {}, "error": "unreadable-record", "metrics": []}
+    return item, str(error)
+
+
+def _unreadable_partition(consumer: KafkaConsumer) -> TopicPartition | None:
+    """The partition whose next record raised CorruptRecordError: the error does not name it, but kafka-python's
+    fetcher still holds that partition's records (it is the only place that knows)."""
+    assigned = consumer.assignment()
+    if len(assigned) == 1:
+        return next(iter(assigned))
+    pending = getattr(getattr(consumer, "_fetcher", None), "_next_partition_records", None)
+    partition = getattr(pending, "topic_partition", None)
+    return partition if partition in assigned else None
 
 
 def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
@@ -153,8 +183,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         if args.output == "table":
             print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
-        for record in _consume(consumer, args):
-            item, error_message = record_json(record)
+        for item, error_message in _consume(consumer, args):
             if args.output == "jsonl":
                 print(json.dumps(_json_safe(item), separators=(",", ":"), allow_nan=False), file=out, flush=True)
             else:

@@ -80,6 +80,30 @@ _SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
 _API_VERSIONS_V0 = struct.pack(">hhih", 18, 0, 0x6B636D, 3) + b"kcm"  # ApiVersions v0, correlation id "kcm"
+# Neither client can send a lone surrogate (kafka-python raises, librdkafka aborts the process): Python reads a byte
+# that is not UTF-8 in argv or the environment as one, and so it reads half of an escaped surrogate pair.
+LONE_SURROGATE = "a byte that is not UTF-8 in a variable or on the command line, or a lone \\uD800-\\uDFFF escape"
+_UNPAIRED = "a \\uD800-\\uDFFF escape that is not half of a surrogate pair"
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8, i.e. holds no lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def utf8_text(text: str) -> str | None:
+    """`text` with its surrogate pairs joined (Java and JSON read the escapes \\uD83D\\uDE00 as one character), or
+    None when a lone surrogate is left."""
+    if is_utf8(text):
+        return text
+    try:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        return None
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -94,7 +118,12 @@ def parse_properties(text: str) -> dict[str, str]:
         if not entry.key or not entry.separated:
             # The line is not quoted: a mistyped one may well be a password.
             raise KafkaConfigError(f"cannot read the property on line {entry.line}: expected key=value")
-        properties[entry.key] = entry.value
+        key, value = utf8_text(entry.key), utf8_text(entry.value)
+        if key is None:
+            raise KafkaConfigError(f"the property name on line {entry.line} is not UTF-8 text ({_UNPAIRED})")
+        if value is None:
+            raise KafkaConfigError(f"the value of property {key} on line {entry.line} is not UTF-8 text ({_UNPAIRED})")
+        properties[key] = value
     return properties
 
 
@@ -119,10 +148,24 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
         if match is None or not 1 <= int(match["port"]) <= 65535:
             raise KafkaConfigError(
                 f"bootstrap server {entry!r} is not HOST:PORT with a port from 1 to 65535 (e.g. kafka:9092)")
+        if not is_utf8(entry):
+            raise KafkaConfigError(f"bootstrap server {entry!r} is not UTF-8 text ({LONE_SURROGATE})")
+        if match["host"] and not _resolvable(match["host"]):
+            raise KafkaConfigError(f"bootstrap server {entry!r} has no host name the resolver can be asked for "
+                                   "(each dot-separated part 1 to 63 characters)")
         addresses.append((match["ipv6"] or match["host"], int(match["port"])))
     if not addresses:
         raise KafkaConfigError("no bootstrap server given: pass --bootstrap-server HOST:PORT")
     return addresses
+
+
+def _resolvable(host: str) -> bool:
+    """Whether `host` can be looked up: Python encodes a name as IDNA first, and raises for one it cannot."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 def _check_pem_file(key: str, path: str) -> None:
@@ -142,6 +185,10 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """Translate client properties into kafka-python keyword arguments, rejecting what it cannot honour."""
     options: dict[str, Any] = {}
     for key, value in properties.items():
+        if not is_utf8(key):
+            raise KafkaConfigError(f"the name of a client property is not UTF-8 text ({LONE_SURROGATE})")
+        if not is_utf8(value):
+            raise KafkaConfigError(f"the value of client property {key} is not UTF-8 text ({LONE_SURROGATE})")
         if key in CONSUMER_PROPERTIES:
             continue
         if key in _STORE_TYPES:
