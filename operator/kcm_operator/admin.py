@@ -34,6 +34,7 @@ from kcm_common.kafka import (
     KafkaUnavailableError,
     check_reachable,
     diagnose_failure,
+    is_utf8,
 )
 from kcm_operator.errors import InvalidSpecError, KafkaRefusedError, UnsupportedError
 from kcm_operator.reconcile import Change, ops_for_kafka
@@ -310,7 +311,5 @@ def _error(code: int, message: str) -> Exception:
 def _check_text(text: str, what: str) -> None:
     """Refuse text that is not UTF-8 (a lone surrogate, from a YAML escape or a command line's stray byte): kafka-python
     cannot encode it, and its request would never be sent nor fail, holding the connection for ever."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidSpecError(f"{what} {text!r} is not UTF-8 text (a lone surrogate such as \\ud800?)") from None
+    if not is_utf8(text):
+        raise InvalidSpecError(f"{what} {text!r} is not UTF-8 text (a lone surrogate such as \\ud800?)")
