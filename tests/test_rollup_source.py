@@ -56,6 +56,29 @@ def test_reads_exactly_the_requested_offset_ranges_with_headers(spark, kafka, ne
     assert "headers" not in read(spark, kafka, topic).columns
 
 
+class _NotUtf8(str):
+    """A header name kafka-python's producer writes as bytes that are not UTF-8, as any producer may."""
+
+    def encode(self, *args, **kwargs) -> bytes:
+        return b"\xff\xfebad"
+
+
+def test_a_record_whose_header_name_is_not_utf8_is_read_without_headers_not_failing_the_job(spark, kafka, new_topic):
+    topic = new_topic()
+    # Enough records before it that Python has specialised the reading calls (confluent-kafka's error then went
+    # unnoticed until a later call).
+    produce(kafka, topic, [(0, f"v{i}".encode()) for i in range(100)], one_per_batch=False)
+    producer = KafkaProducer(linger_ms=0, **kafka.client_options())
+    producer.send(topic, value=b"bad", key=b"kbad", partition=0, headers=[(_NotUtf8("x"), b"v")]).get(timeout=10)
+    producer.send(topic, value=b"after", key=b"kafter", partition=0, headers=[("n", b"1")]).get(timeout=10)
+    producer.close()
+
+    rows = read(spark, kafka, topic, includeHeaders="true").orderBy("offset").collect()
+
+    assert [r.value for r in rows] == [f"v{i}".encode() for i in range(100)] + [b"bad", b"after"]
+    assert rows[100].headers == [] and [(h.key, h.value) for h in rows[101].headers] == [("n", b"1")]
+
+
 def test_min_partitions_splits_ranges_without_losing_or_repeating_records(spark, kafka, new_topic):
     topic = new_topic()
     produce(kafka, topic, [(0, f"v{i}".encode()) for i in range(12)])
