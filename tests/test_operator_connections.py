@@ -89,7 +89,8 @@ def test_a_missing_secret_key_names_the_secret_and_key_not_a_value(tmp_path):
 def test_tls_material_that_does_not_load_is_named_by_its_secret_and_key_not_by_a_file(tmp_path):
     spec = {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL", "tls": {"caSecretRef": {"name": "garbage"}}}
 
-    with pytest.raises(KafkaConfigError, match=r"tls.caSecretRef Secret garbage key 'ca.crt' holds no usable CA") as err:
+    with pytest.raises(KafkaConfigError,
+                       match=r"tls.caSecretRef Secret garbage key 'ca.crt' holds no usable CA") as err:
         settings_from_spec(spec, _read, tmp_path)
 
     assert str(tmp_path) not in str(err.value) and "ssl.ca.location" not in str(err.value)
