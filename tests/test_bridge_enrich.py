@@ -11,8 +11,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 from kcm_bridge.config import AttributeRule, EnrichConfig
 from kcm_bridge.enrich import Enricher
-from kcm_bridge.wire import count_points
-from kcm_common import points
+from kcm_bridge.wire import count_points, field
+from kcm_common import contract, points
 from payloads import client_metrics
 
 HEADERS = {"client_id": "payments-1", "client_instance_id": "4c1d0f0e-0000-4000-8000-000000000001",
@@ -129,3 +129,61 @@ def test_without_headers_or_rules_the_payload_passes_through_unchanged():
 def test_broken_protobuf_framing_is_an_error_not_a_silent_pass(garbage):
     with pytest.raises(ValueError):
         count_points(Enricher(EnrichConfig()).enrich(garbage, HEADERS))
+
+
+def _kv(key: bytes, value: bytes = b"") -> bytes:
+    return field(1, field(1, key) + (field(2, field(1, value)) if value else b""))   # Resource.attributes
+
+
+_TOO_COSTLY = {
+    # 20 000 empty ResourceMetrics (40 KB) would each get the headers: 1.7 MB. Such a 1.4 KB zstd record of 8 M
+    # became a 688 MiB request after 32 s with 3.3 GB RSS.
+    "many tiny resource metrics": b"\x0a\x00" * 20_000,
+    # One ResourceMetrics of 300 000 empty ScopeMetrics: nothing multiplied, but a Python walk of every field.
+    "a resource metrics of many tiny fields": field(1, b"\x12\x00" * 300_000),
+    # A resource of 300 000 empty attributes, walked for the keys the headers replace.
+    "a resource of many tiny attributes": field(1, field(1, b"\x0a\x00" * 300_000)),
+    # 1500 distinct small resources, each looked up (the look-ups of small resources are cached, and count all the
+    # same).
+    "many small resources of many tiny attributes": b"".join(
+        field(1, field(1, b"\x0a\x00" * 200 + _kv(b"n", str(i).encode()))) for i in range(1500)),
+}
+
+
+@pytest.mark.parametrize("payload", _TOO_COSTLY.values(), ids=_TOO_COSTLY)
+def test_a_record_whose_enrichment_would_cost_far_more_than_its_size_is_refused_as_too_large(payload):
+    with pytest.raises(contract.DecodeError) as refused:
+        Enricher(EnrichConfig()).enrich(payload, HEADERS)
+    assert refused.value.reason == "too-large"
+
+
+def test_a_small_compressed_record_of_millions_of_messages_is_refused_when_prepared():
+    """The pipeline dead-letters (or counts and skips) what preparing a record raises as a DecodeError."""
+    import zstandard
+    from kcm_bridge.consumer import Record
+    from kcm_bridge.pipeline import Preparer
+
+    value = zstandard.ZstdCompressor(level=19).compress(b"\x0a\x00" * 2_000_000)
+    headers = [(contract.CONTENT_ENCODING_HEADER, b"zstd")] + [(k, v.encode()) for k, v in HEADERS.items()]
+    assert len(value) < 1024
+    with pytest.raises(contract.DecodeError, match="protobuf fields") as refused:
+        Preparer(Enricher(EnrichConfig()))(Record("metrics", 0, 0, b"k", value, headers))
+    assert refused.value.reason == "too-large"
+
+
+def test_records_of_many_real_resources_and_one_resource_with_large_added_attributes_are_enriched():
+    many = MetricsData()
+    for i in range(3000):   # some 390 KB: a plain OTLP batch, walked within the budget
+        resource_metrics = many.resource_metrics.add()
+        resource_metrics.resource.attributes.extend([
+            KeyValue(key="service.name", value=AnyValue(string_value=f"checkout-{i}")),
+            KeyValue(key="k8s.pod.name", value=AnyValue(string_value=f"checkout-7d9f8b6c5-{i:05d}")),
+            KeyValue(key="client_id", value=AnyValue(string_value="spoofed"))])   # replaced: the slow path
+        resource_metrics.scope_metrics.extend(client_metrics(f"app-{i}").resource_metrics[0].scope_metrics)
+    enriched = Enricher(EnrichConfig()).enrich(many.SerializeToString(), HEADERS)
+    assert [_resource(enriched, i)["client_id"] for i in (0, 2999)] == ["payments-1"] * 2
+    assert count_points(enriched) == 6000
+
+    large = Enricher(EnrichConfig(static_attributes={"note": "x" * 200_000})).enrich(
+        client_metrics().SerializeToString(), HEADERS)
+    assert _resource(large)["note"] == "x" * 200_000

@@ -160,6 +160,44 @@ def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_recon
     assert "wait until it is back" in line.getMessage()
 
 
+def test_an_address_that_answers_but_not_as_kafka_is_a_warning_at_most_once_a_minute(caplog):
+    """librdkafka reports each connection attempt to, say, an HTTP port as an error event: with the bridge's own
+    paced 'does not answer as a Kafka broker' report beside it, that was a WARNING twice a second, for ever."""
+    import confluent_kafka
+
+    from kcm_bridge.consumer import ConfluentConsumer
+    from kcm_common.kafka import KafkaSettings
+
+    class NotKafka:
+        def code(self) -> int:
+            return confluent_kafka.KafkaError._BAD_MSG
+
+        def str(self) -> str:
+            return ("127.0.0.1:8080/bootstrap: Receive failed: Invalid response size 1213486160 (0..100000000): "
+                    "increase receive.message.max.bytes (after 0ms in state APIVERSION_QUERY)")
+
+        def fatal(self) -> bool:
+            return False
+
+    class Serving:
+        """librdkafka serving one such event per consume (a reconnect each time), and no records."""
+
+        def consume(self, count, timeout):
+            consumer._on_error(NotKafka())
+            return []
+
+    consumer = ConfluentConsumer(KafkaSettings("127.0.0.1:1"), {}, "g", ["t"], lambda _: None, lambda _: None)
+    consumer._consumer.close()  # serves what librdkafka queued meanwhile (127.0.0.1:1 is down): forget it
+    consumer._consumer = Serving()
+    consumer._problem, consumer._new_problem, consumer._broker_failure = None, False, None
+    caplog.set_level(logging.DEBUG, logger="kcm.bridge")
+    for _ in range(5):
+        consumer.poll(0, 1)
+    lines = [r for r in caplog.records if r.name.startswith("kcm.bridge") and r.levelno >= logging.WARNING]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "Invalid response size" in lines[0].getMessage()
+
+
 def test_asked_watermarks_fall_back_to_the_fetched_ones_and_take_turns():
     """A partition without a leader, or a request that times out, leaves the last fetched watermark; the next round
     of requests starts where the last one ran out of time."""

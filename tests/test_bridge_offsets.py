@@ -53,3 +53,24 @@ def test_skipped_records_advance_the_position_and_forget_drops_a_revoked_partiti
     tracker.add(P, 4, Ticket())
     tracker.forget([P])
     assert tracker.to_commit() == {} and tracker.pending() == 0
+
+
+def test_finished_spans_behind_one_that_stays_unfinished_are_not_kept_and_the_position_waits_for_it():
+    """A dead letter the topic keeps refusing stays unfinished while the partition flows on: the records after it
+    must not each be held until it is written, and nothing is committed past it or past another unfinished one."""
+    tracker = OffsetTracker()
+    stuck, later = Ticket(), []
+    tracker.add(P, 0, stuck)
+    for offset in range(1, 1001):
+        ticket = Ticket()
+        tracker.add(P, offset, ticket)
+        later.append(ticket)
+        if offset != 500:
+            ticket.finish_part()
+    assert tracker.commit_position(P) == 0
+    assert len(tracker._spans[P]) <= 64, "a span kept per finished ticket"
+    assert tracker.pending() == 2
+    stuck.finish_part()
+    assert tracker.commit_position(P) == 500
+    later[499].finish_part()
+    assert tracker.commit_position(P) == 1001 and tracker.pending() == 0

@@ -915,7 +915,7 @@ def test_empty_records_waiting_for_a_refusing_dead_letter_topic_fill_the_budget_
     with _unstarted_bridge(config) as bridge:
         bridge._dead_letters = _FlakyDeadLetters(failures=10**9)
         bridge._add([Record("metrics", 0, offset, None, None, []) for offset in range(500)])   # tombstones
-        assert len(bridge._inflight) == 500
+        assert bridge._tracker.pending() == 500   # each waits for its dead letter
         assert bridge._inflight_bytes() >= 500 * 256 > config.delivery.max_inflight_bytes
         assert bridge._poll_size() == 1   # the next polls fetch one record at a time, and backpressure pauses
 

@@ -2,12 +2,14 @@
 
 Both consume as a classic consumer group, never auto-commit, and report partition moves through callbacks
 that run inside `poll`, on the bridge's own thread. Both report Kafka rejecting the credentials or no broker
-answering as KafkaUnavailableError, from `poll` and `check`, and keep retrying: the bridge decides what to log.
+answering as KafkaUnavailableError, from `poll` and `check`, and keep retrying: the bridge decides what to log. A record
+the client cannot read is handed on flagged (`Record.unreadable`), in its place, never raised.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
@@ -33,6 +35,10 @@ _PREFETCH_BACKOFF_MS = 20
 # second (each attempt logged at ERROR). Once a second is prompt enough after a broker restart.
 _RECONNECT_BACKOFF_MS = 1000
 BACKENDS = ("confluent-kafka", "kafka-python")
+# A message's headers, asked for from C: confluent-kafka returns a broken list with an error set for a header name
+# that is not UTF-8, which a call from C turns into SystemError at once. A plain `m.headers()` does too until Python
+# specialises the call site; then it returns the list, and the error surfaces in some later, unrelated call.
+_HEADERS = operator.methodcaller("headers")
 
 
 class Record(NamedTuple):
@@ -44,6 +50,9 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
+    # Why the client could not read all of the record (a header name that is not UTF-8), or None. Such a record has
+    # no headers; its key and value are as read, or both None when the client could read none of it (kafka-python).
+    unreadable: str | None = None
 
 
 class Consumer(Protocol):
@@ -123,6 +132,8 @@ class ConfluentConsumer:
         self._problem: str | None = None   # the last report that Kafka cannot be used, until a check succeeds
         self._new_problem = False
         self._broker_failures = PacedLog(log, logging.WARNING, period_s=60.0)
+        # Other error events may come once per connection attempt too (an address that answers, but not as Kafka).
+        self._other_errors = PacedLog(log, logging.WARNING, period_s=60.0)
         self._broker_failure: str | None = None   # a broker connection failed during the last serve of events
         self._answered = False   # Kafka answered a check since the start
         self._ask_from = 0   # where the next round of watermark requests starts
@@ -165,14 +176,22 @@ class ConfluentConsumer:
                 self._broker_failure = text
             return
         else:
-            log.warning("Kafka consumer: %s", error.str())
+            self._other_errors("Kafka consumer: %s", error.str())
             return
         self._new_problem = True
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
         messages = self._consumer.consume(max_records, timeout_s)
-        records = [Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers() or [])
-                   for m in messages if m.error() is None]
+        records = []
+        for m in messages:
+            if m.error() is not None:
+                continue
+            try:
+                headers = _HEADERS(m) or []
+            except Exception as err:  # noqa: BLE001 (a record that cannot be read costs that record, not the fetch)
+                records.append(_unreadable(m, err))
+                continue
+            records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers))
         if len(records) < len(messages):
             for error in (m.error() for m in messages if m.error() is not None):
                 self._on_error(error)
@@ -235,6 +254,16 @@ class ConfluentConsumer:
         self._consumer.close()
 
 
+def _unreadable(message: Any, err: Exception) -> Record:
+    """A message whose headers confluent-kafka cannot read (SystemError for a header name that is not UTF-8, which
+    any producer may write), flagged. Never ask for its headers again: the message keeps the broken list, and
+    returns it without an error the second time (reading it crashes the process)."""
+    cause = err.__cause__ or err
+    why = ("a header name is not UTF-8" if isinstance(cause, UnicodeDecodeError)
+           else f"its headers cannot be read ({type(cause).__name__}: {cause})")
+    return Record(message.topic(), message.partition(), message.offset(), message.key(), message.value(), [], why)
+
+
 class KafkaPythonConsumer:
     """kafka-python: pure Python (fast CRCs with the crc32c package), selectable with --kafka-client.
 
@@ -284,19 +313,17 @@ class KafkaPythonConsumer:
         self._consumer.subscribe(self._topics, listener=self._listener)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
-        from kafka.errors import KafkaError, SaslAuthenticationFailedError
+        from kafka.errors import CorruptRecordError, KafkaError, SaslAuthenticationFailedError
 
         if self._consumer is None:
             raise KafkaUnavailableError(f"not connected to Kafka at {self._settings.bootstrap_servers}")
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except KafkaError as exc:
-            # Its partitions are as good as lost (the next owner re-reads what was not committed); `check` builds
-            # a new client, which joins the group again.
-            lost = self.assignment()
-            self._on_revoke(lost)   # before closing: what was exported may still be committed
-            self.close()
-            self._consumer = None
+            # A record it cannot parse is not an outage: stepped past, it is handed on flagged.
+            if isinstance(exc, CorruptRecordError) and (skipped := self._skip_corrupt(exc)) is not None:
+                return [skipped]
+            self._lose_client()
             if isinstance(exc, SaslAuthenticationFailedError):
                 raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
             raise diagnose_failure(self._settings, exc) from None
@@ -304,6 +331,32 @@ class KafkaPythonConsumer:
             self._check_coordinator()
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
                 for records in batches.values() for r in records]
+
+    def _lose_client(self) -> None:
+        # Its partitions are as good as lost (the next owner re-reads what was not committed); `check` builds a new
+        # client, which joins the group again.
+        self._on_revoke(self.assignment())   # before closing: what was exported may still be committed
+        self.close()
+        self._consumer = None
+
+    def _skip_corrupt(self, exc: Exception) -> Record | None:
+        """Step past the record kafka-python cannot parse (a header name that is not UTF-8, a failed CRC), which it
+        would raise for on every poll, and hand it on flagged; None when the partition cannot be told."""
+        from kafka.errors import KafkaError
+
+        # The error does not name the partition: the fetcher still holds that partition's records, stopped there.
+        stopped = getattr(getattr(self._consumer, "_fetcher", None), "_next_partition_records", None)
+        tp = getattr(stopped, "topic_partition", None)
+        if tp is None:
+            return None
+        try:
+            offset = self._consumer.position(tp, timeout_ms=int(self._timeout_s * 1000))
+            self._consumer.seek(tp, offset + 1)
+        except (KafkaError, ValueError, TypeError):   # no longer assigned, or no position: the record is read again
+            return None
+        return Record(tp.topic, tp.partition, offset, None, None, [],
+                      f"kafka-python cannot read it ({exc}); it cannot be dead-lettered with this client, which "
+                      "reads nothing of such a record (confluent-kafka can)")
 
     def _check_coordinator(self) -> None:
         # kafka-python's poll keeps reconnecting in silence while the brokers are down: the group coordinator staying
@@ -395,10 +448,14 @@ class ConfluentDeadLetters:
 
         self._exception = confluent_kafka.KafkaException
         # A dead letter carries a record as large as the metrics topic holds, plus headers: the topic decides.
-        self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
-                                                   "linger.ms": 20, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
-                                                   "message.max.bytes": _DEAD_LETTER_MAX_BYTES,
-                                                   "logger": _LIBRDKAFKA_LOG})
+        try:
+            self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
+                                                       "linger.ms": 20, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
+                                                       "message.max.bytes": _DEAD_LETTER_MAX_BYTES,
+                                                       "logger": _LIBRDKAFKA_LOG})
+        except confluent_kafka.KafkaException as exc:
+            raise UserError("the Kafka dead-letter producer rejected its settings: "
+                            f"{exc.args[0].str().strip()}") from None
 
     def send(self, topic: str, record: Record, reason: str, on_done: Callable[[bool], None]) -> None:
         def delivered(error: Any, _: Any) -> None:

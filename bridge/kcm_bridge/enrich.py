@@ -1,17 +1,20 @@
 """Enrichment: contract headers and static attributes become resource attributes, then drop/rename/hash rules.
 
 The resource is rewritten at the protobuf wire level: metrics, scopes and points are copied as bytes and never
-decoded again, which is what keeps the bridge near the Kafka client's own speed.
+decoded again, which is what keeps the bridge near the Kafka client's own speed. What one record may cost is bounded
+(see `splice`): the added attributes go into every ResourceMetrics, so a record of many tiny ones would multiply them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from kcm_common.contract import DecodeError
 
 from kcm_bridge.config import AttributeRule, EnrichConfig, rule_salt
 from kcm_bridge.wire import LEN, RESOURCE_METRICS, field, fields, varint
@@ -21,6 +24,20 @@ _RESOURCE = _ATTRIBUTES = _KEY = 1
 _VALUE = 2
 _STRING_VALUE = 1
 _RESOURCE_METRICS_TAG = varint((RESOURCE_METRICS << 3) | LEN)
+# What enriching one record may cost. Protobuf fields walked in Python (some 1 µs and 200 bytes each): a small
+# compressed record can hold millions of tiny messages. A KIP-714 push (at most 1 MiB) walks a few dozen, a plain
+# OTLP batch of 5000 resources (3 MB) 135 000; past MAX_FIELDS, one field per 16 bytes of payload.
+MAX_FIELDS = 200_000
+_BYTES_PER_FIELD = 16
+# And each ResourceMetrics gets the added attributes: the copies beyond the first may come to 4 times the payload
+# and 64 KiB (a plain OTLP record's resources are rarely smaller than the attributes added to them).
+_GROWTH = 4
+_ALLOWANCE = 64 * 1024
+# A field takes two bytes at least, and no byte is walked more than six times (top level, ResourceMetrics, resource
+# and attribute twice each): a payload this small cannot reach MAX_FIELDS, so its walks are not counted.
+_UNCOUNTED_BYTES = MAX_FIELDS // 3
+
+_Walk = Callable[[bytes], list[tuple[int, int, int, int, int]]]
 
 
 class Rules:
@@ -94,31 +111,61 @@ class Enricher:
 
 
 def splice(metrics_data: bytes, added: Added, rules: Rules) -> bytes:
-    """Rewrite each ResourceMetrics' resource: its own attributes after the rules, minus keys `added` replaces."""
+    """Rewrite each ResourceMetrics' resource: its own attributes after the rules, minus keys `added` replaces.
+
+    Raises DecodeError("too-large") when the copies of the added attributes in the ResourceMetrics after the first
+    would come to more than 4 × the payload + 64 KiB (known before anything is built), or on reaching more walked
+    protobuf fields than MAX_FIELDS or, in a larger payload, one per 16 bytes."""
+    size = len(metrics_data)
+    walk = fields if size <= _UNCOUNTED_BYTES else _Budget(max(MAX_FIELDS, size // _BYTES_PER_FIELD))
+    parts = walk(metrics_data)
+    if len(parts) > 1 and (len(parts) - 1) * len(added.resource) > _GROWTH * size + _ALLOWANCE:
+        raise DecodeError("too-large", f"its {len(parts)} ResourceMetrics would each get the {len(added.resource)} "
+                                       f"bytes of added attributes: more than 4 × its {size}-byte payload + 64 KiB")
     out = []
-    for number, wire_type, start, value_start, end in fields(metrics_data):
+    for number, wire_type, start, value_start, end in parts:
         if number == RESOURCE_METRICS and wire_type == LEN:
-            body = _resource_metrics(metrics_data[value_start:end], added, rules)
+            body = _resource_metrics(metrics_data[value_start:end], added, rules, walk)
             out += (_RESOURCE_METRICS_TAG, varint(len(body)), body)
         else:
             out.append(metrics_data[start:end])
     return b"".join(out)
 
 
-def _resource_metrics(data: bytes, added: Added, rules: Rules) -> bytes:
-    parts = fields(data)
+class _Budget:
+    """`wire.fields` for the walks enriching one record: `limit` fields among them all."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.left = self.limit = limit
+
+    def __call__(self, data: bytes) -> list[tuple[int, int, int, int, int]]:
+        found = fields(data, self.left + 1)
+        self.charge(len(found))
+        return found
+
+    def charge(self, walked: int) -> None:
+        self.left -= walked
+        if self.left < 0:
+            raise DecodeError("too-large", f"enriching it would walk more than {self.limit} protobuf fields "
+                                           "(ResourceMetrics, their parts and resource attributes)")
+
+
+def _resource_metrics(data: bytes, added: Added, rules: Rules, walk: _Walk) -> bytes:
+    parts = walk(data)
     resource_parts = [data[value_start:end] for number, wire_type, _, value_start, end in parts
                       if number == _RESOURCE and wire_type == LEN]
     # Repeated occurrences of a message field merge, so their concatenation is the resource.
     resource = b"".join(resource_parts)
-    if not rules.attributes and (not resource or added.keys.isdisjoint(_resource_keys(resource))):
+    if not rules.attributes and (not resource or added.keys.isdisjoint(_resource_keys(resource, walk))):
         # The common case (an empty resource, or none of the added keys in it): a leading resource field holding
         # only the added attributes merges with the client's, so the rest is copied as it is.
         return added.resource + data
     kept, other = [], []
-    for number, wire_type, start, value_start, end in fields(resource):
+    for number, wire_type, start, value_start, end in walk(resource):
         if number == _ATTRIBUTES and wire_type == LEN:
-            attribute = _kept_attribute(resource[value_start:end], added.keys, rules)
+            attribute = _kept_attribute(resource[value_start:end], added.keys, rules, walk)
             if attribute is not None:
                 kept.append(field(_ATTRIBUTES, attribute))
         else:
@@ -127,33 +174,42 @@ def _resource_metrics(data: bytes, added: Added, rules: Rules) -> bytes:
     return field(_RESOURCE, b"".join(kept) + added.attributes + b"".join(other)) + b"".join(rest)
 
 
-def _resource_keys(resource: bytes) -> frozenset[str]:
-    # A client sends the same resource with every push: small ones are looked up, not walked again.
-    if len(resource) <= _CACHED_RESOURCE_BYTES:
-        return _cached_attribute_keys(resource)
-    return _attribute_keys(resource)
+def _resource_keys(resource: bytes, walk: _Walk) -> frozenset[str]:
+    # A client sends the same resource with every push: small ones are looked up, not walked again (but counted).
+    if len(resource) > _CACHED_RESOURCE_BYTES:
+        return _attribute_keys(resource, walk)
+    keys, walked = _cached_attribute_keys(resource)
+    if isinstance(walk, _Budget):
+        walk.charge(walked)
+    return keys
 
 
-def _attribute_keys(resource: bytes) -> frozenset[str]:
-    return frozenset(_key(resource[value_start:end]) for number, wire_type, _, value_start, end in fields(resource)
+def _attribute_keys(resource: bytes, walk: _Walk) -> frozenset[str]:
+    return frozenset(_key(resource[value_start:end], walk) for number, wire_type, _, value_start, end in walk(resource)
                      if number == _ATTRIBUTES and wire_type == LEN)
 
 
 _CACHED_RESOURCE_BYTES = 512
-_cached_attribute_keys = lru_cache(maxsize=1024)(_attribute_keys)
 
 
-def _key(key_value: bytes) -> str:
+@lru_cache(maxsize=1024)
+def _cached_attribute_keys(resource: bytes) -> tuple[frozenset[str], int]:
+    """A small resource's attribute keys, and the fields walked to find them (no more than its bytes)."""
+    counted = _Budget(_CACHED_RESOURCE_BYTES)
+    return _attribute_keys(resource, counted), counted.limit - counted.left
+
+
+def _key(key_value: bytes, walk: _Walk) -> str:
     key = ""
-    for number, wire_type, _, value_start, end in fields(key_value):
+    for number, wire_type, _, value_start, end in walk(key_value):
         if number == _KEY and wire_type == LEN:
             key = key_value[value_start:end].decode("utf-8", errors="replace")
     return key
 
 
-def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules) -> bytes | None:
+def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules, walk: _Walk) -> bytes | None:
     key, value = "", b""
-    for number, wire_type, _, value_start, end in fields(key_value):
+    for number, wire_type, _, value_start, end in walk(key_value):
         if number == _KEY and wire_type == LEN:
             key = key_value[value_start:end].decode("utf-8", errors="replace")
         elif number == _VALUE and wire_type == LEN:

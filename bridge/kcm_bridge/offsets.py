@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
 
 Partition = tuple[str, int]
+# A partition's spans are swept of finished ones when they reach this many, then each time they double again.
+_SWEEP_SPANS = 64
 
 
 class Ticket:
@@ -41,17 +42,22 @@ class Ticket:
 
 
 class _Span:
-    __slots__ = ("ticket", "first", "last")
+    __slots__ = ("ticket", "first")
 
     def __init__(self, ticket: Ticket, offset: int) -> None:
-        self.ticket, self.first, self.last = ticket, offset, offset
+        self.ticket, self.first = ticket, offset
 
 
 class OffsetTracker:
-    """Per partition, the spans of consumed records in order, each owned by a ticket; called from one thread."""
+    """Per partition, the spans of consumed records in order, each owned by a ticket; called from one thread.
+
+    A span is the first offset of a run of records finished with one ticket: the commit position is the first span
+    not finished, so finished spans are dropped wherever they are, also behind one that stays unfinished (a dead
+    letter the topic keeps refusing)."""
 
     def __init__(self) -> None:
-        self._spans: dict[Partition, deque[_Span]] = {}
+        self._spans: dict[Partition, list[_Span]] = {}
+        self._sweep_at: dict[Partition, int] = {}
         self._consumed: dict[Partition, int] = {}   # next offset after the last consumed record
         self._committed: dict[Partition, int] = {}
 
@@ -60,20 +66,29 @@ class OffsetTracker:
         self._consumed[partition] = offset + 1
         if ticket is None:
             return
-        spans = self._spans.setdefault(partition, deque())
+        spans = self._spans.setdefault(partition, [])
         if spans and spans[-1].ticket is ticket:
-            spans[-1].last = offset
-        else:
-            spans.append(_Span(ticket, offset))
+            return
+        spans.append(_Span(ticket, offset))
+        if len(spans) >= self._sweep_at.get(partition, _SWEEP_SPANS):   # bounded between positions asked for too
+            self._sweep(partition)
 
     def commit_position(self, partition: Partition) -> int | None:
         """The offset to commit: the first record not yet finished, else one past the last consumed."""
         spans = self._spans.get(partition)
-        while spans and spans[0].ticket.done:
-            spans.popleft()
+        if spans and (len(spans) > 1 or spans[0].ticket.done):
+            spans = self._sweep(partition)
         if spans:
             return spans[0].first
+        self._sweep_at.pop(partition, None)
         return self._consumed.get(partition)
+
+    def _sweep(self, partition: Partition) -> list[_Span]:
+        """Drop the partition's finished spans; the next sweep on `add` comes when the rest has doubled."""
+        kept = [span for span in self._spans[partition] if not span.ticket.done]
+        self._spans[partition] = kept
+        self._sweep_at[partition] = max(_SWEEP_SPANS, 2 * len(kept))
+        return kept
 
     def to_commit(self) -> dict[Partition, int]:
         """Positions that moved since the last `committed` call."""
@@ -91,6 +106,7 @@ class OffsetTracker:
         """Drop the state of partitions this member no longer owns."""
         for partition in partitions:
             self._spans.pop(partition, None)
+            self._sweep_at.pop(partition, None)
             self._consumed.pop(partition, None)
             self._committed.pop(partition, None)
 

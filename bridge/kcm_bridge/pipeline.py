@@ -8,11 +8,11 @@ dead-lettered (see offsets.py).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import random
 import threading
 import time
-import zlib
 from collections import deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,9 +46,11 @@ _WATERMARK_ASK_S = 1.0
 _POLL_RECORDS = 500
 # The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
 UNPROCESSABLE = "unprocessable"
-# The reason given to a record a collector refused as invalid (INVALID_ARGUMENT), alone or in the smallest part of
-# its batch the splitting reached.
+# The reason given to a record a collector refused as invalid (INVALID_ARGUMENT) or too large (RESOURCE_EXHAUSTED
+# without a retry delay: over its message size limit), alone or in the smallest part of its batch the splitting reached.
 REFUSED = "refused-by-collector"
+# The refusals that may be about some records of a request only: a smaller request (its other records) may pass.
+_SPLIT_CODES = frozenset({"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"})
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
 _DEAD_LETTER_TURN_S = 0.05
@@ -95,9 +97,17 @@ class Preparer:
         try:
             enriched = self._enricher.apply(payload, facts.added)
             return enriched, count_points(enriched)
+        except contract.DecodeError:   # enrichment's own refusal (too-large), with its reason
+            raise
         # The wire walk and the point count raise ValueError on a broken message; AnyValue parsing its own error.
         except Exception as err:
             raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
+
+    def instance(self, record: Record) -> str | None:
+        """The record's client_instance_id header, None when absent (read when it was prepared: a cache hit)."""
+        key = tuple(record.headers)
+        facts = self._facts.get(key)
+        return (facts or self._read_headers(key)).instance
 
     def _read_headers(self, raw: tuple[tuple[str, bytes | None], ...]) -> _HeaderFacts:
         headers, size = {}, 0
@@ -159,9 +169,10 @@ def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record,
     return payload
 
 
-# One record in a batch: its enriched MetricsData bytes, its data points, its key (for hash routing), and the record
-# itself when a dead-letter topic is configured (a record the collector refuses is written there as it was read).
-Part = tuple[bytes, int, bytes, Record | None]
+# One record in a batch: its enriched MetricsData bytes, its data points, the client instance it comes from when hash
+# routing needs it (its client_instance_id header, else its key), and the record itself when a dead-letter topic is
+# configured (a record the collector refuses is written there as it was read).
+Part = tuple[bytes, int, str | bytes, Record | None]
 
 
 @dataclass
@@ -206,7 +217,13 @@ class Bridge:
                        for index, (endpoint, e) in enumerate(zip(self._endpoints, config.endpoints))}
         self._tracker = OffsetTracker()
         self._batch = _Batch()
-        self._inflight: deque[Ticket] = deque()
+        # Bytes of flushed batches and waiting dead letters whose tickets have not finished: kept as a sum, not
+        # summed over the tickets, which a dead letter the topic keeps refusing would let pile up behind it.
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()   # tickets finish on export and producer threads
+        # Hash routing: each client instance's endpoint, worked out once (bounded like the header cache).
+        self._hashing = config.routing == "hash" and len(self._endpoints) > 1
+        self._routes: dict[str | bytes, Endpoint] = {}
         # Dead letters to write from the consuming thread: failed writes to retry (appended from producer threads)
         # and records a collector refused (appended from export threads).
         self._letters_due: deque[_DeadLetter] = deque()
@@ -322,16 +339,20 @@ class Bridge:
         it keeps what it uses in locals."""
         prepare, track = self._prepare, self._tracker.add
         keep = self._dead_letters is not None
+        hashing = self._hashing
         max_points, max_bytes = self.config.batch.max_points, self.config.batch.max_bytes
         batch, consumed, added = self._batch, 0, 0
         room = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
-        busy = bool(self._inflight)   # with nothing in flight one record always goes, however large
+        busy = self._inflight > 0   # with nothing in flight one record always goes, however large
         for index, record in enumerate(records):
             if added >= room and (index or busy):
                 self._held = records[index:]
                 records = records[:index]
                 break
             consumed += len(record.value or b"")
+            if record.unreadable is not None:   # the Kafka client could not read all of it (consumer.py)
+                self._reject(record, (record.topic, record.partition), UNPROCESSABLE, record.unreadable)
+                continue
             try:
                 payload, points = prepare(record)
             except contract.DecodeError as err:
@@ -348,7 +369,8 @@ class Bridge:
                 batch = self._batch
             if not batch.parts:
                 batch.opened = time.monotonic()
-            batch.parts.append((payload, points, record.key or b"", record if keep else None))
+            instance = (self._prepare.instance(record) or record.key or b"") if hashing else b""
+            batch.parts.append((payload, points, instance, record if keep else None))
             batch.points += points
             batch.size += size
             added += size
@@ -369,7 +391,9 @@ class Bridge:
         self.metrics.decode_failures.labels(reason).inc()
         where = f"{record.topic}/{record.partition}@{record.offset}"
         topic = self.config.delivery.dead_letter_topic
-        if self._dead_letters is None or topic is None:
+        # A record the client could read nothing of (kafka-python, see consumer.py) leaves nothing to write.
+        nothing = record.unreadable is not None and record.key is None and record.value is None
+        if self._dead_letters is None or topic is None or nothing:
             self._rejected_log("skipping undecodable record %s (%s): %s", where, reason, message)
             self._tracker.add(partition, record.offset, None)
             return
@@ -377,7 +401,7 @@ class Bridge:
         # Held (and counted against the in-flight budget) until written: a dead-letter topic that refuses the
         # record is retried with backoff, so its partition is never committed past it.
         ticket = Ticket(size=_held_size(record))
-        self._inflight.append(ticket)
+        self._hold(ticket)
         self._tracker.add(partition, record.offset, ticket)
         self._dead_letter(_DeadLetter(record, reason, ticket))
 
@@ -387,7 +411,7 @@ class Bridge:
         def done(ok: bool) -> None:   # from the producer's thread or poll
             if ok:
                 self.metrics.dead_lettered.inc()
-                letter.ticket.finish_part()
+                self._finish(letter.ticket)
                 return
             self.metrics.dead_letter_failures.inc()
             letter.due = time.monotonic() + backoff_s(letter.attempts, KAFKA_RETRY, self._rng)
@@ -411,47 +435,53 @@ class Bridge:
             elif self._tracker.holds((letter.record.topic, letter.record.partition), letter.ticket):
                 self._dead_letter(letter)
             else:
-                letter.ticket.finish_part()   # its partition was revoked: the next owner reads the record again
+                self._finish(letter.ticket)   # its partition was revoked: the next owner reads the record again
 
     def _flush(self) -> None:
-        """Hand the open batch to the exporters: every endpoint (fanout) or each key's endpoint (hash)."""
+        """Hand the open batch to the exporters: every endpoint (fanout) or each client instance's endpoint (hash)."""
         batch, self._batch = self._batch, _Batch()
         if not batch.parts:
             return
-        endpoints = self._endpoints
-        if self.config.routing == "hash" and len(endpoints) > 1:
-            groups: dict[int, list[Part]] = {}
+        if self._hashing:
+            groups: dict[int, tuple[Endpoint, list[Part]]] = {}
+            routes = self._routes
             for part in batch.parts:
-                groups.setdefault(zlib.crc32(part[2]) % len(endpoints), []).append(part)
-            work = [(endpoints[index], parts) for index, parts in groups.items()]
+                endpoint = routes.get(part[2])
+                if endpoint is None:
+                    if len(routes) >= _HEADER_CACHE_ENTRIES:
+                        routes.clear()
+                    endpoint = routes[part[2]] = _rendezvous(part[2], self._endpoints)
+                groups.setdefault(id(endpoint), (endpoint, []))[1].append(part)
+            work = list(groups.values())
         else:
-            work = [(endpoint, batch.parts) for endpoint in endpoints]
+            work = [(endpoint, batch.parts) for endpoint in self._endpoints]
         batch.ticket.size = batch.size + batch.kept
         batch.ticket.set_parts(len(work))
-        self._inflight.append(batch.ticket)
+        self._hold(batch.ticket)
         for endpoint, parts in work:
             future = self._pools[id(endpoint)].submit(self._export, endpoint, parts, batch.ticket)
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
 
     def _export(self, endpoint: Endpoint, records: list[Part], ticket: Ticket) -> Outcome:
-        """Export a batch's records as one request. A batch the collector calls INVALID_ARGUMENT is split in halves,
-        each exported on its own, down to the records it refuses: one bad record must not cost every other client in
-        its batch its data. The splitting is bounded (4·log2(records) extra requests), so a collector refusing
-        everything costs a few requests per batch, not one per record. The records refused in the end go to the
-        dead-letter topic when there is one, and `ticket` waits for those writes too."""
+        """Export a batch's records as one request. A batch the collector refuses as invalid (INVALID_ARGUMENT) or
+        too large (RESOURCE_EXHAUSTED without a retry delay) is split in halves, each exported on its own, down to the
+        records it refuses: one bad or oversized record must not cost every other client in its batch its data. The
+        splitting is bounded (4·log2(records) extra requests), so a collector refusing everything costs a few requests
+        per batch, not one per record. The records refused in the end go to the dead-letter topic when there is one,
+        and `ticket` waits for those writes too."""
         outcome = self._send(endpoint, records)
-        if outcome.error != "INVALID_ARGUMENT" or outcome.delivered or outcome.abandoned or len(records) == 1:
+        if outcome.error not in _SPLIT_CODES or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
         budget, sent = 4 * len(records).bit_length(), 1
-        refused = [records]   # chunks refused as invalid as a whole: to split, or dropped as invalid
-        # Records refused for good by their gRPC code, with the (last) outcome of that code: each reason decides
+        refused = [(outcome, records)]   # chunks refused as a whole, with their refusal: to split, or dropped
+        # Records refused for good by their gRPC code, with the (first) outcome of that code: each reason decides
         # for its own records (invalid ones may be dead-lettered, those refused for credentials never are).
         dropped: dict[str | None, tuple[Outcome, list[Part]]] = {}
         while refused:
-            chunk = refused.pop()
+            why, chunk = refused.pop()
             if len(chunk) == 1 or budget < 2:
-                dropped.setdefault(outcome.error, (outcome, []))[1].extend(chunk)   # refused as invalid
+                dropped.setdefault(why.error, (why, []))[1].extend(chunk)
                 continue
             half = len(chunk) // 2
             for part in (chunk[:half], chunk[half:]):
@@ -461,16 +491,15 @@ class Bridge:
                     return result
                 if result.delivered:
                     continue
-                if result.error == "INVALID_ARGUMENT":
-                    outcome = result
-                    refused.append(part)
+                if result.error in _SPLIT_CODES:
+                    refused.append((result, part))
                 else:
                     dropped.setdefault(result.error, (result, []))[1].extend(part)
         for why, parts in dropped.values():
             self._refused(endpoint, why, parts, len(records), ticket)
         if not dropped:   # refused as a whole, every part taken (a collector limiting request size this way)
-            log.warning("export to %s rejected with INVALID_ARGUMENT: %s; the batch of %d records was delivered in "
-                        "%d smaller requests", endpoint.name, outcome.detail, len(records), sent - 1)
+            log.warning("export to %s rejected with %s: %s; the batch of %d records was delivered in %d smaller "
+                        "requests", endpoint.name, outcome.error, outcome.detail, len(records), sent - 1)
         return Outcome(True, sent)   # what the collector takes was delivered
 
     def _send(self, endpoint: Endpoint, records: list[Part]) -> Outcome:
@@ -488,8 +517,8 @@ class Bridge:
 
     def _refused(self, endpoint: Endpoint, outcome: Outcome, records: list[Part], total: int,
                  ticket: Ticket) -> None:
-        """Log records refused for good; those refused as invalid are handed to the consuming thread for the
-        dead-letter topic when there is one (the others were refused for the endpoint's sake, not their own)."""
+        """Log records refused for good; those refused as invalid or too large are handed to the consuming thread for
+        the dead-letter topic when there is one (the others were refused for the endpoint's sake, not their own)."""
         if outcome.error is None or outcome.delivered or outcome.abandoned:
             return
         points = sum(record[1] for record in records)
@@ -497,7 +526,7 @@ class Bridge:
                  f"{len(records)} of the batch's {total} records ({points} points; the others were delivered)")
         topic = self.config.delivery.dead_letter_topic
         letters = [_DeadLetter(record[3], REFUSED, ticket) for record in records
-                   if outcome.error == "INVALID_ARGUMENT" and record[3] is not None]
+                   if outcome.error in _SPLIT_CODES and record[3] is not None]
         action = f"dead-lettering {which} to {topic}" if letters else f"dropping {which}"
         log.error("export to %s rejected with %s: %s; %s (not retryable)%s%s", endpoint.name, outcome.error,
                   outcome.detail, action, refusal_hint(outcome.error), outcome.note)
@@ -523,12 +552,21 @@ class Bridge:
             return
         # An abandoned export (shutdown deadline) leaves its records uncommitted for the next owner.
         if not outcome.abandoned:
-            ticket.finish_part()
+            self._finish(ticket)
+
+    def _hold(self, ticket: Ticket) -> None:
+        """Count a ticket's bytes against the in-flight budget until it finishes."""
+        with self._inflight_lock:
+            self._inflight += ticket.size
+
+    def _finish(self, ticket: Ticket) -> None:
+        """End one of a ticket's deliveries (from any thread); the last one frees its bytes."""
+        if ticket.finish_part():
+            with self._inflight_lock:
+                self._inflight -= ticket.size
 
     def _inflight_bytes(self) -> int:
-        while self._inflight and self._inflight[0].done:
-            self._inflight.popleft()
-        return sum(t.size for t in self._inflight if not t.done) + self._batch.size + self._batch.kept
+        return self._inflight + self._batch.size + self._batch.kept
 
     def _backpressure(self) -> None:
         """Pause every partition while too much is unexported (an endpoint is slow or down); resume at half."""
@@ -646,6 +684,13 @@ class Bridge:
         for pool in self._pools.values():
             pool.shutdown(wait=True)
         log.info("bridge stopped")
+
+
+def _rendezvous(instance: str | bytes, endpoints: list[Endpoint]) -> Endpoint:
+    """The endpoint a client instance goes to: the highest hash of (endpoint, instance). Adding or removing an
+    endpoint moves only the instances it wins or had, not most of them as `hash % len(endpoints)` would."""
+    identity = b"\0" + (instance.encode("utf-8", "surrogatepass") if isinstance(instance, str) else instance)
+    return max(endpoints, key=lambda e: hashlib.blake2b(e.name.encode() + identity, digest_size=8).digest())
 
 
 def _describe(positions: dict[Partition, int]) -> str:

@@ -3,8 +3,10 @@
 Follows the OpenTelemetry reset semantics: a stream the bridge has no state for (first seen, evicted, idle
 expired, or its partition moved here) starts again with its own start time; a point that is not newer than the
 last one of its stream (a re-delivered push) is dropped rather than counted twice. A stream is kept for
-`idle_expiry_s`, or twice its client's push interval when that is longer, so slow pushers keep their totals.
-A NaN or infinite delta is passed on as it came and never added: it must not poison the total for good.
+`idle_expiry_s`, or twice its client's push interval when that is longer (up to KIP-714's longest, an hour), so slow
+pushers keep their totals. A NaN or infinite delta is passed on as it came and never added: it must not poison the
+total for good. A stream is keyed by a 16-byte digest of its identity, so its state costs the same however long the
+names and attribute values a writer sends; a record holding more than MAX_ITEMS is refused.
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (AGGREGATION_TEMPORALITY_
                                                         AGGREGATION_TEMPORALITY_DELTA, MetricsData,
                                                         NumberDataPoint)
 
+from kcm_common.contract import DecodeError
+
 Partition = tuple[str, int]
-StreamKey = tuple[str, bytes, str, str, tuple[tuple[str, bytes], ...]]
+StreamKey = bytes   # blake2b-128 of instance, resource, scope, metric name and point attributes
+# KIP-714's longest push interval (a subscription's interval.ms is at most an hour). A record may claim any: one
+# claiming years would keep its streams, and every stream updated before them, for ever.
+MAX_PUSH_INTERVAL_S = 3600.0
+# ResourceMetrics, ScopeMetrics, metrics and delta points one record may hold, each some microseconds of Python on the
+# consuming thread (a small compressed record can hold millions). A KIP-714 push (at most 1 MiB) holds thousands.
+MAX_ITEMS = 100_000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Stream:
     partition: Partition
     start_ns: int
@@ -51,31 +61,49 @@ class DeltaToCumulative:
     def convert(self, metrics: MetricsData, instance: str, partition: Partition, now_s: float | None = None,
                 push_interval_s: float | None = None) -> bool:
         """Rewrite the delta sums of `metrics` in place; True when anything changed. `push_interval_s`: how often
-        the client pushes, when the record says (streams are then kept at least twice that)."""
+        the client pushes, when the record says (streams are then kept at least twice that, at most twice an hour).
+        Raises DecodeError("too-large") on reaching the part of a record past MAX_ITEMS (the points before it count)."""
         now_s = time.monotonic() if now_s is None else now_s
         self._expire(now_s)
-        keep_s = self._idle_expiry_s if push_interval_s is None else max(self._idle_expiry_s, 2 * push_interval_s)
+        keep_s = self._idle_expiry_s
+        if push_interval_s is not None:
+            keep_s = max(keep_s, 2 * min(push_interval_s, MAX_PUSH_INTERVAL_S))
         changed = False
+        items = len(metrics.resource_metrics)
+        if items > MAX_ITEMS:
+            raise _too_many()
         for resource_metrics in metrics.resource_metrics:
             # Several resources may share a record (plain OTLP topics) or a key: each has its own streams.
             resource = _resource_key(resource_metrics.resource.attributes)
+            items += len(resource_metrics.scope_metrics)
+            if items > MAX_ITEMS:
+                raise _too_many()
             for scope_metrics in resource_metrics.scope_metrics:
                 scope = scope_metrics.scope.name
+                items += len(scope_metrics.metrics)
+                if items > MAX_ITEMS:
+                    raise _too_many()
                 for metric in scope_metrics.metrics:
                     if not metric.HasField("sum"):
                         continue
                     total = metric.sum
                     if total.aggregation_temporality != AGGREGATION_TEMPORALITY_DELTA:
                         continue
+                    points = total.data_points
+                    items += len(points)
+                    if items > MAX_ITEMS:
+                        raise _too_many()
                     changed = True
                     total.aggregation_temporality = AGGREGATION_TEMPORALITY_CUMULATIVE
-                    name = metric.name
-                    dropped = [index for index, point in enumerate(total.data_points)
-                               if not self._accumulate(point, (instance, resource, scope, name,
-                                                               _attribute_key(point.attributes)),
-                                                       partition, now_s, keep_s)]
-                    for index in reversed(dropped):
-                        del total.data_points[index]
+                    metric_key = _metric_key(instance, resource, scope, metric.name)
+                    bare_key = metric_key.digest()
+                    kept = [point for point in points
+                            if self._accumulate(point, _attributes_key(metric_key, point.attributes) if point.attributes
+                                                else bare_key, partition, now_s, keep_s)]
+                    if len(kept) < len(points):
+                        # Rebuilt once: deleting the re-delivered points one by one shifts the rest each time.
+                        del points[:]
+                        points.extend(kept)
         return changed
 
     def _accumulate(self, point: NumberDataPoint, key: StreamKey, partition: Partition, now_s: float,
@@ -139,6 +167,11 @@ class DeltaToCumulative:
             del self._streams[key]
 
 
+def _too_many() -> DecodeError:
+    return DecodeError("too-large", f"more than {MAX_ITEMS} resources, scopes, metrics and delta points to convert "
+                                    "to cumulative: refused rather than holding the bridge")
+
+
 def _int64(total: float | int) -> int | None:
     try:
         whole = int(total)
@@ -148,17 +181,26 @@ def _int64(total: float | int) -> int | None:
 
 
 def _resource_key(attributes: Sequence[KeyValue]) -> bytes:
-    """A short digest of a resource's attributes (in any order), so each stream's key stays small."""
-    if not attributes:
-        return b""
+    """A short digest of a resource's attributes (in any order), computed once per resource of a record."""
+    return _attributes_key(hashlib.blake2b(digest_size=16), attributes) if attributes else b""
+
+
+def _metric_key(instance: str, resource: bytes, scope: str, name: str) -> hashlib.blake2b:
+    """The digest of a metric's identity, to be finished with each point's attributes. Every part is length-prefixed,
+    so no two identities run together into the same bytes."""
     digest = hashlib.blake2b(digest_size=16)
-    for name, value in _attribute_key(attributes):
-        encoded = name.encode("utf-8", errors="surrogatepass")
-        digest.update(len(encoded).to_bytes(4, "big") + encoded + len(value).to_bytes(4, "big") + value)
+    for part in (instance.encode("utf-8", errors="surrogatepass"), resource,
+                 scope.encode("utf-8", errors="surrogatepass"), name.encode("utf-8", errors="surrogatepass")):
+        digest.update(len(part).to_bytes(4, "big") + part)
+    return digest
+
+
+def _attributes_key(prefix: hashlib.blake2b, attributes: Sequence[KeyValue]) -> bytes:
+    """`prefix` finished with the attributes, in any order: each KeyValue serialised and length-prefixed."""
+    digest = prefix.copy()
+    encoded = [kv.SerializeToString() for kv in attributes]
+    encoded.sort()
+    for one in encoded:
+        digest.update(len(one).to_bytes(4, "big"))
+        digest.update(one)
     return digest.digest()
-
-
-def _attribute_key(attributes: Sequence[KeyValue]) -> tuple[tuple[str, bytes], ...]:
-    if not attributes:
-        return ()
-    return tuple(sorted((kv.key, kv.value.SerializeToString()) for kv in attributes))

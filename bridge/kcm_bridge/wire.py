@@ -41,9 +41,10 @@ def _read_varint(data: bytes, position: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
-def fields(data: bytes) -> list[tuple[int, int, int, int, int]]:
-    """(field number, wire type, field start, value start, end) of each top-level field; ValueError if malformed."""
-    found = []
+def fields(data: bytes, limit: int = 0) -> list[tuple[int, int, int, int, int]]:
+    """(field number, wire type, field start, value start, end) of each top-level field, or of the first `limit` when
+    it is positive (the rest is not walked); ValueError if malformed."""
+    found: list[tuple[int, int, int, int, int]] = []
     position, size = 0, len(data)
     try:
         while position < size:
@@ -74,6 +75,8 @@ def fields(data: bytes) -> list[tuple[int, int, int, int, int]]:
             if position > size or tag >> 3 == 0:
                 raise ValueError("truncated or malformed protobuf field")
             found.append((tag >> 3, wire_type, start, value_start, position))
+            if limit and len(found) == limit:
+                break
     except IndexError:
         raise ValueError("truncated protobuf varint") from None
     return found

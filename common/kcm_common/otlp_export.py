@@ -159,7 +159,8 @@ _REFUSAL_HINTS = {
     "UNIMPLEMENTED": "is the endpoint an OTLP/gRPC metrics receiver (port 4317 of a collector)?",
     "UNAUTHENTICATED": "check the endpoint's headers (an expired or missing token?)",
     "PERMISSION_DENIED": "check the endpoint's headers (a token without the right to write metrics?)",
-    "RESOURCE_EXHAUSTED": "a request over the collector's message limit? send smaller batches (bridge: batch.max_bytes)",
+    "RESOURCE_EXHAUSTED": ("a request, or one record alone, over the collector's message size limit "
+                           "(max_recv_msg_size_mib, 4 MiB by default)? send smaller batches (bridge: batch.max_bytes)"),
 }
 
 

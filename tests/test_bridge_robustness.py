@@ -1,0 +1,204 @@
+"""Inputs and conditions the bridge must survive without losing data or its footing: records a Kafka client cannot
+read, a dead-letter topic that keeps refusing, records too large for the collector, settings the dead-letter
+producer refuses, and collectors added to a hash-routed set."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import subprocess
+import sys
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+from kcm_bridge.consumer import Record
+from kcm_bridge.offsets import Ticket
+from kcm_common import contract
+from fake_collector import FakeCollector
+from test_bridge_pipeline import (BACKENDS, _client_ids, _committed, _config, _FlakyDeadLetters, _PausingConsumer,
+                                  _produce, _push, _unstarted_bridge, _wait, running_bridge)
+
+
+class _NotUtf8(str):
+    """A header name kafka-python's producer writes as bytes that are not UTF-8, as any producer may."""
+
+    def encode(self, *args, **kwargs) -> bytes:
+        return b"\xff\xfebad"
+
+
+def _dead_letters(bootstrap: str, topic: str) -> list:
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, consumer_timeout_ms=3000)
+    try:
+        reader.assign([TopicPartition(topic, 0)])
+        reader.seek_to_beginning()
+        return list(reader)
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_record_with_a_header_name_that_is_not_utf8_costs_only_itself(backend, broker, new_topic, collector,
+                                                                         tmp_path, caplog):
+    """confluent-kafka raised for the whole fetch (the bridge died, and again on every restart); kafka-python raised
+    on every poll, taken for a Kafka outage. The record is counted and, with confluent-kafka, dead-lettered with its
+    key and value; the records around it are exported and committed."""
+    topic, dlq = new_topic(), new_topic(prefix="dlq")
+    # Enough records before it that Python has specialised the consumer's calls (confluent-kafka's error then went
+    # unnoticed until a later call).
+    pushes = [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(102)]
+    _produce(broker.bootstrap, topic, pushes[:100])
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    key, value, headers = pushes[100]
+    producer.send(topic, key=key, value=value, headers=headers + [(_NotUtf8("x"), b"v")]).get(20)
+    producer.close()
+    _produce(broker.bootstrap, topic, pushes[101:])
+
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, backend,
+                     {("delivery", "dead_letter_topic"): dlq})
+    with caplog.at_level(logging.INFO), running_bridge(config) as bridge:   # run() returns 0: asserted on exit
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 102, 60, "the commit past all")
+        assert bridge.ready
+    assert sorted(_client_ids(collector.exports)) == sorted(f"client-{i}" for i in range(102) if i != 100)
+    assert bridge.metrics.value(bridge.metrics.decode_failures, reason="unprocessable") == 1
+    letters = _dead_letters(broker.bootstrap, dlq)
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("kcm")]
+    assert not [m for m in messages if "cannot reach Kafka" in m], messages
+    if backend == "confluent-kafka":
+        (letter,) = letters
+        assert (letter.key, letter.value) == (key, value)
+        assert dict(letter.headers) == {"kcm.dlq.reason": b"unprocessable", "kcm.dlq.topic": topic.encode(),
+                                        "kcm.dlq.partition": b"0", "kcm.dlq.offset": b"100"}
+        assert any(f"{topic}/0@100 to {dlq} (unprocessable): a header name is not UTF-8" in m for m in messages)
+    else:   # kafka-python reads nothing of the record: it is skipped, and the log says why it is not dead-lettered
+        assert letters == []
+        (line,) = [m for m in messages if f"skipping undecodable record {topic}/0@100" in m]
+        assert "UnicodeDecodeError" in line and "cannot be dead-lettered with this client" in line
+
+
+def test_batches_exported_behind_a_dead_letter_the_topic_keeps_refusing_are_not_held(tmp_path, collector,
+                                                                                      monkeypatch):
+    """Each batch exported after a refused dead letter used to stay in memory (and be summed on every loop turn) for
+    as long as the topic refused. The partition still is not committed past the letter until it is written."""
+    from kcm_bridge import pipeline
+    from kcm_common.retry import RetryPolicy
+
+    monkeypatch.setattr(pipeline, "KAFKA_RETRY", RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05,
+                                                            multiplier=2.0, jitter=0.0))
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq"})
+    with _unstarted_bridge(config) as bridge:
+        dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=10**9)   # no such topic, no ACL...
+        bridge._consumer = _PausingConsumer([("metrics", 0)])
+        corrupt = Record("metrics", 0, 0, b"k", b"\xff not a payload", [])
+        bridge._add([corrupt])
+        key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
+        batches = 300
+        for offset in range(1, batches + 1):
+            bridge._add([Record("metrics", 0, offset, key, value, headers)])
+            bridge._flush()
+        held = pipeline._held_size(corrupt)
+        _wait(lambda: bridge._inflight_bytes() == held, 30, "every batch exported")
+        assert len(collector.exports) == batches
+        assert bridge._tracker.to_commit() == {("metrics", 0): 0}   # not past the letter
+        gc.collect()
+        tickets = [o for o in gc.get_objects() if type(o) is Ticket]
+        assert len(tickets) < 10, f"{len(tickets)} tickets held for {batches} exported batches"
+
+        dead_letters.failures = 0   # the topic is fixed
+        _wait(lambda: (bridge._serve_dead_letters(0), dead_letters.written)[1], 10, "the dead letter written")
+        assert bridge._tracker.to_commit() == {("metrics", 0): batches + 1} and bridge._inflight_bytes() == 0
+
+
+def _large_push(client_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """A push of 5 MiB decompressed (the contract allows 16), over the collector's 4 MiB gRPC limit; a few KiB in
+    Kafka."""
+    data = MetricsData()
+    metric = data.resource_metrics.add().scope_metrics.add().metrics.add()
+    metric.name = "large"
+    point = metric.gauge.data_points.add()
+    point.as_int, point.time_unix_nano = 1, 1
+    attribute = point.attributes.add()
+    attribute.key, attribute.value.string_value = "blob", "x" * (5 * 2**20)
+    value, headers = contract.encode(data, content_encoding="zstd", attributes={"client_id": client_id})
+    return b"large", value, headers
+
+
+def test_a_record_over_the_collectors_size_limit_is_dead_lettered_and_the_rest_of_its_batch_delivered(
+        tmp_path, collector, caplog):
+    """The collector refuses the request as RESOURCE_EXHAUSTED without a retry delay (its message limit): the batch
+    was dropped and committed whole, dead-letter topic or not."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq", ("batch", "max_bytes"): 64 * 2**20})
+    pushes = [_push("before", "00000000-0000-0000-0000-000000000001"), _large_push("large"),
+              _push("after", "00000000-0000-0000-0000-000000000002")]
+    with _unstarted_bridge(config) as bridge, caplog.at_level(logging.ERROR, logger="kcm.bridge"):
+        dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=0)
+        bridge._add([Record("metrics", 0, offset, *push) for offset, push in enumerate(pushes)])
+        assert len(bridge._batch.parts) == 3
+        bridge._flush()
+        _wait(lambda: (bridge._serve_dead_letters(0), dead_letters.written)[1], 30, "the dead letter written")
+        _wait(lambda: bridge._inflight_bytes() == 0, 30, "the batch finished")
+        assert dead_letters.written == [("metrics-dlq", 1, "refused-by-collector")]
+        assert bridge._tracker.to_commit() == {("metrics", 0): 3}
+    assert sorted(_client_ids(collector.exports)) == ["after", "before"]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "rejected with RESOURCE_EXHAUSTED" in line
+    assert "dead-lettering 1 of the batch's 3 records (1 points; the others were delivered) to metrics-dlq" in line
+
+
+def test_the_dead_letter_producer_refusing_a_setting_is_one_line_and_exit_code_2(tmp_path):
+    properties = tmp_path / "client.properties"
+    properties.write_text("request.timeout.ms=400000\n")   # librdkafka's socket.timeout.ms allows 300000 at most
+    run = subprocess.run([sys.executable, "-m", "kcm_cli.main", "bridge", "--bootstrap-server", "127.0.0.1:9",
+                          "--endpoint", "127.0.0.1:9", "--insecure", "--command-config", str(properties),
+                          "--dead-letter-topic", "metrics-dlq"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    assert ("the Kafka dead-letter producer rejected its settings: Configuration property \"socket.timeout.ms\" "
+            "value 400000 is outside allowed range") in run.stderr
+
+
+def _routes(tmp_path, collectors: list[FakeCollector], records: list[Record]) -> dict[str, str]:
+    """Which collector each client instance's records reached, hash-routed by a bridge to `collectors`."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", [c.endpoint for c in collectors], "confluent-kafka",
+                     {("routing",): "hash", ("batch", "max_points"): 10**6})
+    earlier = [len(collector.exports) for collector in collectors]
+    with _unstarted_bridge(config) as bridge:
+        bridge._add(records)
+        bridge._flush()
+        _wait(lambda: bridge._inflight_bytes() == 0, 30, "every export")
+    routes: dict[str, str] = {}
+    for collector, start in zip(collectors, earlier):
+        for instance in _client_ids(collector.exports[start:]):
+            assert routes.setdefault(instance, collector.endpoint) == collector.endpoint, "an instance split"
+    return routes
+
+
+def _instances(count: int, keyed: bool) -> list[Record]:
+    records = []
+    for i in range(count):
+        key, value, headers = _push(f"instance-{i}", f"00000000-0000-0000-0000-{i:012d}")
+        records.append(Record("metrics", 0, i, key if keyed else None, value, headers))
+    return records
+
+
+def test_adding_an_endpoint_to_hash_routing_moves_only_the_instances_the_new_one_takes(tmp_path):
+    """`crc32(key) % endpoints` moved two thirds of the instances from two endpoints to three, most of them between
+    the old ones (their collector-side state lost)."""
+    records = _instances(200, keyed=True)
+    with FakeCollector() as first, FakeCollector() as second, FakeCollector() as third:
+        before = _routes(tmp_path, [first, second], records)
+        after = _routes(tmp_path, [first, second, third], records)
+    assert len(before) == len(after) == 200
+    moved = {instance for instance in before if after[instance] != before[instance]}
+    assert all(after[instance] == third.endpoint for instance in moved), "instances moved between old endpoints"
+    assert 0 < len(moved) <= 100, len(moved)   # a third expected
+
+
+def test_hash_routing_spreads_records_without_a_key_by_their_client_instance_id(tmp_path):
+    """Records without a key (what the OpenTelemetry Collector's Kafka exporter writes) all went to one endpoint."""
+    with FakeCollector() as first, FakeCollector() as second:
+        routes = _routes(tmp_path, [first, second], _instances(200, keyed=False))
+    assert len(routes) == 200 and set(routes.values()) == {first.endpoint, second.endpoint}
