@@ -120,27 +120,28 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
         assert not [r for r in caplog.records if r.exc_info]
 
 
-def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_reconnect(caplog):
-    import confluent_kafka
-
-    from kcm_bridge.consumer import ConfluentConsumer
-    from kcm_common.kafka import KafkaSettings
-
-    class BrokerDown:
+def _error_event(code: int, text: str):
+    """A librdkafka error event, as the consumer's error callback receives it."""
+    class Event:
         def code(self) -> int:
-            return confluent_kafka.KafkaError._TRANSPORT
+            return code
 
         def str(self) -> str:
-            return "127.0.0.1:9093/2: Connect to ipv4#127.0.0.1:9093 failed: Connection refused"
+            return text
 
         def fatal(self) -> bool:
             return False
+    return Event()
+
+
+def _serving_events(event, caplog):
+    """A ConfluentConsumer whose librdkafka serves `event` once per consume, and no records."""
+    from kcm_bridge.consumer import ConfluentConsumer
+    from kcm_common.kafka import KafkaSettings
 
     class Serving:
-        """librdkafka serving one broker-down event per consume, and no records."""
-
         def consume(self, count, timeout):
-            consumer._on_error(BrokerDown())
+            consumer._on_error(event)
             return []
 
     consumer = ConfluentConsumer(KafkaSettings("127.0.0.1:1"), {}, "g", ["t"], lambda _: None, lambda _: None)
@@ -148,6 +149,15 @@ def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_recon
     consumer._consumer = Serving()
     consumer._problem, consumer._new_problem, consumer._broker_failure = None, False, None
     caplog.set_level(logging.DEBUG, logger="kcm.bridge")
+    return consumer
+
+
+def test_one_broker_down_is_a_warning_at_most_once_a_minute_not_a_line_per_reconnect(caplog):
+    import confluent_kafka
+
+    consumer = _serving_events(_error_event(
+        confluent_kafka.KafkaError._TRANSPORT,
+        "127.0.0.1:9093/2: Connect to ipv4#127.0.0.1:9093 failed: Connection refused"), caplog)
     consumer.poll(0, 1)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "nothing answered yet: an outage"
     consumer._answered = True  # as after a successful check: Kafka answers, one broker does not
@@ -165,32 +175,10 @@ def test_an_address_that_answers_but_not_as_kafka_is_a_warning_at_most_once_a_mi
     paced 'does not answer as a Kafka broker' report beside it, that was a WARNING twice a second, for ever."""
     import confluent_kafka
 
-    from kcm_bridge.consumer import ConfluentConsumer
-    from kcm_common.kafka import KafkaSettings
-
-    class NotKafka:
-        def code(self) -> int:
-            return confluent_kafka.KafkaError._BAD_MSG
-
-        def str(self) -> str:
-            return ("127.0.0.1:8080/bootstrap: Receive failed: Invalid response size 1213486160 (0..100000000): "
-                    "increase receive.message.max.bytes (after 0ms in state APIVERSION_QUERY)")
-
-        def fatal(self) -> bool:
-            return False
-
-    class Serving:
-        """librdkafka serving one such event per consume (a reconnect each time), and no records."""
-
-        def consume(self, count, timeout):
-            consumer._on_error(NotKafka())
-            return []
-
-    consumer = ConfluentConsumer(KafkaSettings("127.0.0.1:1"), {}, "g", ["t"], lambda _: None, lambda _: None)
-    consumer._consumer.close()  # serves what librdkafka queued meanwhile (127.0.0.1:1 is down): forget it
-    consumer._consumer = Serving()
-    consumer._problem, consumer._new_problem, consumer._broker_failure = None, False, None
-    caplog.set_level(logging.DEBUG, logger="kcm.bridge")
+    consumer = _serving_events(_error_event(
+        confluent_kafka.KafkaError._BAD_MSG,
+        "127.0.0.1:8080/bootstrap: Receive failed: Invalid response size 1213486160 (0..100000000): "
+        "increase receive.message.max.bytes (after 0ms in state APIVERSION_QUERY)"), caplog)
     for _ in range(5):
         consumer.poll(0, 1)
     lines = [r for r in caplog.records if r.name.startswith("kcm.bridge") and r.levelno >= logging.WARNING]
