@@ -9,7 +9,6 @@ the client cannot read is handed on flagged (`Record.unreadable`), in its place,
 from __future__ import annotations
 
 import logging
-import operator
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
@@ -17,7 +16,7 @@ from typing import Any, NamedTuple, Protocol
 from kcm_common.errors import UserError
 from kcm_common.kafka import (CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError, diagnose_failure,
                               rejected_message)
-from kcm_common.librdkafka import librdkafka_config
+from kcm_common.librdkafka import librdkafka_config, message_headers
 from kcm_common.pacing import PacedLog
 
 log = logging.getLogger("kcm.bridge.consumer")
@@ -35,10 +34,6 @@ _PREFETCH_BACKOFF_MS = 20
 # second (each attempt logged at ERROR). Once a second is prompt enough after a broker restart.
 _RECONNECT_BACKOFF_MS = 1000
 BACKENDS = ("confluent-kafka", "kafka-python")
-# A message's headers, asked for from C: confluent-kafka returns a broken list with an error set for a header name
-# that is not UTF-8, which a call from C turns into SystemError at once. A plain `m.headers()` does too until Python
-# specialises the call site; then it returns the list, and the error surfaces in some later, unrelated call.
-_HEADERS = operator.methodcaller("headers")
 
 
 class Record(NamedTuple):
@@ -187,7 +182,7 @@ class ConfluentConsumer:
             if m.error() is not None:
                 continue
             try:
-                headers = _HEADERS(m) or []
+                headers = message_headers(m) or []
             except Exception as err:  # noqa: BLE001 (a record that cannot be read costs that record, not the fetch)
                 records.append(_unreadable(m, err))
                 continue

@@ -88,9 +88,13 @@ _UNPAIRED = "a \\uD800-\\uDFFF escape that is not half of a surrogate pair"
 
 def is_utf8(text: str) -> bool:
     """Whether `text` encodes as UTF-8, i.e. holds no lone surrogate."""
+    return _encodes(text, "utf-8")
+
+
+def _encodes(text: str, codec: str) -> bool:
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+        text.encode(codec)
+    except UnicodeError:
         return False
     return True
 
@@ -150,7 +154,8 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
                 f"bootstrap server {entry!r} is not HOST:PORT with a port from 1 to 65535 (e.g. kafka:9092)")
         if not is_utf8(entry):
             raise KafkaConfigError(f"bootstrap server {entry!r} is not UTF-8 text ({LONE_SURROGATE})")
-        if match["host"] and not _resolvable(match["host"]):
+        # Python encodes a host name as IDNA before looking it up, and raises for one it cannot.
+        if match["host"] and not _encodes(match["host"], "idna"):
             raise KafkaConfigError(f"bootstrap server {entry!r} has no host name the resolver can be asked for "
                                    "(each dot-separated part 1 to 63 characters)")
         addresses.append((match["ipv6"] or match["host"], int(match["port"])))
@@ -159,13 +164,6 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
     return addresses
 
 
-def _resolvable(host: str) -> bool:
-    """Whether `host` can be looked up: Python encodes a name as IDNA first, and raises for one it cannot."""
-    try:
-        host.encode("idna")
-    except UnicodeError:
-        return False
-    return True
 
 
 def _check_pem_file(key: str, path: str) -> None:

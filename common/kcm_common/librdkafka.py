@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from kcm_common.kafka import KafkaSettings, kafka_python_options
+
+# A confluent-kafka message's headers, asked for from C. For a header name that is not UTF-8 (any producer may write
+# one) confluent-kafka returns a list with an error set: a call from C raises SystemError at once, while a plain
+# `message.headers()` does only until CPython specialises the call site, after which the error surfaces in some later,
+# unrelated call. Never ask a message that raised again: the second call returns the broken list without an error.
+message_headers = operator.methodcaller("headers")
 
 # kafka-python keyword -> librdkafka property, for the TLS/SASL settings kcm_common validates.
 _LIBRDKAFKA_NAMES = {

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import operator
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -57,10 +56,6 @@ _HEADERS_FIELD = StructField("headers", ArrayType(StructType([StructField("key",
 class KafkaSourceError(ValueError):
     """Options that do not describe a readable range, or a range Kafka can no longer serve in full."""
 
-# A message's headers, asked for from C: for a header name that is not UTF-8 confluent-kafka returns a list with an
-# error set, which a call from C turns into SystemError at once, while a plain `message.headers()` does only until
-# Python specialises the call site (then the error surfaces in a later, unrelated call, or reading the list crashes).
-_HEADERS = operator.methodcaller("headers")
 
 def kafka_schema(include_headers: bool) -> StructType:
     """The schema of Spark's Kafka source (`headers` only with includeHeaders=true)."""
@@ -335,6 +330,8 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
 def _consume(consumer: Any, offsets: OffsetRange, position: int, count: int, timeout_s: float) -> list[Record]:
     import confluent_kafka
 
+    from kcm_common.librdkafka import message_headers
+
     records = []
     for message in consumer.consume(count, timeout_s):
         error = message.error()
@@ -342,10 +339,10 @@ def _consume(consumer: Any, offsets: OffsetRange, position: int, count: int, tim
             kind, timestamp = message.timestamp()
             # librdkafka numbers timestamp types from 0 = none, Spark from -1 = none.
             try:
-                headers = _HEADERS(message) or []
+                headers = message_headers(message) or []
             except Exception:  # noqa: BLE001 - a header name that is not UTF-8 (any producer may write one)
                 # confluent-kafka cannot read such headers; the record goes on without them (decoding then says
-                # what it makes of the value), never failing the job. Never asked again: see _HEADERS.
+                # what it makes of the value), never failing the job. Never asked again: see message_headers.
                 headers = []
             records.append(Record(message.key(), message.value(), message.topic(), message.partition(),
                                   message.offset(), timestamp, kind - 1, headers))
