@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
 from kcm_common.kafka import (CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError, diagnose_failure,
-                              rejected_message)
+                              rejected_message, step_past_unreadable)
 from kcm_common.librdkafka import librdkafka_config, message_headers
 from kcm_common.pacing import PacedLog
 
@@ -337,18 +337,9 @@ class KafkaPythonConsumer:
     def _skip_corrupt(self, exc: Exception) -> Record | None:
         """Step past the record kafka-python cannot parse (a header name that is not UTF-8, a failed CRC), which it
         would raise for on every poll, and hand it on flagged; None when the partition cannot be told."""
-        from kafka.errors import KafkaError
-
-        # The error does not name the partition: the fetcher still holds that partition's records, stopped there.
-        stopped = getattr(getattr(self._consumer, "_fetcher", None), "_next_partition_records", None)
-        tp = getattr(stopped, "topic_partition", None)
-        if tp is None:
+        if (skipped := step_past_unreadable(self._consumer, self._timeout_s)) is None:
             return None
-        try:
-            offset = self._consumer.position(tp, timeout_ms=int(self._timeout_s * 1000))
-            self._consumer.seek(tp, offset + 1)
-        except (KafkaError, ValueError, TypeError):   # no longer assigned, or no position: the record is read again
-            return None
+        tp, offset = skipped
         return Record(tp.topic, tp.partition, offset, None, None, [],
                       f"kafka-python cannot read it ({exc}); it cannot be dead-lettered with this client, which "
                       "reads nothing of such a record (confluent-kafka can)")

@@ -19,7 +19,8 @@ from kafka.errors import CorruptRecordError, KafkaError
 from kcm_cli.arguments import kafka_connection, seconds, topic
 from kcm_common import contract, points
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure
+from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure,
+                              step_past_unreadable)
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.tail")
@@ -115,7 +116,7 @@ def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[tupl
         try:
             batches = consumer.poll(timeout_ms=200)
         except CorruptRecordError as exc:   # one record's fault, not Kafka's: skipped, so reading goes on
-            yield _skip_unreadable(consumer, exc)
+            yield _skip_unreadable(consumer, exc, args.connect_timeout)
             last_record, batches = time.monotonic(), {}
         records = sorted((r for rs in batches.values() for r in rs), key=lambda r: (r.timestamp, r.partition, r.offset))
         if records:
@@ -125,29 +126,18 @@ def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[tupl
             return
 
 
-def _skip_unreadable(consumer: KafkaConsumer, error: CorruptRecordError) -> tuple[dict[str, Any], str]:
+def _skip_unreadable(consumer: KafkaConsumer, error: CorruptRecordError,
+                     timeout_s: float) -> tuple[dict[str, Any], str]:
     """The error row of the record kafka-python could not read (e.g. a header name that is not UTF-8), after seeking
     past it; the records after it in its producer's batch cannot be read either, and get a row each."""
-    partition = _unreadable_partition(consumer)
-    if partition is None:
+    skipped = step_past_unreadable(consumer, timeout_s)
+    if skipped is None:
         raise UserError(f"a record cannot be read ({error}) and kafka-python does not say on which partition; "
                         "kcm tail cannot skip it")
-    offset = consumer.position(partition)
-    consumer.seek(partition, offset + 1)
+    partition, offset = skipped
     item = {"topic": partition.topic, "partition": partition.partition, "offset": offset, "key": None,
             "resource": {}, "error": "unreadable-record", "metrics": []}
     return item, str(error)
-
-
-def _unreadable_partition(consumer: KafkaConsumer) -> TopicPartition | None:
-    """The partition whose next record raised CorruptRecordError: the error does not name it, but kafka-python's
-    fetcher still holds that partition's records (it is the only place that knows)."""
-    assigned = consumer.assignment()
-    if len(assigned) == 1:
-        return next(iter(assigned))
-    pending = getattr(getattr(consumer, "_fetcher", None), "_next_partition_records", None)
-    partition = getattr(pending, "topic_partition", None)
-    return partition if partition in assigned else None
 
 
 def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:

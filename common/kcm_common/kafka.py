@@ -473,3 +473,28 @@ def ensure_topic(settings: KafkaSettings, name: str, partitions: int = 1, replic
         return False
     finally:
         admin.close()
+
+
+def step_past_unreadable(consumer: Any, timeout_s: float) -> tuple[Any, int] | None:
+    """After a kafka-python consumer's poll raised CorruptRecordError (a header name that is not UTF-8, a failed CRC),
+    which it would raise again on every poll: seek past that record and return its (TopicPartition, offset).
+
+    The error does not name the partition: kafka-python's fetcher still holds that partition's records, stopped at
+    the record (a private attribute, the only place that knows), unless one partition is assigned. None when the
+    partition cannot be told or is no longer assigned: the caller cannot step past the record."""
+    from kafka.errors import KafkaError
+
+    assigned = consumer.assignment()
+    if len(assigned) == 1:
+        partition = next(iter(assigned))
+    else:
+        pending = getattr(getattr(consumer, "_fetcher", None), "_next_partition_records", None)
+        partition = getattr(pending, "topic_partition", None)
+        if partition not in assigned:
+            return None
+    try:
+        offset = consumer.position(partition, timeout_ms=int(timeout_s * 1000))
+        consumer.seek(partition, offset + 1)
+    except (KafkaError, ValueError, TypeError, AssertionError):   # revoked meanwhile, or no position: read again
+        return None
+    return partition, offset
