@@ -36,11 +36,12 @@ BACKENDS = ("confluent-kafka", "kafka-python")
 CONSUMER_PROPERTIES = "session.timeout.ms=3000\nheartbeat.interval.ms=500\nauto.offset.reset=earliest\n"
 
 
-def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> None:
-    # One record per batch keeps Tansu's watermarks exact.
+def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes | None]]]],
+             timestamp_ms: int = 0) -> None:
+    # One record per batch keeps Tansu's watermarks exact. Timestamp 0: now.
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
     for key, value, headers in records:
-        producer.produce(topic, key=key, value=value, headers=headers)
+        producer.produce(topic, key=key, value=value, headers=headers, timestamp=timestamp_ms)
     assert producer.flush(20) == 0
 
 
@@ -326,8 +327,11 @@ def test_collector_outage_loses_nothing_and_corrupt_records_go_to_the_dead_lette
     topic, dead_letters = new_topic(), new_topic(prefix="dlq")
     records = [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(30)]
     corrupt = [(b"bad-zstd", b"\x28\xb5\x2f\xfd garbage", [("content-encoding", b"zstd"), ("client_id", b"x")]),
-               (b"bad-proto", b"\xff\xff\xff", [("client_id", b"y")])]
-    _produce(broker.bootstrap, topic, records[:10] + corrupt + records[10:])
+               (b"bad-proto", b"\xff\xff\xff", [("client_id", b"y"), ("traceparent", None)])]
+    written_at = int(time.time() * 1000) - 3_600_000   # an hour ago: the dead letters keep it
+    _produce(broker.bootstrap, topic, records[:10])
+    _produce(broker.bootstrap, topic, corrupt, timestamp_ms=written_at)
+    _produce(broker.bootstrap, topic, records[10:])
     collector.fail_next(grpc.StatusCode.UNAVAILABLE, times=4)
     collector.throttle_next(0.2)
 
@@ -362,6 +366,10 @@ def test_collector_outage_loses_nothing_and_corrupt_records_go_to_the_dead_lette
     assert reasons == [b"decompress-failed", b"invalid-protobuf"]
     assert dict(dead[0].headers)["content-encoding"] == b"zstd"
     assert dict(dead[1].headers)["kcm.dlq.offset"] == b"11"
+    assert [r.timestamp for r in dead] == [written_at, written_at]
+    # A null header value is kept as null (kafka-python's producer takes none: it leaves such a header out).
+    expected = [("client_id", b"y")] + ([("traceparent", None)] if backend == "confluent-kafka" else [])
+    assert dead[1].headers[:-4] == expected
 
 
 def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sigterm(

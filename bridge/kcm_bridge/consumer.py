@@ -48,6 +48,8 @@ class Record(NamedTuple):
     # Why the client could not read all of the record (a header name that is not UTF-8), or None. Such a record has
     # no headers; its key and value are as read, or both None when the client could read none of it (kafka-python).
     unreadable: str | None = None
+    # Its Kafka timestamp in epoch milliseconds (CreateTime or LogAppendTime), or None: a dead letter keeps it.
+    timestamp: int | None = None
 
 
 class Consumer(Protocol):
@@ -105,12 +107,11 @@ def open_dead_letter_producer(backend: str, settings: KafkaSettings) -> DeadLett
     return ConfluentDeadLetters(settings)
 
 
-def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes]]:
-    """The original headers plus where the record came from and why it could not be bridged."""
-    headers = [(name, value) for name, value in record.headers if value is not None]
-    return headers + [("kcm.dlq.reason", reason.encode()), ("kcm.dlq.topic", record.topic.encode()),
-                      ("kcm.dlq.partition", str(record.partition).encode()),
-                      ("kcm.dlq.offset", str(record.offset).encode())]
+def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes | None]]:
+    """The original headers (null values too) plus where the record came from and why it could not be bridged."""
+    return record.headers + [("kcm.dlq.reason", reason.encode()), ("kcm.dlq.topic", record.topic.encode()),
+                             ("kcm.dlq.partition", str(record.partition).encode()),
+                             ("kcm.dlq.offset", str(record.offset).encode())]
 
 
 class ConfluentConsumer:
@@ -186,7 +187,8 @@ class ConfluentConsumer:
             except Exception as err:  # noqa: BLE001 (a record that cannot be read costs that record, not the fetch)
                 records.append(_unreadable(m, err))
                 continue
-            records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers))
+            records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers, None,
+                                  _timestamp(m)))
         if len(records) < len(messages):
             for error in (m.error() for m in messages if m.error() is not None):
                 self._on_error(error)
@@ -256,7 +258,13 @@ def _unreadable(message: Any, err: Exception) -> Record:
     cause = err.__cause__ or err
     why = ("a header name is not UTF-8" if isinstance(cause, UnicodeDecodeError)
            else f"its headers cannot be read ({type(cause).__name__}: {cause})")
-    return Record(message.topic(), message.partition(), message.offset(), message.key(), message.value(), [], why)
+    return Record(message.topic(), message.partition(), message.offset(), message.key(), message.value(), [], why,
+                  _timestamp(message))
+
+
+def _timestamp(message: Any) -> int | None:
+    kind, milliseconds = message.timestamp()
+    return milliseconds if kind and milliseconds >= 0 else None   # kind 0: TIMESTAMP_NOT_AVAILABLE
 
 
 class KafkaPythonConsumer:
@@ -324,7 +332,8 @@ class KafkaPythonConsumer:
             raise diagnose_failure(self._settings, exc) from None
         if not batches:
             self._check_coordinator()
-        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()))
+        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()), None,
+                       r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None)
                 for records in batches.values() for r in records]
 
     def _lose_client(self) -> None:
@@ -450,7 +459,7 @@ class ConfluentDeadLetters:
             on_done(error is None)
 
         try:
-            self._producer.produce(topic, value=record.value, key=record.key,
+            self._producer.produce(topic, value=record.value, key=record.key, timestamp=record.timestamp or 0,
                                    headers=dead_letter_headers(record, reason), on_delivery=delivered)
         except (BufferError, self._exception) as exc:   # a full local queue, or a record the client refuses
             _dead_letter_failed(record, topic, exc.args[0].str() if isinstance(exc, self._exception) else str(exc))
@@ -482,8 +491,10 @@ class KafkaPythonDeadLetters:
                 # A short block: a missing topic must not hold the consuming thread; the write is retried later.
                 self._producer = KafkaProducer(linger_ms=20, max_request_size=_DEAD_LETTER_MAX_BYTES,
                                                max_block_ms=200, **self._options)
-            future = self._producer.send(topic, value=record.value, key=record.key,
-                                         headers=dead_letter_headers(record, reason))
+            # kafka-python's producer takes no null header value (TypeError): those headers are left out.
+            headers = [(name, value) for name, value in dead_letter_headers(record, reason) if value is not None]
+            future = self._producer.send(topic, value=record.value, key=record.key, timestamp_ms=record.timestamp,
+                                         headers=headers)
         except KafkaError as exc:   # cannot connect, a record too large, no metadata within max_block_ms
             _dead_letter_failed(record, topic, str(exc))
             on_done(False)
