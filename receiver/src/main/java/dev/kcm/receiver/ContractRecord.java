@@ -32,8 +32,7 @@ final class ContractRecord {
                 push.clientInstanceId.getLeastSignificantBits());
         AuthorizableRequestContext context = push.context;
         List<Header> headers = new ArrayList<>(16);
-        add(headers, "content-type", push.contentType == null || push.contentType.isEmpty()
-                ? CONTENT_TYPE_PROTOBUF : push.contentType);
+        add(headers, "content-type", mediaType(push.contentType));
         add(headers, "content-encoding", contentEncoding(push.data));
         add(headers, "client_instance_id", instance.toString());
         add(headers, "client_id", context.clientId());
@@ -58,6 +57,18 @@ final class ContractRecord {
         add(headers, "terminating", push.terminating ? "true" : "false");
         return new ProducerRecord<>(topic, null, instance.toString().getBytes(StandardCharsets.UTF_8), push.data,
                 headers);
+    }
+
+    /**
+     * The contract's media type for the content type Kafka hands the plugin. Every broker from 3.7 on says "OTLP"
+     * (PushTelemetryRequest.metricsContentType(), a constant: KIP-714 pushes are OTLP protobuf); copied as it was,
+     * no kcm reader knew it. A type some later Kafka may add is written as it comes, and readers refuse it by name.
+     */
+    static String mediaType(String kafkaContentType) {
+        if (kafkaContentType == null || kafkaContentType.isEmpty() || kafkaContentType.equalsIgnoreCase("OTLP")) {
+            return CONTENT_TYPE_PROTOBUF;
+        }
+        return kafkaContentType;
     }
 
     // RequestContext.clientPort arrived in Kafka 3.8: looked up once, so a 3.7 broker gets records without the port

@@ -145,7 +145,9 @@ final class TopicWriter implements AutoCloseable {
     public void close() {
         closing = true;
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(closeTimeoutMs);
-        if (closeTimeoutMs > 0 && producer != null) { // without a producer there is nothing to wait for
+        // A producer still being built (the first moments after start-up) is waited for too: it then writes what is
+        // queued. One that cannot be built ends the wait at the next retry.
+        if (closeTimeoutMs > 0) {
             try {
                 sender.join(closeTimeoutMs);
             } catch (InterruptedException e) {

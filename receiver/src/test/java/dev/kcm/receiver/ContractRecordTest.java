@@ -89,6 +89,21 @@ class ContractRecordTest {
         assertEquals("application/x-protobuf", headers.get("content-type"));
     }
 
+    @Test
+    void theContentTypeABrokerGivesIsWrittenAsTheContractsMediaType() {
+        // Every broker says "OTLP" (PushTelemetryRequest.metricsContentType()); copied as it was, no reader knew it.
+        assertEquals("OTLP", Fixtures.BROKER_CONTENT_TYPE);
+        for (String given : new String[] {Fixtures.BROKER_CONTENT_TYPE, "otlp", "", null}) {
+            Push push = new Push(Fixtures.requestContext(), Fixtures.INSTANCE, false, given, METRICS, null);
+            assertEquals("application/x-protobuf",
+                    Fixtures.headers(ContractRecord.build("metrics", push, "1", "c")).get("content-type"), given);
+        }
+        // A type a later Kafka may add is written as it comes: readers refuse it by name, never misread it.
+        Push other = new Push(Fixtures.requestContext(), Fixtures.INSTANCE, false, "application/json", METRICS, null);
+        assertEquals("application/json",
+                Fixtures.headers(ContractRecord.build("metrics", other, "1", "c")).get("content-type"));
+    }
+
     /** A context from an authorizer-style wrapper: only the AuthorizableRequestContext interface. */
     private static AuthorizableRequestContext plainContext() {
         return new AuthorizableRequestContext() {

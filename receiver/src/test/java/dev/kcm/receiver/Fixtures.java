@@ -11,9 +11,11 @@ import java.util.Optional;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.message.PushTelemetryRequestData;
 import org.apache.kafka.common.network.ClientInformation;
 import org.apache.kafka.common.network.ListenerName;
 import org.apache.kafka.common.protocol.ApiKeys;
+import org.apache.kafka.common.requests.PushTelemetryRequest;
 import org.apache.kafka.common.requests.RequestContext;
 import org.apache.kafka.common.requests.RequestHeader;
 import org.apache.kafka.common.security.auth.KafkaPrincipal;
@@ -24,6 +26,9 @@ import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
 /** What the broker hands a plugin, built the way the broker builds it. */
 final class Fixtures {
     static final Uuid INSTANCE = new Uuid(0x0123456789abcdefL, 0x0fedcba987654321L);
+    // The payload's content type as a broker gives it: PushTelemetryRequest's ("OTLP"), not the contract's.
+    static final String BROKER_CONTENT_TYPE = new PushTelemetryRequest(new PushTelemetryRequestData(), (short) 0)
+            .metricsContentType();
 
     private Fixtures() {
     }
@@ -57,7 +62,7 @@ final class Fixtures {
 
             @Override
             public String contentType() {
-                return "application/x-protobuf";
+                return BROKER_CONTENT_TYPE;
             }
 
             @Override
@@ -68,7 +73,7 @@ final class Fixtures {
     }
 
     static Push push(AuthorizableRequestContext context, byte[] data, Integer pushIntervalMs) {
-        return new Push(context, INSTANCE, false, "application/x-protobuf", data, pushIntervalMs);
+        return new Push(context, INSTANCE, false, BROKER_CONTENT_TYPE, data, pushIntervalMs);
     }
 
     static Map<String, String> headers(ProducerRecord<byte[], byte[]> record) {

@@ -14,11 +14,13 @@ import java.util.Map;
 import java.util.Optional;
 
 import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.message.PushTelemetryRequestData;
 import org.apache.kafka.common.metrics.KafkaMetricsContext;
 import org.apache.kafka.common.metrics.MetricsReporter;
 import org.apache.kafka.common.network.ClientInformation;
 import org.apache.kafka.common.network.ListenerName;
 import org.apache.kafka.common.protocol.ApiKeys;
+import org.apache.kafka.common.requests.PushTelemetryRequest;
 import org.apache.kafka.common.requests.RequestContext;
 import org.apache.kafka.common.requests.RequestHeader;
 import org.apache.kafka.common.security.auth.KafkaPrincipal;
@@ -40,7 +42,9 @@ import org.apache.kafka.server.telemetry.ClientTelemetryReceiver;
  * (int), data (int length, bytes). Each is answered on stdout with 0, or 1 and an error text; 'R' means ready.
  */
 public final class ReceiverHost {
-    static final String CONTENT_TYPE = "application/x-protobuf";
+    // What a broker hands its plugin as the payload's content type: "OTLP" in every Kafka from 3.7 on.
+    static final String CONTENT_TYPE = new PushTelemetryRequest(new PushTelemetryRequestData(), (short) 0)
+            .metricsContentType();
     private static final ListenerName LISTENER = ListenerName.forSecurityProtocol(SecurityProtocol.PLAINTEXT);
 
     private ReceiverHost() {
