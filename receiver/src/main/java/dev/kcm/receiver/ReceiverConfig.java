@@ -79,6 +79,7 @@ public final class ReceiverConfig {
                 throw new ConfigException(PRODUCER_PREFIX + key
                         + ": the receiver writes bytes with its own serializers; remove this property");
             }
+            checkProducerKey(key);
         }
         List<String> bootstrap = parsed.getList(BOOTSTRAP_SERVERS);
         Map<String, Object> producer = new HashMap<>();
@@ -164,6 +165,49 @@ public final class ReceiverConfig {
         if (!any) {
             throw new ConfigException(property, String.join(",", addresses), "no HOST:PORT address given");
         }
+    }
+
+    /**
+     * A producer property Kafka does not know that is one or two letters from one it knows is a typo: the producer
+     * would ignore it (a SASL or TLS setting falling back to its default), so start-up fails naming both, never the
+     * value. Other unknown names are left to the producer, which passes them to plugins (interceptors, callbacks).
+     */
+    static void checkProducerKey(String key) {
+        Set<String> known = ProducerConfig.configNames();
+        if (known.contains(key) || key.length() < 6) {
+            return;
+        }
+        for (String name : known) {
+            if (Math.abs(name.length() - key.length()) <= 2 && editDistance(name, key, 2) <= 2) {
+                throw new ConfigException(PRODUCER_PREFIX + key + " is not a producer property; did you mean "
+                        + PRODUCER_PREFIX + name + "?");
+            }
+        }
+    }
+
+    /** Levenshtein distance of a and b, or limit + 1 once it is certainly above limit. */
+    static int editDistance(String a, String b, int limit) {
+        int[] previous = new int[b.length() + 1];
+        int[] current = new int[b.length() + 1];
+        for (int j = 0; j <= b.length(); j++) {
+            previous[j] = j;
+        }
+        for (int i = 1; i <= a.length(); i++) {
+            current[0] = i;
+            int best = current[0];
+            for (int j = 1; j <= b.length(); j++) {
+                int substitute = previous[j - 1] + (a.charAt(i - 1) == b.charAt(j - 1) ? 0 : 1);
+                current[j] = Math.min(substitute, Math.min(previous[j], current[j - 1]) + 1);
+                best = Math.min(best, current[j]);
+            }
+            if (best > limit) {
+                return limit + 1;
+            }
+            int[] swap = previous;
+            previous = current;
+            current = swap;
+        }
+        return previous[b.length()];
     }
 
     private static void checkProducer(Map<String, Object> producer) {

@@ -47,6 +47,21 @@ class ReceiverConfigTest {
     }
 
     @Test
+    void aMisspeltProducerPropertyFailsStartUpNamingWhatWasMeant() {
+        // The producer ignores names it does not know: SASL would silently fall back to PLAINTEXT.
+        String message = failure("kcm.receiver.producer.sasl.jass.config", "password=\"hunter2\";");
+        assertTrue(message.contains("kcm.receiver.producer.sasl.jass.config is not a producer property; did you "
+                + "mean kcm.receiver.producer.sasl.jaas.config?"), message);
+        assertFalse(message.contains("hunter2"), message);
+        assertTrue(failure("kcm.receiver.producer.security.protocl", "SASL_SSL")
+                .contains("kcm.receiver.producer.security.protocol?"));
+        // A name far from every producer property is a plugin's (an interceptor's, say): passed on as Kafka does.
+        ReceiverConfig config = ReceiverConfig.parse(Fixtures.brokerConfig(
+                "kcm.receiver.producer.confluent.monitoring.interceptor.topic", "monitoring"));
+        assertEquals("monitoring", config.producerConfig.get("confluent.monitoring.interceptor.topic"));
+    }
+
+    @Test
     void aMisspeltPropertyIsNamedButItsValueNeverShown() {
         String message = failure("kcm.receiver.sasl.jaas.config", "password=\"hunter2\";");
         assertTrue(message.contains("kcm.receiver.sasl.jaas.config"), message);
