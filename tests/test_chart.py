@@ -673,6 +673,43 @@ def test_helm_refuses_bad_values_with_a_message_naming_the_value(helm: Path) -> 
     assert result.returncode != 0 and "rollup.output is required when rollup.enabled is true" in result.stderr
 
 
+@pytest.mark.parametrize(("key", "refused"), [
+    ("spark.hadoop.fs.s3a.secret.key", True),
+    ("spark.hadoop.fs.s3a.access.key", True),
+    ("spark.hadoop.fs.s3a.session.token", True),
+    ("spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net", True),
+    ("spark.kubernetes.authenticate.oauthToken", True),
+    ("spark.ssl.keyPassword", True),
+    # Keys that only name a provider class, a file or a switch, and others: rendered.
+    ("spark.hadoop.fs.s3a.aws.credentials.provider", False),
+    ("spark.kubernetes.authenticate.oauthTokenFile", False),
+    ("spark.sql.shuffle.partitions", False),
+])
+def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_value(
+        helm: Path, tmp_path: Path, key: str, refused: bool) -> None:
+    # sparkConf sits in plain text in the ScheduledSparkApplication; only a comment said so.
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"rollup": {"enabled": True, "output": "s3a://b/x",
+                                                 "sparkConf": {key: "S3CRET"}}}))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(values),
+                      "--api-versions", "sparkoperator.k8s.io/v1beta2")
+    if refused:
+        assert result.returncode != 0, result.stdout
+        assert (f"rollup.sparkConf.{key} would put a credential into the ScheduledSparkApplication: give it through "
+                "rollup.env with valueFrom.secretKeyRef") in result.stderr
+        assert "S3CRET" not in result.stdout + result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert f"{key}: S3CRET" in result.stdout
+
+
+def test_a_tls_secret_named_twice_is_refused_by_the_schema(helm: Path) -> None:
+    # Rendered twice, the pod had two volumes of one name, which the API server refuses after the install began.
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "kafka.clientConfig.existingSecret=c",
+                      "--set", "kafka.tlsSecrets={kafka-ca,kafka-ca}")
+    assert result.returncode != 0 and "/kafka/tlsSecrets': items at 0 and 1 are equal" in result.stderr
+
+
 # What `kcm rollup --last` accepts (kcm_rollups.windows.parse_duration), checked against the schema's pattern.
 LAST_CASES = ["75m", "1d", "2h", "1h30m", "90s", "2H", "1h0m", "0h1m", "007m", "0m", "0h0m", "00s", "", "10", "m",
               "1x", "1.5h", "-1h", "1h 30m", " 1h"]

@@ -180,6 +180,22 @@ seccompProfile:
 
 {{/* Fails the render when bridge.config holds a credential inline: the config is a ConfigMap, readable by anyone
      who can list ConfigMaps. The message names the key and the Secret-backed way to give it. */}}
+{{/*
+rollup.sparkConf sits in plain text in the ScheduledSparkApplication (and every SparkApplication and spark-submit
+command line it makes): a key that names a credential fails the render, naming the key, never its value; keys that
+only name a provider class, a file or a switch pass.
+*/}}
+{{- define "kcm.rollupConfHasNoCredentials" -}}
+{{- range $key, $_ := .Values.rollup.sparkConf | default dict -}}
+{{- $names := regexMatch "(?i)(secret|passw|token|credential|jaas|access\\.key|account\\.key|private\\.key|signature)" $key -}}
+{{- /* what only names a class, a file or a switch: a credentials provider, a token file */ -}}
+{{- $refers := regexMatch "(?i)(providers?|class|type|enabled|file|path|location)$" $key -}}
+{{- if and $names (not $refers) -}}
+{{- fail (printf "rollup.sparkConf.%s would put a credential into the ScheduledSparkApplication: give it through rollup.env with valueFrom.secretKeyRef (for S3, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or use workload identity" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kcm.bridgeConfigHasNoCredentials" -}}
 {{- $config := .Values.bridge.config | default dict -}}
 {{- $kafka := get $config "kafka" | default dict -}}
