@@ -484,7 +484,10 @@ def test_notes_tell_what_to_do_next(helm: Path) -> None:
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "in: payments, checkout" in notes
     assert "GetTelemetrySubscriptions (71) and PushTelemetry (72)" in notes
-    assert "kcm subscriptions list --bootstrap-server my-cluster-kafka-bootstrap.kafka:9092" in notes
+    # A dry run refuses brokers without KIP-714; a listing answers without it, so it checked nothing.
+    assert ("kcm subscriptions apply --dry-run -f subscription-producer-app.yaml --bootstrap-server "
+            "my-cluster-kafka-bootstrap.kafka:9092") in notes
+    assert "kcm subscriptions list" not in notes
     assert "examples/subscription-producer-app.yaml" in notes and "kcm tail" in notes
     assert "no rollup was created" in notes, "the rollup toggle without the Spark operator must be reported"
     peering = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",

@@ -198,10 +198,14 @@ def test_a_cluster_whose_receiver_plugin_was_removed_refuses_apply_but_lists_and
     monkeypatch.setattr(admin_module, "PUSH_TELEMETRY", 9999)
 
     applied, _, apply_err = _kcm(capsys, "apply", "-f", str(EXAMPLES / "demo"), "--bootstrap-server", sandbox.bootstrap)
+    # The chart's NOTES give the dry run as the check that the brokers run the receiver.
+    dry, _, dry_err = _kcm(capsys, "apply", "--dry-run", "-f", str(EXAMPLES / "demo"),
+                           "--bootstrap-server", sandbox.bootstrap)
     listed, names, _ = _kcm(capsys, "list", "--bootstrap-server", sandbox.bootstrap)
     deleted, _, _ = _kcm(capsys, "delete", "demo-producers", "--bootstrap-server", sandbox.bootstrap)
 
     assert applied == 2 and "needs kcm's receiver" in apply_err
+    assert dry == 2 and "needs kcm's receiver" in dry_err
     assert listed == 0 and "demo-producers" in names
     assert deleted == 0 and sandbox.store.names() == ["demo-consumers"]
 

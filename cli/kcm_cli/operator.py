@@ -20,9 +20,10 @@ from kcm_common.names import listen_address_problem
 log = logging.getLogger("kcm.operator")
 
 HELP = "run the operator: ClientMetricsSubscription resources → CLIENT_METRICS in Kafka"
-DESCRIPTION = ("Watch ClientMetricsSubscription (and KafkaConnection) resources and keep each subscription in "
-               "Kafka as its spec says: differences applied, drift reverted, conflicts reported, finalizers on "
-               "delete. Finds the Kubernetes API as kubectl does (in-cluster service account, else KUBECONFIG).")
+DESCRIPTION = ("Watch ClientMetricsSubscription resources (reading the KafkaConnections they name) and keep each "
+               "subscription in Kafka as its spec says: differences applied, drift reverted, conflicts reported, "
+               "finalizers on delete. Finds the Kubernetes API as kubectl does (in-cluster service account, else "
+               "KUBECONFIG).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
