@@ -11,6 +11,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (AGGREGATION_TEMPORALITY_CUMULATIVE,
                                                         AGGREGATION_TEMPORALITY_DELTA, MetricsData)
 
+import kcm_bridge.pipeline as pipeline_module
 from kcm_bridge.temporality import MAX_ITEMS, DeltaToCumulative
 from kcm_bridge.wire import field
 from kcm_common import contract
@@ -331,3 +332,28 @@ def test_the_bridge_dead_letters_a_record_too_large_to_convert_under_its_own_rea
     with pytest.raises(contract.DecodeError) as refused:
         prepare(Record("metrics", 0, 0, b"k", _HUGE["delta points"], headers))
     assert refused.value.reason == "too-large"
+
+
+def test_a_record_too_large_to_parse_for_conversion_is_refused_before_it_is_parsed(monkeypatch):
+    """A 16 MiB payload of empty ResourceMetrics (a few KB compressed) took 523 MiB and 1.2 s to parse before
+    `convert` counted its items: over the bridge's 512 MiB limit, it was killed on that record on every restart."""
+    from kcm_bridge.config import EnrichConfig
+    from kcm_bridge.consumer import Record
+    from kcm_bridge.enrich import Enricher
+    from kcm_bridge.pipeline import Preparer
+    from kcm_bridge.temporality import MAX_PAYLOAD_BYTES
+
+    parsed = []
+    monkeypatch.setattr(pipeline_module, "MetricsData", type("Spy", (), {"FromString": staticmethod(
+        lambda data: parsed.append(len(data)) or MetricsData.FromString(data))}))
+    prepare = Preparer(Enricher(EnrichConfig()), DeltaToCumulative(max_streams=100, idle_expiry_s=600))
+    headers = [(contract.CONTENT_TYPE_HEADER, contract.CONTENT_TYPE_PROTOBUF.encode())]
+    bomb = b"\x0a\x00" * (MAX_PAYLOAD_BYTES // 2 + 1)
+    with pytest.raises(contract.DecodeError) as refused:
+        prepare(Record("metrics", 0, 0, b"k", bomb, headers))
+    assert refused.value.reason == "too-large" and f"at most {MAX_PAYLOAD_BYTES}" in str(refused.value)
+    assert parsed == []
+    # Smaller records are parsed and converted as before.
+    payload = _delta_sum([(T0 + SECOND, 3, {})]).SerializeToString()
+    prepared, points = prepare(Record("metrics", 0, 1, b"k", payload, headers))
+    assert points == 1 and parsed == [len(payload)]

@@ -36,7 +36,7 @@ from kcm_bridge.export import open_endpoint
 from kcm_bridge.health import KAFKA_RETRY, KafkaHealth
 from kcm_bridge.metrics import BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
-from kcm_bridge.temporality import DeltaToCumulative
+from kcm_bridge.temporality import MAX_PAYLOAD_BYTES, DeltaToCumulative
 from kcm_bridge.wire import count_points
 
 log = logging.getLogger("kcm.bridge")
@@ -159,6 +159,9 @@ def _push_interval_s(text: str | None) -> float | None:
 
 def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record, facts: _HeaderFacts) -> bytes:
     # The one step that needs the decoded message: only taken when conversion is on.
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise contract.DecodeError("too-large", f"{len(payload)} bytes of MetricsData: delta→cumulative conversion "
+                                                f"parses at most {MAX_PAYLOAD_BYTES} per record")
     try:
         metrics = MetricsData.FromString(payload)
     except Exception as err:

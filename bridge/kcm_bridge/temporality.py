@@ -33,6 +33,10 @@ MAX_PUSH_INTERVAL_S = 3600.0
 # ResourceMetrics, ScopeMetrics, metrics and delta points one record may hold, each some microseconds of Python on the
 # consuming thread (a small compressed record can hold millions). A KIP-714 push (at most 1 MiB) holds thousands.
 MAX_ITEMS = 100_000
+# The MetricsData bytes one record may hold for conversion, which must parse it whole first: parsing costs up to some
+# 30 times the bytes (a 2-byte empty message becomes a 60-byte object: 16 MiB of them took 523 MiB and 1.2 s), so
+# this bounds that to about 125 MiB. KIP-714 pushes are at most the brokers' telemetry.max.bytes, 1 MiB by default.
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
