@@ -48,7 +48,8 @@ class Record(NamedTuple):
     # Why the client could not read all of the record (a header name that is not UTF-8), or None. Such a record has
     # no headers; its key and value are as read, or both None when the client could read none of it (kafka-python).
     unreadable: str | None = None
-    # Its Kafka timestamp in epoch milliseconds (CreateTime or LogAppendTime), or None: a dead letter keeps it.
+    # Its Kafka timestamp in epoch milliseconds (CreateTime or LogAppendTime); negative or None when it has none. A
+    # dead letter keeps it.
     timestamp: int | None = None
 
 
@@ -188,7 +189,7 @@ class ConfluentConsumer:
                 records.append(_unreadable(m, err))
                 continue
             records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), headers, None,
-                                  _timestamp(m)))
+                                  m.timestamp()[1]))
         if len(records) < len(messages):
             for error in (m.error() for m in messages if m.error() is not None):
                 self._on_error(error)
@@ -259,12 +260,12 @@ def _unreadable(message: Any, err: Exception) -> Record:
     why = ("a header name is not UTF-8" if isinstance(cause, UnicodeDecodeError)
            else f"its headers cannot be read ({type(cause).__name__}: {cause})")
     return Record(message.topic(), message.partition(), message.offset(), message.key(), message.value(), [], why,
-                  _timestamp(message))
+                  message.timestamp()[1])
 
 
-def _timestamp(message: Any) -> int | None:
-    kind, milliseconds = message.timestamp()
-    return milliseconds if kind and milliseconds >= 0 else None   # kind 0: TIMESTAMP_NOT_AVAILABLE
+def _timestamp(record: Record) -> int | None:
+    """The record's own timestamp for its dead letter; None (the producer's clock) when it has none."""
+    return record.timestamp if record.timestamp is not None and record.timestamp >= 0 else None
 
 
 class KafkaPythonConsumer:
@@ -332,8 +333,7 @@ class KafkaPythonConsumer:
             raise diagnose_failure(self._settings, exc) from None
         if not batches:
             self._check_coordinator()
-        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()), None,
-                       r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None)
+        return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()), None, r.timestamp)
                 for records in batches.values() for r in records]
 
     def _lose_client(self) -> None:
@@ -459,7 +459,7 @@ class ConfluentDeadLetters:
             on_done(error is None)
 
         try:
-            self._producer.produce(topic, value=record.value, key=record.key, timestamp=record.timestamp or 0,
+            self._producer.produce(topic, value=record.value, key=record.key, timestamp=_timestamp(record) or 0,
                                    headers=dead_letter_headers(record, reason), on_delivery=delivered)
         except (BufferError, self._exception) as exc:   # a full local queue, or a record the client refuses
             _dead_letter_failed(record, topic, exc.args[0].str() if isinstance(exc, self._exception) else str(exc))
@@ -493,7 +493,7 @@ class KafkaPythonDeadLetters:
                                                max_block_ms=200, **self._options)
             # kafka-python's producer takes no null header value (TypeError): those headers are left out.
             headers = [(name, value) for name, value in dead_letter_headers(record, reason) if value is not None]
-            future = self._producer.send(topic, value=record.value, key=record.key, timestamp_ms=record.timestamp,
+            future = self._producer.send(topic, value=record.value, key=record.key, timestamp_ms=_timestamp(record),
                                          headers=headers)
         except KafkaError as exc:   # cannot connect, a record too large, no metadata within max_block_ms
             _dead_letter_failed(record, topic, str(exc))
