@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
 import socket
 import statistics
 import struct
@@ -19,14 +21,19 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 from kafka.protocol.admin.configs import (
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
     ListConfigResourcesRequest,
     ListConfigResourcesResponse,
 )
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer.produce import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
 
 from kcm_common.contract import compress
+from kcm_common.kafka import KafkaSettings, ensure_topic
 from payloads import client_metrics
 from kcm_sandbox import wire
 from kcm_sandbox.telemetry import subscription_id
@@ -270,6 +277,63 @@ def test_huge_frames_wait_for_the_frame_budget_without_stalling_other_clients(sa
     deadline = time.monotonic() + TIMEOUT_S
     while sandbox.gateway.frame_budget.used and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert sandbox.gateway.frame_budget.used == 0
+
+
+def fire_and_forget_produce(topic: str, value_size: int, correlation_id: int) -> bytes:
+    """An acks=0 Produce v3 request (framed) of one record of `value_size` bytes: no answer is due."""
+    records = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=value_size + 1024)
+    records.append(timestamp=int(time.time() * 1000), key=None, value=bytes(value_size))
+    records.close()
+    request = ProduceRequest[3](transactional_id=None, acks=0, timeout_ms=30000,
+                                topic_data=[(topic, [(0, records.buffer())])])
+    request.with_header(correlation_id=correlation_id, client_id="fast-producer")
+    return bytes(request.encode(header=True, framed=True))
+
+
+def test_a_broker_that_stops_reading_holds_its_clients_back_rather_than_their_bytes_in_the_gateway(sandbox_factory):
+    sandbox = sandbox_factory()
+    sandbox.gateway.frame_budget = wire.FrameBudget(limit=8 << 20)
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "slow-broker", partitions=1)
+    frame_count, value_size = 24, 2 << 20
+    pipeline = b"".join(fire_and_forget_produce("slow-broker", value_size, n) for n in range(frame_count))
+    total = len(pipeline)
+    client = Connection(sandbox.bootstrap, "fast-producer")
+    broker = sandbox.broker._process.pid
+    os.kill(broker, signal.SIGSTOP)  # a broker in a long pause: it reads nothing
+    try:
+        client.sock.settimeout(1.0)
+        accepted = 0
+        try:
+            while accepted < total:
+                accepted += client.sock.send(pipeline[accepted:accepted + (1 << 20)])
+        except (TimeoutError, socket.timeout):
+            pass
+
+        # The request waiting for the broker still counts in the frame budget, and the rest waits in the client:
+        # only what the kernel's and one stream's buffers hold got in, not the 48 MiB it tried to send.
+        assert sandbox.gateway.frame_budget.used >= value_size
+        assert accepted < total // 2
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    try:
+        client.sock.settimeout(TIMEOUT_S)
+        client.sock.sendall(pipeline[accepted:])
+        # A request the broker answers, behind the produce requests on the same connection: once it is answered,
+        # the broker has read them all.
+        assert client.call(MetadataRequest[1](topics=None), MetadataResponse).brokers
+    finally:
+        client.close()
+    # Every record got there (one record per batch: Tansu's end offset is exact).
+    consumer = KafkaConsumer(bootstrap_servers=sandbox.bootstrap)
+    try:
+        deadline, ends = time.monotonic() + TIMEOUT_S, 0
+        while ends < frame_count and time.monotonic() < deadline:
+            ends = consumer.end_offsets([TopicPartition("slow-broker", 0)])[TopicPartition("slow-broker", 0)]
+            time.sleep(0.1)
+    finally:
+        consumer.close()
+    assert ends == frame_count
     assert sandbox.gateway.frame_budget.used == 0
 
 

@@ -25,7 +25,7 @@ ONLY_PYTHON_KNOWS = {"subscription_id"}
 
 def _pushes(sandbox) -> list[tuple[uuid.UUID, ClientIdentity, PushResult]]:
     """What the sandbox's gateway hands its receiver for real pushes: from a client that announced its software
-    and from a bare one (no client id, no ApiVersions v3+)."""
+    and from a bare one (a null client id, no ApiVersions v3+)."""
     metrics = MetricsData()
     gauge = metrics.resource_metrics.add().scope_metrics.add().metrics.add()
     gauge.name = "org.apache.kafka.producer.record.queue.time.avg"
@@ -98,5 +98,28 @@ def test_both_receivers_write_the_same_records_apart_from_what_only_one_knows(sa
     full_python, bare_python, bare_java = written_by_python[0][2], written_by_python[1][2], written_by_java[1][2]
     assert (full_python["client_software_name"], full_python["client_software_version"]) == ("apache-kafka-java",
                                                                                              "4.3.0")
-    for unknown in ("client_id", "client_software_name", "client_software_version"):
+    for unknown in ("client_software_name", "client_software_version"):
         assert unknown not in bare_python and unknown not in bare_java
+    # A broker never has a null client id (RequestHeader.parse reads it as ""): the plugin writes it empty.
+    assert bare_python["client_id"] == bare_java["client_id"] == ""
+
+
+def test_a_push_handed_with_no_client_id_is_written_with_the_empty_one_a_broker_would_give(sandbox):
+    settings = KafkaSettings(sandbox.bootstrap)
+    ensure_topic(settings, "no-client-id-python", 1)
+    ensure_topic(settings, "no-client-id-java", 1)
+    python = TopicReceiver(settings, "no-client-id-python", 111, "kcm-sandbox")
+    java = JavaReceiver(sandbox.bootstrap, "no-client-id-java", 111, "kcm-sandbox")
+    handed = (uuid.uuid4(), ClientIdentity(None, "unknown", "unknown", "127.0.0.1", 40000),
+              PushResult(error_code=0, throttle_time_ms=0, payload=b"", subscription_id=1, push_interval_ms=1000,
+                         terminating=False))
+    try:
+        python(*handed)
+        java(*handed)
+    finally:
+        python.close()
+        java.close()
+
+    (python_record,) = _read(sandbox.bootstrap, "no-client-id-python", 1)
+    (java_record,) = _read(sandbox.bootstrap, "no-client-id-java", 1)
+    assert python_record[2]["client_id"] == java_record[2]["client_id"] == ""

@@ -25,10 +25,13 @@ from kcm_cli.main import build_parser
 from kcm_cli.sandbox import options_from
 from kcm_common import contract
 from kcm_common.errors import UserError
-from kcm_common.contract import DecodedRecord
+from kcm_common.contract import DecodedRecord, compress
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.java_receiver import JavaReceiver
+from kcm_sandbox.telemetry import ClientIdentity, PushResult
+from test_receiver_parity import _read
 from test_sandbox_clients import _subscribe, running_producer
+from test_sandbox_protocol import ZSTD, KafkaConnection, _metrics_of_size, new_client, push
 
 INTERVAL_MS = 500
 CODEC_IDS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -186,6 +189,39 @@ def test_java_client_pushes_with_each_codec_are_decoded_exactly(sandbox_factory,
     assert record.decoded.metrics.SerializeToString() == record.value
     assert any(math.isnan(value) for value in _gauges(record)), "Java sends NaN for averages over nothing"
     assert len(record.value) > 2000
+
+
+def test_a_push_of_a_large_telemetry_max_bytes_is_written_whole_by_the_java_receiver(sandbox_factory):
+    # 40 MiB: more than the plugin's default queue (16 MiB) and its producer's default buffer (32 MiB) hold.
+    sandbox = sandbox_factory(receiver="java", telemetry_max_bytes=40 << 20)
+    metrics = _metrics_of_size(40 << 20)
+    with KafkaConnection(sandbox.bootstrap, client_id="c" * 32767) as connection:  # the longest client id
+        instance_id, subscription_id = new_client(connection)
+        assert push(connection, instance_id, subscription_id, payload=compress(metrics, "zstd"), compression=ZSTD) == 0
+
+    # Read raw: kcm's readers refuse payloads above 16 MiB unless told otherwise.
+    (record,) = _read(sandbox.bootstrap, sandbox.options.topic, 1)
+    assert record[:2] == (str(instance_id).encode(), metrics)
+    assert sandbox.problem() is None
+
+
+def test_a_push_too_large_for_the_jvm_fails_alone_and_the_java_receiver_serves_on(sandbox):
+    java = JavaReceiver(sandbox.bootstrap, sandbox.options.topic, 1, "c")  # sized for 1 MiB pushes: a 128 MiB heap
+    identity = ClientIdentity("huge", "apache-kafka-java", "4.3.0", "127.0.0.1", 40000)
+    try:
+        for size, fails in [(160 << 20, True), (1000, False)]:
+            handed = PushResult(error_code=0, throttle_time_ms=0, payload=bytes(size), subscription_id=1,
+                                push_interval_ms=1000, terminating=False)
+            if fails:
+                with pytest.raises(RuntimeError, match="OutOfMemoryError"):
+                    java(uuid.uuid4(), identity, handed)
+            else:
+                java(uuid.uuid4(), identity, handed)
+        assert java.problem() is None
+    finally:
+        java.close()
+    (record,) = _read(sandbox.bootstrap, sandbox.options.topic, 1)
+    assert record[1] == bytes(1000)
 
 
 def test_bad_plugin_config_fails_start_up_with_the_property_named(sandbox):

@@ -120,6 +120,7 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
                           (["--compression", "zstd,ZSTD"], "--compression names 'zstd' twice"),
                           (["--receiver-api", "3.8"], "--receiver-api applies to the Java receiver only"),
                           (["--listen", "nowhere"], "--listen must be HOST:PORT"),
+                          (["--listen", "0.0.0.0:0"], "--listen 0.0.0.0: clients are told to connect to the listen"),
                           (["--listen", "127.0.0.1:\u00b2"], "--listen must be HOST:PORT"),  # a Unicode digit
                           (["--upstream", "127.0.0.1:\u0663"], "--upstream must be HOST:PORT"),
                           (["--listen", "127.0.0.1:0", "--connections-max-idle-ms", "0"],
@@ -128,6 +129,8 @@ def test_bad_options_are_one_line_errors_with_exit_code_2(tmp_path):
                            "--partitions must be from 1 to 10000, not 99999999999"),
                           (["--listen", "127.0.0.1:0", "--telemetry-max-bytes", "99999999999999999999"],
                            "--telemetry-max-bytes must be from 1 to 2147483647"),
+                          (["--listen", "127.0.0.1:0", "--receiver", "java", "--telemetry-max-bytes", "300000000"],
+                           "--telemetry-max-bytes with --receiver java must be at most 268435456"),
                           (["--listen", "127.0.0.1:0", "--state", str(corrupt)], "state")]:
         result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "sandbox", *args],
                                 capture_output=True, text=True, timeout=60)

@@ -27,12 +27,14 @@ from kafka.protocol.admin.configs import (
     ListConfigResourcesRequest,
     ListConfigResourcesResponse,
 )
+from kafka.protocol.admin.topics import DeleteTopicsRequest, DeleteTopicsResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from payloads import client_metrics
 
 from kcm_common.codes import INVALID_CONFIG, INVALID_REQUEST, UNSUPPORTED_VERSION
 from kcm_common.contract import compress, decode
+from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.messages import (
     GetTelemetrySubscriptionsRequest,
     GetTelemetrySubscriptionsResponse,
@@ -48,6 +50,7 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 NONE, GZIP, ZSTD = 0, 1, 4
 UNSUPPORTED_COMPRESSION_TYPE, INVALID_RECORD, THROTTLING_QUOTA_EXCEEDED = 76, 87, 89
 UNKNOWN_SUBSCRIPTION_ID, TELEMETRY_TOO_LARGE = 117, 118
+TOPIC_DELETION_DISABLED = 73
 ZERO = uuid.UUID(int=0)
 METRICS = client_metrics().SerializeToString()
 
@@ -588,6 +591,16 @@ def test_a_client_that_never_sent_api_versions_v3_matches_as_software_unknown(sa
     assert response.requested_metrics == ["org.apache.kafka."]
 
 
+def test_a_null_client_id_matches_as_the_empty_client_id_as_kafka_reads_it(sandbox, admin):
+    # RequestHeader.parse: "we treat a null client ID as equivalent to an empty client ID".
+    subscribe(admin, "any-client-id", metrics="org.apache.kafka.producer.", match="client_id=.*")
+
+    with KafkaConnection(sandbox.bootstrap, client_id=None) as connection:
+        response = get_subscriptions(connection)
+
+    assert response.requested_metrics == ["org.apache.kafka.producer."]
+
+
 @pytest.mark.parametrize(("name", "version"), [
     ("lib rdkafka", "2.6.1"), ("librdkafka", "2.6.1-"), ("-librdkafka", "1"), ("", "1"), ("librédkafka", "1"),
 ])
@@ -843,6 +856,36 @@ def test_accepted_pushes_land_on_the_metrics_topic_in_contract_v1(sandbox):
     }
     assert [{key: record.attributes[key] for key in expected} for record in decoded] == [expected, expected]
     assert [record.attributes["terminating"] for record in decoded] == ["false", "true"]
+
+
+def _delete_topics(version: int, names: list[str]) -> Any:
+    if version <= 5:
+        return DeleteTopicsRequest[version](topic_names=names, timeout_ms=5000)
+    return DeleteTopicsRequest[version](timeout_ms=5000, topics=[
+        DeleteTopicsRequest.DeleteTopicState(name=name, topic_id=None) for name in names])
+
+
+@pytest.mark.parametrize("version", [0, 4, 6])
+def test_deleting_the_metrics_topic_is_refused_and_pushes_still_land_on_it_while_other_topics_are_deleted(
+        sandbox, version):
+    # The embedded broker would acknowledge writes to the deleted topic: accepted pushes would vanish.
+    metrics_topic = sandbox.options.topic
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "doomed", 1)
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        answers = [connection.call(_delete_topics(version, names), DeleteTopicsResponse).responses
+                   for names in ([metrics_topic, "doomed"], [metrics_topic])]
+        instance_id, subscription_id = new_client(connection)
+        assert push(connection, instance_id, subscription_id) == 0
+
+    assert [{result.name: result.error_code for result in results} for results in answers] == [
+        {metrics_topic: TOPIC_DELETION_DISABLED, "doomed": 0}, {metrics_topic: TOPIC_DELETION_DISABLED}]
+    admin = KafkaAdminClient(bootstrap_servers=sandbox.bootstrap)
+    try:
+        topics = admin.list_topics()
+    finally:
+        admin.close()
+    assert metrics_topic in topics and "doomed" not in topics
+    assert [record.key for record in metrics_records(sandbox, expected=1)] == [str(instance_id).encode()]
 
 
 # --- pipelining and concurrency -------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka.protocol.admin.configs import AlterConfigsRequest, ListConfigResourcesRequest
+from kafka.protocol.admin.topics import DeleteTopicsRequest, DeleteTopicsResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
 from kcm_common import contract
@@ -56,6 +57,7 @@ DEFAULT_CONNECTIONS_MAX_IDLE_MS = 600000  # Kafka's connections.max.idle.ms
 DEFAULT_FRAME_BUDGET_BYTES = 128 * 1024 * 1024
 # A request that kept the event loop longer than this delays its connection's next one by as long.
 _HOLD_S = 0.005
+_TOPIC_DELETION_DISABLED = 73  # Kafka's answer for a topic that may not be deleted
 
 
 @dataclass
@@ -65,7 +67,7 @@ class _Client:
     connection_id: str
     address: str
     port: int
-    client_id: str | None = None
+    client_id: str = ""  # Kafka reads a null client id as ""
     # Kafka's ClientInformation.EMPTY: what a client that never sent ApiVersions v3+ matches as.
     software_name: str = UNKNOWN_SOFTWARE
     software_version: str = UNKNOWN_SOFTWARE
@@ -89,16 +91,21 @@ class _Upstream:
     pending: dict[int, asyncio.Future[bytes]] = field(default_factory=dict)
     closed: bool = False  # the pump has ended: nothing more will be answered
 
-    def send(self, frame_bytes: bytes, correlation_id: int, expect_response: bool = True) -> asyncio.Future[bytes] | None:
+    async def send(self, frame_bytes: bytes, correlation_id: int,
+                   expect_response: bool = True) -> asyncio.Future[bytes] | None:
+        """Write one request; returns (with the future of its answer) once the broker has taken most of it in."""
         if self.closed or self.writer.is_closing():
             # The broker went away: writing on would only make asyncio warn at every frame. The client's connection
             # closes, and its reconnect tries the broker afresh.
             raise ConnectionError("upstream broker closed the connection")
+        future: asyncio.Future[bytes] | None = None
+        if expect_response:  # registered before the write: the answer may come while the request still drains
+            future = asyncio.get_running_loop().create_future()
+            self.pending[correlation_id] = future
         self.writer.write(wire.frame(frame_bytes))
-        if not expect_response:
-            return None
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self.pending[correlation_id] = future
+        # While the broker reads slowly, the client waits here (its frame still counted in the frame budget) rather
+        # than the gateway buffering whatever the client sends.
+        await self.writer.drain()
         return future
 
     async def pump(self) -> None:
@@ -139,8 +146,10 @@ class Gateway:
     def __init__(self, upstream: tuple[str, int], store: SubscriptionStore, telemetry: TelemetryManager,
                  receiver: Receiver, listener: socket.socket, host: str = "127.0.0.1",
                  connections_max_idle_ms: int = DEFAULT_CONNECTIONS_MAX_IDLE_MS,
-                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES) -> None:
+                 frame_budget_bytes: int = DEFAULT_FRAME_BUDGET_BYTES, metrics_topic: str | None = None) -> None:
         self.upstream = upstream
+        # Refused to DeleteTopics: the embedded broker acknowledges writes to a deleted topic, and pushes would vanish.
+        self.metrics_topic = metrics_topic
         self._listener = listener
         self.idle_timeout_s = connections_max_idle_ms / 1000
         self.frame_budget = wire.FrameBudget(frame_budget_bytes)
@@ -229,7 +238,8 @@ class _Connection:
                 try:
                     started = time.perf_counter()
                     header = wire.parse_header(frame_bytes)
-                    self.client.client_id = header.client_id
+                    # Kafka's RequestHeader.parse reads a null client id as "": it matches `client_id=.*`.
+                    self.client.client_id = "" if header.client_id is None else header.client_id
                     answer = await self._route(frame_bytes, header)
                     # Only kcm's own APIs are answered without waiting on anything: for the others, the time is
                     # the broker's, not the loop held.
@@ -330,11 +340,15 @@ class _Connection:
         if api_key == ApiVersionsRequest.API_KEY and not self._remember_software(frame_bytes, version):
             # KafkaApis: a v3+ request whose software name or version fails ApiVersionsRequest.isValid.
             return _done(_encode(ApiVersionsResponse[version](error_code=INVALID_REQUEST, api_keys=[]), header))
+        if api_key == DeleteTopicsRequest.API_KEY and version <= DeleteTopicsRequest.max_version:
+            request = _decode(DeleteTopicsRequest, frame_bytes, version)
+            if self.gateway.metrics_topic in _topics_named(request, version):
+                return await self._delete_topics_but_the_metrics_topic(request, header)
         upstream = await self._upstream()
         if api_key == ApiVersionsRequest.API_KEY:
-            return self._api_versions(upstream.send(frame_bytes, header.correlation_id), version)
+            return self._api_versions(await upstream.send(frame_bytes, header.correlation_id), version)
         expect = api_key != 0 or wire.produce_expects_response(frame_bytes, header)
-        return upstream.send(frame_bytes, header.correlation_id, expect)
+        return await upstream.send(frame_bytes, header.correlation_id, expect)
 
     def _remember_software(self, frame_bytes: bytes, version: int) -> bool:
         """Record the client software as SocketServer does; False when the request is invalid (nothing recorded)."""
@@ -376,7 +390,8 @@ class _Connection:
             answers = config_apis.unsupported(parts.upstream, f"the embedded broker does not support {api_name}")
             return _done(_encode(config_apis.merge(request, parts, answers), header))
         parts.upstream.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
-        pending = (await self._upstream()).send(bytes(parts.upstream.encode(header=True)), header.correlation_id)
+        upstream = await self._upstream()
+        pending = await upstream.send(bytes(parts.upstream.encode(header=True)), header.correlation_id)
         assert pending is not None
         return self._merge(request, parts, pending, header)
 
@@ -386,6 +401,32 @@ class _Connection:
         response = response_class.decode(await pending, version=header.api_version, header=True)
         merged = config_apis.merge(request, parts, config_apis.results(response), response.throttle_time_ms)
         return _encode(merged, header)
+
+    async def _delete_topics_but_the_metrics_topic(self, request: Any, header: wire.RequestHeader) -> Awaitable[bytes]:
+        """Refuse the metrics topic of a DeleteTopics request; the broker deletes the others, and answers are merged."""
+        topic, version = self.gateway.metrics_topic, header.api_version
+        log.warning("%s: refused to delete the metrics topic %s", self.client, topic)
+        refused = DeleteTopicsResponse.DeletableTopicResult(
+            name=topic, error_code=_TOPIC_DELETION_DISABLED,
+            error_message=f"{topic} is the sandbox's metrics topic: it cannot be deleted while the sandbox runs")
+        if version <= 5:
+            request.topic_names = [name for name in request.topic_names if name != topic]
+            others = request.topic_names
+        else:
+            request.topics = [state for state in request.topics if state.name != topic]
+            others = request.topics
+        if not others:
+            return _done(_encode(DeleteTopicsResponse[version](throttle_time_ms=0, responses=[refused]), header))
+        request.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
+        upstream = await self._upstream()
+        pending = await upstream.send(bytes(request.encode(header=True)), header.correlation_id)
+        assert pending is not None
+        return self._with_refusal(pending, refused, header)
+
+    async def _with_refusal(self, pending: Awaitable[bytes], refused: Any, header: wire.RequestHeader) -> bytes:
+        response = DeleteTopicsResponse.decode(await pending, version=header.api_version, header=True)
+        response.responses.append(refused)  # clients match results by name
+        return _encode(response, header)
 
     def _get_subscriptions(self, frame_bytes: bytes, header: wire.RequestHeader) -> bytes:
         request = _decode(GetTelemetrySubscriptionsRequest, frame_bytes, header.api_version)
@@ -448,6 +489,11 @@ def _decode(request_class: Any, frame_bytes: bytes, version: int) -> Any:
         return request_class.decode(frame_bytes, version=version, header=True)
     except Exception as exc:  # a request we cannot parse: a broker closes the connection (InvalidRequestException)
         raise wire.FrameError(f"cannot parse {request_class.__name__} v{version}: {exc}") from exc
+
+
+def _topics_named(request: Any, version: int) -> list[str | None]:
+    """The topics a DeleteTopics request names (v6+ may give a topic id instead: None)."""
+    return list(request.topic_names) if version <= 5 else [state.name for state in request.topics]
 
 
 def _encode(response: Any, header: wire.RequestHeader) -> bytes:

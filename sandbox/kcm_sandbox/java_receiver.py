@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kcm_common.children import own_child
 from kcm_common.errors import UserError
-from kcm_sandbox.telemetry import ClientIdentity, PushResult
+from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, ClientIdentity, PushResult
 
 log = logging.getLogger("kcm.sandbox.java_receiver")
 
@@ -31,6 +31,10 @@ PLUGIN_CLASSES = {"3.8": "dev.kcm.receiver.KcmClientTelemetry", "4.2": "dev.kcm.
 _RUNTIME_LIBS = ("kafka-clients-4.3.0.jar", "slf4j-api-2.0.18.jar", "zstd-jni-1.5.6-10.jar", "lz4-java-1.10.2.jar",
                  "snappy-java-1.1.1.7.jar")
 _START_TIMEOUT_S = 30.0
+_MIB = 1024 * 1024
+# The largest push (telemetry.max.bytes) the hosted plugin is sized for: its JVM holds about six of them.
+MAX_TELEMETRY_BYTES = 256 * _MIB
+_RECORD_ROOM_BYTES = 64 * 1024  # a push's headers (a client id alone may take 32 KiB) and the plugin's overhead
 _REPLY_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 15.0
 
@@ -70,21 +74,36 @@ def ensure_built() -> Path:
     return build_dir()
 
 
+def memory_sizing(telemetry_max_bytes: int) -> dict[str, int]:
+    """Plugin queue, producer buffer and JVM heap (bytes) for pushes of up to `telemetry_max_bytes`: the queue holds
+    two of the largest, the producer's buffer one more, and the host reads one; the defaults suit 1 MiB pushes."""
+    push = telemetry_max_bytes + _RECORD_ROOM_BYTES
+    queue = max(16 * _MIB, 2 * push)  # the plugin's own default, kcm.receiver.queue.max.bytes
+    buffer_memory = max(32 * _MIB, push)  # the producer refuses a record larger than buffer.memory
+    return {"queue": queue, "buffer_memory": buffer_memory,
+            "heap": max(128 * _MIB, queue + buffer_memory + 2 * push + 64 * _MIB)}
+
+
 class JavaReceiver:
     """Feeds pushes to the plugin in a JVM over its stdin; a call returns once the plugin has taken the push."""
 
     def __init__(self, bootstrap: str, topic: str, broker_id: int, cluster_id: str, api: str = "4.2",
-                 extra_config: dict[str, str] | None = None) -> None:
+                 extra_config: dict[str, str] | None = None,
+                 telemetry_max_bytes: int = DEFAULT_TELEMETRY_MAX_BYTES) -> None:
         if api not in PLUGIN_CLASSES:
             raise UserError(f"--receiver-api must be one of {', '.join(PLUGIN_CLASSES)}, not {api!r}")
         ensure_built()
+        # Every push the gateway accepts must fit whole: a push larger than the plugin's queue would be dropped.
+        sizing = memory_sizing(telemetry_max_bytes)
         config = {
             "kcm.receiver.topic": topic,
             "kcm.receiver.bootstrap.servers": bootstrap,
+            "kcm.receiver.queue.max.bytes": str(sizing["queue"]),
+            "kcm.receiver.producer.buffer.memory": str(sizing["buffer_memory"]),
             "listeners": f"PLAINTEXT://{bootstrap}",
             **(extra_config or {}),
         }
-        command = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        command = ["java", f"-Xmx{sizing['heap'] // _MIB}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                    "-cp", runtime_classpath(build_dir() / "kcm-receiver-host.jar", jar_path()),
                    "dev.kcm.receiver.host.ReceiverHost", api, PLUGIN_CLASSES[api], cluster_id, str(broker_id),
                    *(f"{key}={value}" for key, value in config.items())]

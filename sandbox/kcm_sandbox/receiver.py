@@ -40,7 +40,7 @@ class TopicReceiver:
         instance = str(instance_id)
         attributes = {
             "client_instance_id": instance,
-            "client_id": identity.client_id,
+            "client_id": identity.client_id or "",  # never null on a broker (RequestHeader.parse makes it "")
             "client_software_name": _known(identity.software_name),
             "client_software_version": _known(identity.software_version),
             "client_source_address": identity.source_address,

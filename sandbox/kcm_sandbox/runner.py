@@ -20,7 +20,7 @@ from kcm_common.names import DEFAULT_METRICS_TOPIC
 from kcm_sandbox.broker import EmbeddedBroker
 from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.gateway import DEFAULT_CONNECTIONS_MAX_IDLE_MS, Gateway
-from kcm_sandbox.java_receiver import JavaReceiver
+from kcm_sandbox.java_receiver import MAX_TELEMETRY_BYTES as JAVA_MAX_TELEMETRY_BYTES, JavaReceiver
 from kcm_sandbox.receiver import TopicReceiver
 from kcm_sandbox.telemetry import (
     DEFAULT_ACCEPTED_COMPRESSION,
@@ -59,6 +59,14 @@ def parse_address(text: str, option: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _unspecified(host: str) -> bool:
+    """Whether `host` is the IPv4 wildcard in any form inet_aton reads (0.0.0.0, 0)."""
+    try:
+        return socket.inet_aton(host) == bytes(4)
+    except OSError:
+        return False
+
+
 _INT32_MAX = 2**31 - 1
 _MAX_PARTITIONS = 10_000
 _MAX_IDLE_MS = LONGEST_WAIT_S * 1000
@@ -79,11 +87,19 @@ class SandboxOptions:
 
     def validate(self) -> None:
         """Raise SandboxError naming the first option out of range."""
+        if _unspecified(self.listen[0]):
+            # The broker advertises the listen address, and clients cannot connect to 0.0.0.0 (Kafka refuses it too).
+            raise SandboxError(f"--listen {self.listen[0]}: clients are told to connect to the listen address; give "
+                               "one they can use (127.0.0.1, or this host's IP), not the wildcard")
         # Partition counts and telemetry.max.bytes are INT32 on the wire; the idle time fits a broker's long.
         if not 1 <= self.partitions <= _MAX_PARTITIONS:
             raise SandboxError(f"--partitions must be from 1 to {_MAX_PARTITIONS}, not {self.partitions}")
         if not 1 <= self.telemetry_max_bytes <= _INT32_MAX:
             raise SandboxError(f"--telemetry-max-bytes must be from 1 to {_INT32_MAX}, not {self.telemetry_max_bytes}")
+        if self.receiver == "java" and self.telemetry_max_bytes > JAVA_MAX_TELEMETRY_BYTES:
+            raise SandboxError(f"--telemetry-max-bytes with --receiver java must be at most {JAVA_MAX_TELEMETRY_BYTES} "
+                               f"(what its JVM is sized for), not {self.telemetry_max_bytes}; use --receiver python "
+                               "for larger pushes")
         if not 1 <= self.connections_max_idle_ms <= _MAX_IDLE_MS:
             raise SandboxError(f"--connections-max-idle-ms must be from 1 to {_MAX_IDLE_MS} (a year), not "
                                f"{self.connections_max_idle_ms}")
@@ -131,7 +147,8 @@ class Sandbox:
             telemetry = TelemetryManager(self.store, options.compression, options.telemetry_max_bytes)
             self.gateway = Gateway(parse_address(self.upstream_bootstrap, "--upstream"), self.store, telemetry,
                                    self._receive, self._listener, host=host,
-                                   connections_max_idle_ms=options.connections_max_idle_ms)
+                                   connections_max_idle_ms=options.connections_max_idle_ms,
+                                   metrics_topic=options.topic)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kcm-sandbox-gateway", daemon=True)
             self._thread.start()
@@ -192,7 +209,8 @@ class Sandbox:
 def _receiver(options: SandboxOptions, settings: KafkaSettings, broker_id: int,
               cluster_id: str) -> TopicReceiver | JavaReceiver:
     if options.receiver == "java":
-        return JavaReceiver(settings.bootstrap_servers, options.topic, broker_id, cluster_id, options.receiver_api)
+        return JavaReceiver(settings.bootstrap_servers, options.topic, broker_id, cluster_id, options.receiver_api,
+                            telemetry_max_bytes=options.telemetry_max_bytes)
     if options.receiver != "python":
         raise SandboxError(f"--receiver must be python or java, not {options.receiver!r}")
     return TopicReceiver(settings, options.topic, broker_id, cluster_id,

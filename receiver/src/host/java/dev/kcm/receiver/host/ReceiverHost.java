@@ -11,6 +11,7 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.Objects;
 import java.util.Optional;
 
 import org.apache.kafka.common.Uuid;
@@ -120,13 +121,24 @@ public final class ReceiverHost {
             }
             Uuid instance = new Uuid(msb, in.readLong());
             boolean terminating = in.readByte() != 0;
-            String clientId = text(in);
+            // RequestHeader.parse: "we treat a null client ID as equivalent to an empty client ID".
+            String clientId = Objects.requireNonNullElse(text(in), "");
             String softwareName = text(in);
             String softwareVersion = text(in);
             String address = text(in);
             int port = in.readInt();
             int interval = in.readInt();
-            byte[] data = new byte[in.readInt()];
+            int length = in.readInt();
+            byte[] data;
+            try {
+                data = new byte[length];
+            } catch (OutOfMemoryError tooBig) {
+                // Answered as failed (the client gets INVALID_RECORD), as the next push must still find its frame.
+                discard(in, length);
+                fail(out, tooBig);
+                out.flush();
+                continue;
+            }
             in.readFully(data);
             try {
                 RequestContext context = new RequestContext(
@@ -141,14 +153,31 @@ public final class ReceiverHost {
                 ByteBuffer view = ByteBuffer.wrap(data).asReadOnlyBuffer();
                 exporter.export(context, new Payload(instance, terminating, view), interval);
                 out.writeByte(0);
-            // What a broker does when the plugin throws: the client is answered INVALID_RECORD.
-            } catch (Exception error) {
-                byte[] message = String.valueOf(error).getBytes(StandardCharsets.UTF_8);
-                out.writeByte(1);
-                out.writeInt(message.length);
-                out.write(message);
+            // What a broker does when the plugin throws: the client is answered INVALID_RECORD. A push the heap
+            // cannot hold fails alone, and the host serves on.
+            } catch (Exception | OutOfMemoryError error) {
+                fail(out, error);
             }
             out.flush();
+        }
+    }
+
+    private static void fail(DataOutputStream out, Throwable error) throws IOException {
+        byte[] message = String.valueOf(error).getBytes(StandardCharsets.UTF_8);
+        out.writeByte(1);
+        out.writeInt(message.length);
+        out.write(message);
+    }
+
+    // InputStream.skipNBytes seeks, which a pipe refuses ("Illegal seek"): read the bytes and drop them.
+    private static void discard(DataInputStream in, int length) throws IOException {
+        byte[] chunk = new byte[8192];
+        for (int left = length; left > 0; ) {
+            int read = in.read(chunk, 0, Math.min(left, chunk.length));
+            if (read < 0) {
+                throw new EOFException("stdin ended inside a push");
+            }
+            left -= read;
         }
     }
 
