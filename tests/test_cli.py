@@ -194,7 +194,8 @@ def test_tail_durations_must_be_finite_and_positive(option, value):
 
 
 @pytest.mark.parametrize(("listen", "message"), [
-    ("8.8.8.8:0", "cannot listen on 8.8.8.8:0"),
+    ("8.8.8.8:0", "--listen 8.8.8.8:0: cannot listen on it (Cannot assign requested address); give an address of "
+                  "this host"),
     ("[::1]:0", "IPv4 only"),
 ])
 def test_sandbox_listen_address_it_cannot_use(listen, message):

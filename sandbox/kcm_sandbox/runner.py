@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import uuid
@@ -138,7 +139,12 @@ class Sandbox:
         try:
             # Listening from the start: the broker advertises this port, and a port merely seen free could be taken
             # (by any connection's local end) while the broker starts.
-            self._listener = socket.create_server((host, port))
+            try:
+                self._listener = socket.create_server((host, port))
+            except OSError as exc:
+                why = os.strerror(exc.errno) if exc.errno else str(exc)   # create_server's strerror names a tuple
+                raise SandboxError(f"--listen {host}:{port}: cannot listen on it ({why}); give an address of this "
+                                   "host and a free port (port 0 picks one)") from None
             port = self._listener.getsockname()[1]
             self.store = SubscriptionStore(options.state)  # a state file it cannot use stops it before the broker
             if options.upstream is None:
@@ -160,7 +166,7 @@ class Sandbox:
             self._receiver = _receiver(options, settings, broker_id, cluster_id)
         except OSError as exc:
             self.stop()
-            raise SandboxError(f"cannot listen on {host}:{port} or reach the broker: {exc.strerror or exc}") from exc
+            raise SandboxError(f"cannot start the broker behind {host}:{port} or reach it: {exc.strerror or exc}") from exc
         except Exception:
             self.stop()
             raise
