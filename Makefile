@@ -22,7 +22,10 @@ receiver: $(STAMP)
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: setup
+# The demo also runs without a JDK (the Python receiver, librdkafka clients only): Java is built when javac is here.
+demo: $(STAMP)
+	@if command -v javac >/dev/null && command -v jar >/dev/null; then $(PY) receiver/build.py; \
+	else echo "make demo: no JDK (javac and jar): running without the Java receiver and Java clients"; fi
 	$(VENV)/bin/kcm demo $(DEMO_ARGS)
 
 clean:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -15,7 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import test_packaging
 
+ROOT = Path(__file__).resolve().parent.parent
+installed = test_packaging.installed   # the fixture: the kcm packages as an install lays them out
 LIBRDKAFKA_CLIENTS = {"payments-producer", "payments-consumer", "orders-producer", "orders-consumer"}
 JAVA_CLIENTS = {"inventory-java-producer", "inventory-java-consumer"}
 
@@ -105,6 +109,8 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
             assert 1 <= client["pushes"] <= 25 // 5 + 2, (client_id, client["pushes"])
         assert "org.apache.kafka.producer.record.queue.time.avg" in by_id["payments-producer"]["metrics"]
         assert "org.apache.kafka.consumer.fetch.manager.fetch.latency.avg" in by_id["orders-consumer"]["metrics"]
+        # The Java consumer is in a group: it joined once.
+        assert by_id["inventory-java-consumer"]["metrics"]["org.apache.kafka.consumer.coordinator.rebalance.total"] >= 1
         assert "receiver: the kcm receiver plugin (Java)" in result.stderr
         # --rollup: Spark read the same topic after the clients stopped and rolled up their metrics.
         rollup = [line for line in lines if line.startswith("rollup: ")]
@@ -136,6 +142,46 @@ def test_live_view_renders_each_client_in_a_terminal(tmp_path):
     for client_id in LIBRDKAFKA_CLIENTS:
         assert client_id in text, text[-3000:]
     assert "confluent-kafka-python" in text
+    assert left == []
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _cell(screen: bytes, client_id: str, heading: str) -> str | None:
+    """The latest value under `heading` in `client_id`'s row of the live view's (framed, wide) table."""
+    lines = _ANSI.sub("", screen[-30000:].decode(errors="replace")).replace("\r", "\n").splitlines()
+    headers = [[cell.strip() for cell in line.split("┃")] for line in lines if f" {heading} " in line]
+    rows = [[cell.strip() for cell in line.split("│")] for line in lines if f" {client_id} " in line and "│" in line]
+    if not headers or not rows or heading not in headers[-1] or len(rows[-1]) != len(headers[-1]):
+        return None
+    return rows[-1][headers[-1].index(heading)]
+
+
+@pytest.mark.timeout(180)
+def test_the_live_view_shows_the_rebalances_of_the_java_consumer_in_its_group(tmp_path):
+    marker = uuid.uuid4().hex
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ.update(_demo_env(tmp_path, marker))
+        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "60", "--java", "yes"])
+    counts: list[str] = []
+
+    def stop_once_counted(screen: bytes) -> None:
+        # A push before the first join completes counts 0 rebalances: wait for the join.
+        count = _cell(screen, "inventory-java-consumer", "rebalances")
+        if not counts and count is not None and count.isdigit() and int(count) >= 1:
+            counts.append(count)
+            os.write(fd, b"\x03")
+
+    try:
+        screen = _read_terminal(fd, 120, stop_once_counted)
+        status = _wait(pid, 30)
+    finally:
+        left = _processes_with(marker)
+        _kill(left)
+    assert counts, screen.decode(errors="replace")[-3000:]
+    assert os.waitstatus_to_exitcode(status) == 130
     assert left == []
 
 
@@ -184,3 +230,53 @@ def test_ctrl_c_twice_in_a_terminal_stops_everything_with_exit_code_130(tmp_path
     assert status is not None and os.waitstatus_to_exitcode(status) == 130, text[-3000:]
     assert "Traceback" not in text
     assert left == [], "the demo left processes running"
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_starting_stops_what_started_and_starts_nothing_more(tmp_path):
+    marker = uuid.uuid4().hex
+    # --java no: the Java receiver's start (a JVM, perhaps a build first) cannot be cut short, and would set the pace.
+    demo = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "120", "--output", "jsonl",
+                             "--java", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=_demo_env(tmp_path, marker))
+    try:
+        first_line = demo.stderr.readline()   # the demo has begun to start
+        demo.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        rest = demo.communicate(timeout=60)[1]
+        stopped_after_s = time.monotonic() - sent
+    finally:
+        demo.kill()
+        left = _processes_with(marker)
+        _kill(left)
+    log = first_line + rest
+    assert demo.returncode == 130, log[-3000:]
+    assert "subscriptions: " not in log and not (tmp_path / "bridge.log").exists(), log[-3000:]
+    assert stopped_after_s < 8, (stopped_after_s, log[-3000:])
+    assert "Traceback" not in log
+    assert left == [], "the demo left processes running"
+
+
+def test_the_package_ships_the_subscriptions_in_examples_demo_unchanged():
+    examples = {path.name: path.read_bytes() for path in (ROOT / "examples" / "demo").glob("*.yaml")}
+    packaged = {path.name: path.read_bytes() for path in (ROOT / "demo" / "kcm_demo" / "subscriptions").glob("*.yaml")}
+
+    assert examples and packaged == examples
+
+
+def test_an_installed_demo_loads_its_own_subscriptions_and_logs_to_a_temporary_directory(installed):
+    probe = ("import sys, tempfile; from pathlib import Path; import kcm_demo.run as run; "
+             "from kcm_operator import manifests; "
+             "found = manifests.subscriptions(manifests.load([run.DEFAULT_SUBSCRIPTIONS])); "
+             "print(run.DEFAULT_SUBSCRIPTIONS); print(run.default_workdir()); "
+             "print(','.join(sorted(manifest.obj['metadata']['name'] for manifest, _ in found)))")
+    env = {key: value for key, value in os.environ.items() if key != "KCM_DEMO_DIR"}
+    result = subprocess.run([sys.executable, "-c", probe], env={**env, "PYTHONPATH": str(installed)},
+                            cwd=installed, capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    subscriptions, workdir, names = result.stdout.split()
+    assert Path(subscriptions).is_relative_to(installed) and names == "demo-consumers,demo-producers"
+    assert Path(workdir).name.startswith("kcm-demo-") and not Path(workdir).is_relative_to(ROOT)
+    Path(workdir).rmdir()

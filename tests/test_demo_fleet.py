@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
@@ -15,11 +16,12 @@ from kcm_demo.view import fleet_table
 
 def _request(instance: str, client_id: str, *metrics: metrics_pb2.Metric, software: str = "librdkafka",
              address: str | None = "127.0.0.1", port: str | None = "50000", time_unix_nano: int = 1,
-             resource_per_metric: bool = False) -> ExportMetricsServiceRequest:
+             resource_per_metric: bool = False, interval_ms: str | None = None) -> ExportMetricsServiceRequest:
     """One push as the bridge exports it; Java clients put each metric in a ResourceMetrics of its own."""
     request = ExportMetricsServiceRequest()
     identity = {"client_instance_id": instance, "client_id": client_id, "client_software_name": software,
-                "client_software_version": "2.6.1", "client_source_address": address, "client_source_port": port}
+                "client_software_version": "2.6.1", "client_source_address": address, "client_source_port": port,
+                "push_interval_ms": interval_ms}
     for group in ([[metric] for metric in metrics] if resource_per_metric else [list(metrics)]):
         resource_metrics = request.resource_metrics.add()
         for key, value in identity.items():
@@ -59,8 +61,8 @@ def test_gauges_keep_the_latest_value_of_the_slowest_node_and_deltas_add_up():
     [client] = fleet.clients()
 
     assert client.values == {latency: 4.0, total: 15.0}
-    assert client.headline("produce latency ms") == 4.0
-    assert client.headline("fetch latency ms") is None
+    assert client.headline("produce ms") == 4.0
+    assert client.headline("fetch ms") is None
     assert (client.pushes, client.last_push_s, client.source) == (2, 101.0, "127.0.0.1:50000")
 
 
@@ -71,7 +73,7 @@ def test_nan_averages_are_kept_as_nan_and_summarised_as_null():
 
     [client] = fleet.clients()
 
-    assert math.isnan(client.headline("fetch latency ms"))
+    assert math.isnan(client.headline("fetch ms"))
     assert client.summary()["metrics"] == {"org.apache.kafka.consumer.fetch.manager.fetch.latency.avg": None}
     assert client.summary()["client_software_name"] == "apache-kafka-java"
 
@@ -112,3 +114,70 @@ def test_a_push_spread_over_many_resource_metrics_counts_once():
     [client] = fleet.clients()
 
     assert client.pushes == 3 and len(client.values) == 5
+
+
+
+def test_a_cold_jvms_first_push_spread_over_90_ms_counts_once_at_a_5_s_interval():
+    fleet = Fleet()
+    for push in range(2):
+        pushed_ns = 10**9 + push * 5_000_000_000
+        for metric in range(10):   # 10 ms apart: 90 ms from the first to the last
+            fleet.ingest(_request("i-java", "inventory", _gauge(f"org.apache.kafka.consumer.m{metric}", 1.0),
+                                  time_unix_nano=pushed_ns + metric * 10_000_000, resource_per_metric=True,
+                                  interval_ms="5000"), received_s=float(push))
+
+    [client] = fleet.clients()
+
+    assert client.pushes == 2
+
+
+DEMO_CLIENTS = (("inventory-java-consumer", "apache-kafka-java"), ("inventory-java-producer", "apache-kafka-java"),
+                ("orders-consumer", "confluent-kafka-python"), ("orders-producer", "confluent-kafka-python"),
+                ("payments-consumer", "confluent-kafka-python"), ("payments-producer", "confluent-kafka-python"))
+
+
+def _demo_fleet(rebalances: bool = True) -> Fleet:
+    """The demo's six clients, each from its own port on 127.0.0.1; with a rebalance count for the Java consumer."""
+    fleet = Fleet()
+    for port, (client_id, software) in enumerate(DEMO_CLIENTS, start=50000):
+        if client_id.endswith("-producer"):
+            metrics = [_gauge("org.apache.kafka.producer.request.latency.avg", 1.79),
+                       _gauge("org.apache.kafka.producer.record.queue.time.avg", 25.31)]
+        else:
+            metrics = [_gauge("org.apache.kafka.consumer.fetch.manager.fetch.latency.avg", 500.4)]
+        if rebalances and client_id == "inventory-java-consumer":
+            metrics.append(_delta("org.apache.kafka.consumer.coordinator.rebalance.total", 1))
+        fleet.ingest(_request(f"i-{port}", client_id, *metrics, software=software, port=str(port)), received_s=10.0)
+    return fleet
+
+
+def _render(fleet: Fleet, width: int) -> list[str]:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(fleet_table(fleet, now_s=12.5, title="client instances", width=console.width))
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_narrow_terminals_show_every_client_id_in_full_with_its_numbers(width):
+    lines = _render(_demo_fleet(), width)
+
+    assert max(len(line.rstrip()) for line in lines) <= width
+    rows = {client_id: next((line for line in lines if client_id in line.replace("│", " ").split()), None)
+            for client_id, _ in DEMO_CLIENTS}
+    assert None not in rows.values(), "\n".join(lines)
+    assert "25.31" in rows["payments-producer"] and "500" in rows["orders-consumer"], "\n".join(lines)
+    header = " ".join(lines[1:3]).split()
+    assert {"produce", "queue", "fetch", "rebalances", "age", "metrics", "pushes"} <= set(header), "\n".join(lines)
+
+
+def test_narrow_terminals_drop_the_shared_source_address_and_keep_rebalances_only_when_pushed():
+    with_count = "\n".join(_render(_demo_fleet(rebalances=True), 100))
+    without_count = "\n".join(_render(_demo_fleet(rebalances=False), 100))
+    wide = "\n".join(_render(_demo_fleet(rebalances=False), 200))
+
+    assert "127.0.0.1:" not in with_count and "all from 127.0.0.1" in with_count
+    assert "rebalances" in with_count and "rebalances" not in without_count
+    row = next(line for line in with_count.splitlines() if "inventory-java-consumer" in line)
+    assert row.split()[-4:] == ["1", "2.5", "2", "1"], row   # rebalances, age s, metrics, pushes
+    # Wide enough for every column: nothing is dropped, each client's own source port is shown.
+    assert "127.0.0.1:50003" in wide and "rebalances" in wide and "confluent-kafka-python 2.6.1" in wide

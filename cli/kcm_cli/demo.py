@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Java clients and the Java receiver plugin: auto uses them when `java` and the built "
                              "receiver are here (default: %(default)s)")
     parser.add_argument("--subscriptions", type=path, metavar="DIR",
-                        help="ClientMetricsSubscription YAML to apply (default: examples/demo in the repository)")
+                        help="ClientMetricsSubscription YAML to apply (default: the demo's own, a copy of examples/demo)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,16 +21,28 @@ from kcm_common import points
 from kcm_common.names import BROKER_ATTRIBUTES
 
 # Columns of the live view: heading -> metric names to try in order (librdkafka first, then Java's).
+# Headings are short so that ten columns fit a terminal: produce request latency, record queue time, fetch latency.
 HEADLINE_METRICS: dict[str, tuple[str, ...]] = {
-    "produce latency ms": ("org.apache.kafka.producer.request.latency.avg",
-                           "org.apache.kafka.producer.node.request.latency.avg"),
-    "queue time ms": ("org.apache.kafka.producer.record.queue.time.avg",),
-    "fetch latency ms": ("org.apache.kafka.consumer.fetch.manager.fetch.latency.avg",),
+    "produce ms": ("org.apache.kafka.producer.request.latency.avg",
+                   "org.apache.kafka.producer.node.request.latency.avg"),
+    "queue ms": ("org.apache.kafka.producer.record.queue.time.avg",),
+    "fetch ms": ("org.apache.kafka.consumer.fetch.manager.fetch.latency.avg",),
     "rebalances": ("org.apache.kafka.consumer.coordinator.rebalance.total",),
 }
 
 
-_SAME_PUSH_NS = 50_000_000
+_SAME_PUSH_MIN_NS = 50_000_000
+_SAME_PUSH_MAX_NS = 1_000_000_000
+
+
+def same_push_window_ns(push_interval_ms: object) -> int:
+    """How far apart two point times of one push may be: half the push interval (a cold JVM spreads its first
+    collection over ~100 ms), within 50 ms and 1 s; 50 ms when the interval is unknown."""
+    try:
+        half_ns = int(str(push_interval_ms)) * 500_000
+    except ValueError:
+        return _SAME_PUSH_MIN_NS
+    return min(max(half_ns, _SAME_PUSH_MIN_NS), _SAME_PUSH_MAX_NS)
 
 
 @dataclass
@@ -41,19 +53,20 @@ class ClientInstance:
     client_id: str = "-"
     software_name: str = "-"
     software_version: str = "-"
-    source: str = "-"
+    source: str = "-"                           # address:port
+    source_address: str = "-"
     pushes: int = 0
     last_push_s: float = 0.0
     values: dict[str, float] = field(default_factory=dict)
     broker: dict[str, str] = field(default_factory=dict)
     # Collection times of the latest pushes. Java clients spread one push over a ResourceMetrics per metric, with
-    # point times a few ms apart; pushes are at least 100 ms apart (Kafka's smallest interval.ms). So a push is a
-    # point time far from every recent one, not a new ResourceMetrics.
+    # point times a few ms apart (up to ~100 ms on a cold JVM); pushes are an interval apart (at least 100 ms, Kafka's
+    # smallest interval.ms). So a push is a point time far from every recent one, not a new ResourceMetrics.
     recent_push_times: deque[int] = field(default_factory=lambda: deque(maxlen=16))
 
-    def count_push(self, time_unix_nano: int) -> None:
-        """Count a push the first time a point collected at least 50 ms from the recent pushes is seen."""
-        if all(abs(time_unix_nano - seen) >= _SAME_PUSH_NS for seen in self.recent_push_times):
+    def count_push(self, time_unix_nano: int, window_ns: int = _SAME_PUSH_MIN_NS) -> None:
+        """Count a push the first time a point collected at least `window_ns` from the recent pushes is seen."""
+        if all(abs(time_unix_nano - seen) >= window_ns for seen in self.recent_push_times):
             self.recent_push_times.append(time_unix_nano)
             self.pushes += 1
 
@@ -105,16 +118,18 @@ class Fleet:
         client.software_version = str(resource.get("client_software_version") or client.software_version)
         address = resource.get("client_source_address")
         if address:
+            client.source_address = str(address)
             port = resource.get("client_source_port")
             client.source = f"{address}:{port}" if port else str(address)
         # Only the broker side (the receiver) knows these: proof the push came through the receiver and the topic.
         client.broker = {key: str(resource[key]) for key in BROKER_ATTRIBUTES if key in resource}
         client.last_push_s = received_s
+        window_ns = same_push_window_ns(resource.get("push_interval_ms"))
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 metric_dict = points.metric_dict(metric)
                 for time_unix_nano in {point["time_unix_nano"] for point in metric_dict["points"]}:
-                    client.count_push(time_unix_nano)
+                    client.count_push(time_unix_nano, window_ns)
                 _apply(client.values, metric_dict)
 
     def clients(self) -> list[ClientInstance]:

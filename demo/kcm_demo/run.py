@@ -1,7 +1,8 @@
 """`kcm demo`: the whole pipeline on one machine, started in order and stopped in reverse.
 
-sandbox (gateway + embedded broker + receiver) → subscriptions from examples/ → real clients → metrics topic
-→ `kcm bridge` → an embedded OTLP/gRPC collector → the live view (or a jsonl summary).
+sandbox (gateway + embedded broker + receiver) → the demo subscriptions → real clients → metrics topic
+→ `kcm bridge` → an embedded OTLP/gRPC collector → the live view (or a jsonl summary). Ctrl-C is looked at between
+the start-up steps, so what has started stops and nothing more starts.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -30,8 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kcm.demo")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SUBSCRIPTIONS = REPO_ROOT / "examples" / "demo"
+# The package's own copy of the repository's examples/demo/, so an installed `kcm demo` has them too.
+DEFAULT_SUBSCRIPTIONS = Path(__file__).resolve().parent / "subscriptions"
+_CHECKOUT = Path(__file__).resolve().parents[2]
 # The bridge's consumer group on the embedded broker, which holds each join for half the session timeout.
 _BRIDGE_GROUP = "kcm-demo-bridge"
 _BRIDGE_SESSION_TIMEOUT_MS = 6000
@@ -64,6 +67,16 @@ class Pipeline:
 def _kcm(*args: str) -> list[str]:
     """A `kcm` command line run with this interpreter, so the demo needs nothing on PATH."""
     return [sys.executable, "-m", "kcm_cli.main", *args]
+
+
+class _Interrupted(Exception):
+    """Ctrl-C or SIGTERM while the pipeline was starting: what started is stopped, nothing more starts."""
+
+
+def _stop_if(interrupted: threading.Event) -> None:
+    if interrupted.is_set():
+        log.info("interrupted while starting: stopping what has started")
+        raise _Interrupted
 
 
 class _Process:
@@ -101,10 +114,7 @@ def java_available() -> bool:
 def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
              interrupted: threading.Event | None = None) -> int:
     """Run the pipeline for `options.duration_s` seconds (or until `interrupted`), then stop everything."""
-    from kcm_demo.collector import OtlpCollector
     from kcm_demo.fleet import Fleet
-    from kcm_demo.workload import Workload
-    from kcm_sandbox.runner import Sandbox, SandboxOptions
 
     if not options.subscriptions.exists():
         raise UserError(f"no subscriptions at {options.subscriptions}; pass --subscriptions DIR with "
@@ -116,8 +126,22 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
         raise UserError(f"{options.subscriptions} holds no ClientMetricsSubscription")
     interrupted = interrupted or threading.Event()
     use_java = _want_java(options.java)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log.info("logs of the bridge and the Java clients in %s", workdir)
     fleet = Fleet()
     pipeline = Pipeline()
+    with suppress(_Interrupted):
+        _run(options, out, workdir, interrupted, use_java, fleet, pipeline)
+    return 130 if interrupted.is_set() else 0
+
+
+def _run(options: DemoOptions, out: IO[str], workdir: Path, interrupted: threading.Event, use_java: bool,
+         fleet: Fleet, pipeline: Pipeline) -> None:
+    """Start each part in order (checking for Ctrl-C between them), run, and stop them in reverse."""
+    from kcm_demo.collector import OtlpCollector
+    from kcm_demo.workload import Workload
+    from kcm_sandbox.runner import Sandbox, SandboxOptions
+
     with ExitStack() as sandbox_stack:
         sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", 0), receiver="java" if use_java else "python"))
         sandbox.start()
@@ -126,7 +150,9 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
         pipeline.receiver = ("the kcm receiver plugin (Java) inside the sandbox" if use_java
                              else "the sandbox's Python receiver (Java receiver not used)")
         log.info("sandbox on %s; receiver: %s", sandbox.bootstrap, pipeline.receiver)
+        _stop_if(interrupted)
         pipeline.subscriptions = _apply_subscriptions(sandbox.bootstrap, options.subscriptions)
+        _stop_if(interrupted)
         # Clients, bridge and collector stop first (reverse order of start); the sandbox outlives them so the
         # rollup can read what was collected.
         with ExitStack() as stack:
@@ -137,6 +163,7 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
 
             bridge = _start_bridge(sandbox.bootstrap, collector.endpoint, workdir)
             stack.callback(bridge.stop)
+            _stop_if(interrupted)
             # Runs once the clients have stopped (the stack unwinds in reverse), before the bridge stops; only
             # when the run ended normally (not on Ctrl-C, nor on an error).
             ended = threading.Event()
@@ -147,7 +174,7 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
             stack.callback(workload.stop)
             pipeline.client_ids = workload.client_ids()
             if use_java:
-                pipeline.client_ids += _start_java_clients(stack, sandbox.bootstrap, workdir)
+                pipeline.client_ids += _start_java_clients(stack, sandbox.bootstrap, workdir, interrupted)
 
             deadline = time.monotonic() + options.duration_s
             if options.output == "live":
@@ -165,7 +192,6 @@ def run_demo(options: DemoOptions, out: IO[str], workdir: Path,
         if options.rollup and not interrupted.is_set():
             _rollup(pipeline.bootstrap, workdir, out)
         log.info("stopping the sandbox")
-    return 130 if interrupted.is_set() else 0
 
 
 def _want_java(choice: str) -> bool:
@@ -206,13 +232,16 @@ def _start_bridge(bootstrap: str, endpoint: str, workdir: Path) -> _Process:
                     workdir / "bridge.log")
 
 
-def _start_java_clients(stack: ExitStack, bootstrap: str, workdir: Path) -> list[str]:
+def _start_java_clients(stack: ExitStack, bootstrap: str, workdir: Path, interrupted: threading.Event) -> list[str]:
     from kcm_sandbox.java_clients import JavaClient
 
     client_ids = []
     for role in ("producer", "consumer"):
+        _stop_if(interrupted)
+        # In a group, so the consumer has a coordinator and pushes its rebalance count (the live view shows it).
+        extra_config = {"group.id": "inventory-java-app"} if role == "consumer" else {}
         client = JavaClient(bootstrap, client_id=f"inventory-java-{role}", role=role, topic="inventory",
-                            log_path=workdir / f"java-{role}.log")
+                            extra_config=extra_config, log_path=workdir / f"java-{role}.log")
         stack.enter_context(client)
         client_ids.append(client.client_id)
     return client_ids
@@ -236,7 +265,7 @@ def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: thread
         remaining = max(0.0, deadline - time.monotonic())
         return Group(header, fleet_table(fleet, time.time(),
                                           f"client instances · {fleet.exports} OTLP exports received · "
-                                          f"{remaining:.0f} s left"))
+                                          f"{remaining:.0f} s left", width=console.width))
 
     with Live(render(), console=console, refresh_per_second=max(1, int(1 / refresh_s)), transient=False) as live:
         while not interrupted.is_set() and time.monotonic() < deadline:
@@ -272,7 +301,10 @@ def _cell(value: object) -> str:
 
 
 def default_workdir() -> Path:
-    """Where the demo keeps its child processes' logs."""
-    path = Path(os.environ.get("KCM_DEMO_DIR", REPO_ROOT / "build" / "demo"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where the demo keeps its child processes' logs: $KCM_DEMO_DIR, build/demo in a checkout, else a new
+    temporary directory."""
+    if "KCM_DEMO_DIR" in os.environ:
+        return Path(os.environ["KCM_DEMO_DIR"])
+    if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "examples" / "demo").is_dir():
+        return _CHECKOUT / "build" / "demo"
+    return Path(tempfile.mkdtemp(prefix="kcm-demo-"))

@@ -3,9 +3,11 @@ package dev.kcm.clients;
 import java.io.IOException;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.List;
 import java.util.Properties;
 
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -17,7 +19,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * A real Java producer or consumer for tests: it runs until stdin closes (or SECONDS pass), then closes the client,
  * which sends its terminating telemetry push. Usage: TestClient producer|consumer BOOTSTRAP TOPIC CLIENT_ID SECONDS
- * [key=value ...]. Prints "started" once the first record is sent or the partitions are assigned.
+ * [key=value ...]. Prints "started" once the first record is sent or the partitions are assigned. A consumer given a
+ * group.id subscribes in that group (classic protocol); without one it assigns itself every partition.
  */
 public final class TestClient {
     private TestClient() {
@@ -76,17 +79,47 @@ public final class TestClient {
     private static void consume(Properties config, String topic, Thread stdin, long deadline) {
         config.put("key.deserializer", ByteArrayDeserializer.class.getName());
         config.put("value.deserializer", ByteArrayDeserializer.class.getName());
+        boolean inGroup = config.containsKey("group.id");
+        if (inGroup) {
+            // The sandbox's broker holds every JoinGroup for half the session timeout, and never assigns with the
+            // KIP-848 protocol: classic, with a short session, so the join takes seconds.
+            config.putIfAbsent("group.protocol", "classic");
+            config.putIfAbsent("session.timeout.ms", "6000");
+            config.putIfAbsent("heartbeat.interval.ms", "2000");
+            config.putIfAbsent("auto.offset.reset", "earliest");
+        }
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(config)) {
-            // Assigned rather than subscribed: the sandbox's broker holds every group join for seconds.
-            List<TopicPartition> partitions = new ArrayList<>();
-            for (PartitionInfo info : consumer.partitionsFor(topic, Duration.ofSeconds(30))) {
-                partitions.add(new TopicPartition(topic, info.partition()));
+            if (inGroup) {
+                consumer.subscribe(List.of(topic), new StartedOnFirstAssignment());
+            } else {
+                List<TopicPartition> partitions = new ArrayList<>();
+                for (PartitionInfo info : consumer.partitionsFor(topic, Duration.ofSeconds(30))) {
+                    partitions.add(new TopicPartition(topic, info.partition()));
+                }
+                consumer.assign(partitions);
+                consumer.seekToBeginning(partitions);
+                started();
             }
-            consumer.assign(partitions);
-            consumer.seekToBeginning(partitions);
-            started();
             while (running(stdin, deadline)) {
                 consumer.poll(Duration.ofMillis(100));
+            }
+        }
+    }
+
+    /** Prints "started" when the group first assigns this consumer its partitions. */
+    private static final class StartedOnFirstAssignment implements ConsumerRebalanceListener {
+        private boolean assigned;
+
+        @Override
+        public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
+            // Nothing to commit or clean up: the records are only read.
+        }
+
+        @Override
+        public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
+            if (!assigned) {
+                assigned = true;
+                started();
             }
         }
     }
