@@ -7,7 +7,8 @@ import pyarrow as pa
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from kcm_rollups.decode import DECODE_INPUT_SCHEMA, POINTS_SCHEMA, flatten, header_columns
+from kcm_rollups.decode import (DECODE_INPUT_SCHEMA, MAX_IDENTITY_CHARS, MAX_POINTS, MAX_RECORD_TEXT, POINTS_SCHEMA,
+                                 TOO_LARGE, flatten, flatten_batches, header_columns)
 from kcm_rollups.source import Record, records_to_decode_input
 from payloads import client_metrics
 
@@ -189,3 +190,83 @@ def test_each_resource_of_a_record_gives_its_points_their_identity_and_anonymous
         ("avg", None, "id-1", None), ("total", None, "id-1", None),
         ("k", "app-K", "k2", None)]
     assert [r["record_first"] for r in rows] == [True, False, True, False, True]
+
+
+def _gauges(count: int, resource: dict[str, str] | None = None, metric: str = "g") -> metrics_pb2.MetricsData:
+    """One resource with `count` empty gauge points of one metric."""
+    data = metrics_pb2.MetricsData()
+    resource_metrics = data.resource_metrics.add()
+    resource_metrics.resource.attributes.extend(
+        KeyValue(key=key, value=AnyValue(string_value=value)) for key, value in (resource or {}).items())
+    gauge = resource_metrics.scope_metrics.add().metrics.add(name=metric).gauge
+    for _ in range(count):
+        gauge.data_points.add()
+    return data
+
+
+def test_a_record_that_would_expand_far_past_its_size_is_one_too_large_row_and_spares_the_batch():
+    """A small compressed record may hold a hundred thousand points, or a long text every point would copy (a
+    resource, a metric name, a header, an identity): each such record is one `too-large` row, the rest decode."""
+    good = client_metrics("orders").SerializeToString()
+    command_line = {"process.command_line": "java " + "-D" * 2000}  # a resource kept as text: no instance id
+    rows = flatten(records_batch([
+        ("ok", good, {}),
+        ("many", _gauges(MAX_POINTS + 1).SerializeToString(), {}),
+        (None, _gauges(MAX_RECORD_TEXT // 2000, command_line).SerializeToString(), {}),
+        ("named", _gauges(3000, metric="m" * 20_000).SerializeToString(), {}),
+        ("long-id", _gauges(2, {"client_id": "x" * (MAX_IDENTITY_CHARS + 1)}).SerializeToString(), {}),
+        ("header", good, {"principal": "User:" + "p" * MAX_IDENTITY_CHARS}),
+        ("ok-2", good, {}),
+    ])).to_pylist()
+    assert [(r["client_instance_id"], r["error"]) for r in rows] == [
+        ("ok", None), ("ok", None), ("many", TOO_LARGE), (None, TOO_LARGE), ("named", TOO_LARGE),
+        ("long-id", TOO_LARGE), ("header", TOO_LARGE), ("ok-2", None), ("ok-2", None)]
+    assert f"more than {MAX_POINTS} data points" in rows[2]["error_message"]
+    assert all(f"more than {MAX_RECORD_TEXT}" in r["error_message"] for r in rows[3:5])
+    assert all(f"more than {MAX_IDENTITY_CHARS}" in r["error_message"] for r in rows[5:7])
+    # Up to the bounds a record is whole: a resource of this size on fewer points is kept as it came.
+    kept = flatten(records_batch([(None, _gauges(100, command_line).SerializeToString(), {})])).to_pylist()
+    assert len(kept) == 100 and all(r["error"] is None and "-D-D" in r["resource"] for r in kept)
+
+
+def test_batches_of_points_are_cut_by_their_text_and_hold_the_same_rows():
+    """flatten_batches starts another batch of points once one holds `max_text` characters, so that many records
+    just within their own bound never take a text column past Arrow's 2 GiB (which failed the job)."""
+    records = records_batch([(f"id-{i}", client_metrics(f"app-{i}").SerializeToString(),
+                              {"client_id": f"app-{i}", "principal": "User:" + "u" * 1000}) for i in range(10)])
+    whole = flatten(records)
+    cut = list(flatten_batches([records], max_text=3000))
+    assert len(cut) == 5 and all(batch.num_rows == 4 for batch in cut)
+    assert pa.Table.from_batches(cut).to_pylist() == whole.to_pylist()
+    assert [batch.num_rows for batch in flatten_batches([records])] == [20]
+
+
+def test_an_empty_or_blank_key_header_or_attribute_names_no_one_so_resources_keep_other_writers_apart():
+    """Producers that send b"" rather than a null key, or an empty instance-id header, must not make every resource
+    of their records one instance (and one cumulative stream): an empty value is absent."""
+    def service(name: str, **extra: str) -> bytes:
+        return _gauges(1, {"service.name": name, **extra}).SerializeToString()
+
+    rows = flatten(records_batch([
+        ("", service("a"), {}),
+        ("", service("b"), {"client_instance_id": ""}),
+        (" ", service("c", client_id=""), {"client_id": " "}),
+        ("", service("d"), {"client_instance_id": "", "client_id": "", "client_software_name": "",
+                            "client_software_version": ""}),
+        ("", service("e", **{"client_instance_id": "from-resource"}), {"client_instance_id": ""}),
+    ])).to_pylist()
+    assert [(r["client_instance_id"], r["client_id"], r["resource"]) for r in rows] == [
+        (None, None, '{"service.name":"a"}'), (None, None, '{"service.name":"b"}'),
+        (None, None, '{"client_id":"","service.name":"c"}'), (None, None, '{"service.name":"d"}'),
+        ("from-resource", None, None)]
+
+
+def test_a_record_without_a_timestamp_is_one_row_with_its_reason_not_a_1969_window():
+    """Kafka takes CreateTime -1 (no timestamp) from a raw producer: no window before 1970 can hold it, and no time
+    range could ever re-run one."""
+    good = client_metrics("orders").SerializeToString()
+    records = [Record(b"k0", good, "t", 0, 0, -1, 0, []), Record(b"k1", good, "t", 0, 1, 0, 0, [])]
+    rows = flatten(records_to_decode_input(records)).to_pylist()
+    assert [(r["client_instance_id"], r["error"]) for r in rows] == [
+        ("k0", "invalid-timestamp"), ("k1", None), ("k1", None)]
+    assert "1970-01-01" in rows[0]["error_message"]

@@ -3,6 +3,7 @@ agree, decode errors are counted, re-runs replace exactly their windows, and the
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -585,3 +586,97 @@ def test_every_secret_option_given_to_either_kafka_reader_is_redacted_by_the_ses
     assert spark.conf.get("spark.sql.redaction.options.regex") == REDACTED_OPTIONS
     for option in secret:
         assert re.search(REDACTED_SETTINGS, option) and re.search(REDACTED_OPTIONS, option), option
+
+
+def test_a_small_record_that_would_expand_past_arrows_capacity_is_one_counted_error_through_either_kafka_input(
+        spark, kafka, new_topic, tmp_path):
+    """1 KB of gzip (a 1 MB client_id resource attribute on 2,500 empty points) was 2.5 GB of client_id column and
+    failed the job through either Kafka input: it is one `too-large` decode error, and the other records roll up."""
+    data = metrics_pb2.MetricsData()
+    resource_metrics = data.resource_metrics.add()
+    resource_metrics.resource.attributes.add(key="client_id").value.string_value = "x" * 1_000_000
+    gauge = resource_metrics.scope_metrics.add().metrics.add(name="g").gauge
+    for _ in range(2500):
+        gauge.data_points.add()
+    amplified = gzip.compress(data.SerializeToString())
+    assert len(amplified) < 2000
+    topic = new_topic()
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+    for value, headers in ((client_metrics("good").SerializeToString(), [("client_instance_id", b"good")]),
+                           (amplified, [("content-encoding", b"gzip")])):
+        producer.send(topic, value=value, headers=headers, timestamp_ms=int(minute.timestamp()) * 1000).get(timeout=10)
+    producer.close()
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"))
+    result = run(spark, options)
+    assert (result.input_records, result.decode_errors, result.points) == (2, {"too-large": 1}, 2)
+    written = spark.read.parquet(str(tmp_path / "out")).filter("resolution = '1m'").collect()
+    assert sorted(r["metric"].rsplit(".", 1)[-1] for r in written) == ["avg", "total"]
+    # The same through a frame shaped like Spark's connector gives (mapInArrow).
+    state = merge_batches(state_of_records(read_records(spark, options), options), options.dimensions)
+    counts = {r["error"]: r["records"] for r in state.groupBy("error").agg(F.sum("records").alias("records")).collect()}
+    assert counts == {None: 1, "too-large": 1}
+
+
+def test_one_clients_counters_in_two_scopes_are_two_streams_through_either_kafka_input(spark, kafka, new_topic,
+                                                                                     tmp_path):
+    topic = new_topic()
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+    for i, (a, b) in enumerate([(100, 5), (110, 6), (120, 7)]):
+        data = metrics_pb2.MetricsData()
+        resource_metrics = data.resource_metrics.add()
+        for library, value in (("lib-a", a), ("lib-b", b)):
+            scope_metrics = resource_metrics.scope_metrics.add()
+            scope_metrics.scope.name = library
+            total = scope_metrics.metrics.add(name="requests.total").sum
+            total.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+            total.is_monotonic = True
+            total.data_points.add(start_time_unix_nano=10**9, time_unix_nano=(2 + i) * 10**9, as_int=value)
+        producer.send(topic, value=data.SerializeToString(), headers=[("client_instance_id", b"sdk-app")],
+                      timestamp_ms=int(minute.timestamp() + i) * 1000).get(timeout=10)
+    producer.close()
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"))
+    run(spark, options)
+    written = _sorted_rows(spark.read.parquet(str(tmp_path / "out")).drop("partial", "date", "window_end"))
+    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
+    assert written == _sorted_rows(expected)
+    assert [r["increase"] for r in written if r["resolution"] == "1h"] == [(120 - 100) + (7 - 5)]
+
+
+def test_an_output_that_is_not_utf8_is_one_line_and_exit_2(capsys):
+    code = main(["rollup", "--bootstrap-server", "127.0.0.1:1", "--output", "/tmp/rollups-\udcff"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--output '/tmp/rollups-\\udcff' is not UTF-8 text" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_windows_an_offset_cuts_in_one_partition_of_several_are_marked_partial_up_to_its_first_record_read(
+        spark, kafka, new_topic, tmp_path):
+    """A partition started at an offset lacks its records before it: every window up to the one of its first record
+    read is cut, not only the first window of the whole range (which the other partitions fill)."""
+    topic = new_topic(partitions=2)
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+    for m in range(4):   # each partition: one record in each of four minutes (one per batch: exact end offsets)
+        for partition in (0, 1):
+            producer.send(topic, value=client_metrics("app").SerializeToString(), key=f"i{partition}".encode(),
+                          partition=partition, timestamp_ms=int(minute.timestamp() + 60 * m) * 1000).get(timeout=10)
+    producer.close()
+
+    def partial(**offsets) -> dict:
+        output = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        run(spark, RollupOptions(kafka=kafka, topic=topic, output=str(output), resolutions=parse_resolutions("1m"),
+                                 **offsets))
+        return {int((r["window_start"] - minute.replace(tzinfo=None)).total_seconds() // 60): r["partial"]
+                for r in spark.read.parquet(str(output)).select("window_start", "partial").distinct().collect()}
+
+    # Partition 0 from its third record (the third minute): the first three minutes lack some of its records.
+    assert partial(starting_offsets=json.dumps({topic: {"0": 2}})) == {0: True, 1: True, 2: True, 3: False}
+    # Partition 1 up to its second record: the minutes from its second on lack some of its records.
+    assert partial(ending_offsets=json.dumps({topic: {"1": 2}})) == {0: False, 1: True, 2: True, 3: True}
+    # Offsets at a partition's first record and its end cut nothing.
+    assert partial(starting_offsets=json.dumps({topic: {"0": 0}}), ending_offsets=json.dumps({topic: {"1": 4}})) == {
+        0: False, 1: False, 2: False, 3: False}

@@ -211,3 +211,45 @@ def test_an_hour_merged_from_minutes_equals_the_hour_computed_from_points(spark)
     for key, row in direct.items():
         compared = [name for name in row if name not in ("kll_sketch", "instances_sketch")]
         assert {n: merged[key][n] for n in compared} == {n: row[n] for n in compared}, key
+
+
+def test_one_clients_counters_of_one_name_in_two_instrumentation_scopes_are_two_streams(spark):
+    """OTLP's metric identity includes the instrumentation scope: an SDK app with two libraries that each count
+    `requests.total` pushes two streams, not one that seems to reset at every alternation."""
+    a, b = '["lib-a","1.0"]', '["lib-b","1.0"]'
+    pushes = [(1, 100.0, a), (1, 5.0, b), (20, 110.0, a), (20, 6.0, b), (40, 120.0, a), (40, 7.0, b)]
+    rows = rows_of(spark, [point("c", s, "i1", value=v, start_ns=1, scope=scope, **CUMULATIVE)
+                           for s, v, scope in pushes], resolutions=(MINUTE,))
+    assert rows[("1m", 0, "c", ())]["increase"] == (110 - 100) + (120 - 110) + (6 - 5) + (7 - 6)
+
+
+def test_a_cumulative_point_delivered_after_a_newer_one_is_taken_in_its_own_time_order_not_as_a_reset(spark):
+    """Each cumulative point is its stream's total from its start time to its time: the stream's order is that of its
+    points' times. A writer that delivers an older point after a newer one (a retried batch, an exporter's parallel
+    queue) changes no increase."""
+    def at(received_s: int, value: float, point_s: int) -> dict:
+        return point("c", received_s, "i1", value=value, start_ns=1, time_ns=(T0 + point_s) * 10**9, **CUMULATIVE)
+
+    rows = rows_of(spark, [at(10, 110.0, 20), at(11, 100.0, 10), at(30, 120.0, 30)], resolutions=(MINUTE,))
+    assert rows[("1m", 0, "c", ())]["increase"] == 120.0 - 100.0
+
+
+def test_a_histogram_window_holding_points_without_a_sum_has_an_unknown_sum_and_avg(spark):
+    """OTLP's histogram sum is optional: 10 observations with sum 100 and 10 without one, all in (5, 20], gave avg 5.
+    Such a window's sum and avg are NaN (unknown) through every merge; windows whose points all have sums keep
+    theirs."""
+    histogram = {"type": "histogram", "temporality": "delta", "bounds": [5.0, 20.0]}
+    cumulative = {"type": "histogram", "temporality": "cumulative", "bounds": [5.0, 20.0], "start_ns": 1}
+    rows = rows_of(spark, [
+        point("h", 1, "i1", count=10, sum=100.0, bucket_counts=[0, 10, 0], **histogram),
+        point("h", 2, "i2", count=10, bucket_counts=[0, 10, 0], **histogram),
+        point("h", 61, "i1", count=4, sum=40.0, bucket_counts=[0, 4, 0], **histogram),
+        point("k", 1, "i1", count=2, bucket_counts=[0, 2, 0], **cumulative),
+        point("k", 2, "i1", count=6, bucket_counts=[0, 6, 0], **cumulative),
+    ])
+    unknown = [rows[key] for key in (("1m", 0, "h", (5.0, 20.0)), ("1h", 0, "h", (5.0, 20.0)),
+                                     ("1m", 0, "k", (5.0, 20.0)))]
+    assert [(r["count"], math.isnan(r["sum"]), math.isnan(r["avg"])) for r in unknown] == [
+        (20, True, True), (24, True, True), (4, True, True)]
+    known = rows[("1m", 60, "h", (5.0, 20.0))]
+    assert (known["count"], known["sum"], known["avg"]) == (4, 40.0, 10.0)

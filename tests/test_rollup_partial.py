@@ -47,6 +47,9 @@ def golden_points() -> list[dict]:
         # Histograms without buckets (decoded as null) beside one with a single bucket: counted, never a null bucket.
         point("nb", 27, "i1", count=2, sum=3.0, **{**HISTOGRAM, "bounds": []}),
         point("nb", 28, "i2", count=1, sum=1.0, bucket_counts=[1], **{**HISTOGRAM, "bounds": []}),
+        # A histogram point without a sum (OTLP's is optional) beside one with: the window's sum is unknown (NaN).
+        point("ns", 29, "i1", count=3, bucket_counts=[1, 1, 1], **HISTOGRAM),
+        point("ns", 30, "i2", count=1, sum=4.0, bucket_counts=[0, 1, 0], **HISTOGRAM),
         {**point(None, 40, "i5", type=None, time_ns=None, attributes=None), "error": "empty"},
         {**point(None, 41, "i5", type=None, time_ns=None, attributes=None), "error": "decompress-failed"},
         point("g", 50, None, value=6.0),

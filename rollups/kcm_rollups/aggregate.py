@@ -65,7 +65,14 @@ def with_direct_increases(points: DataFrame) -> DataFrame:
     histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
     return points.select(
         "*", F.when(counter, F.col("value")).alias("increase"), F.when(histogram, F.col("count")).alias("d_count"),
-        F.when(histogram, F.col("sum")).alias("d_sum"), F.when(histogram, F.col("bucket_counts")).alias("d_buckets"))
+        F.when(histogram, _known_sum(F.col("count"), F.col("sum"))).alias("d_sum"),
+        F.when(histogram, F.col("bucket_counts")).alias("d_buckets"))
+
+
+def _known_sum(count: Column, total: Column) -> Column:
+    """A histogram point's sum, or NaN (unknown) if it counts observations without one (OTLP's sum is optional):
+    added up, a window's sum and avg are then NaN, not the sum of some points over the count of all."""
+    return F.when(count.isNotNull(), F.coalesce(total, F.lit(float("nan"))))
 
 
 def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = None) -> DataFrame:
@@ -74,9 +81,11 @@ def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = 
     read, so the counter began from zero inside it), else nothing (the job reads a lookback for its predecessor)."""
     counter = _counter() & ~F.isnan("value")
     histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
-    # Without an instance id (other writers), the resource tells one client's stream from another's.
-    stream = Window.partitionBy("client_instance_id", "resource", "metric", "attributes").orderBy(
-        "record_micros", "partition", "offset", "time_ns")
+    # Without an instance id (other writers), the resource tells one client's stream from another's; OTLP's metric
+    # identity includes the instrumentation scope. A stream's points are in the order of their own time (each is the
+    # total from its start time to its time), not of delivery: a retried or reordered push is no reset.
+    stream = Window.partitionBy("client_instance_id", "resource", "scope", "metric", "attributes").orderBy(
+        "time_ns", "record_micros", "partition", "offset")
     started_inside = _started_since(read_from_micros)
     prev_value, prev_start = F.lag("value").over(stream), F.lag("start_ns").over(stream)
     reset = (F.col("value") < prev_value) | (F.col("start_ns") != prev_start)
@@ -91,12 +100,13 @@ def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = 
         return F.when(histogram, F.when(h_first, F.when(started_inside, F.col(column))).when(h_reset, F.col(column))
                       .otherwise(difference))
 
+    d_count = h_delta("count", F.col("count") - prev_count)
     return points.select(
         "*",
         F.when(counter, F.when(prev_value.isNull(), F.when(started_inside, F.col("value"))).when(reset, F.col("value"))
                .otherwise(F.col("value") - prev_value)).alias("increase"),
-        h_delta("count", F.col("count") - prev_count).alias("d_count"),
-        h_delta("sum", F.col("sum") - prev_sum).alias("d_sum"),
+        d_count.alias("d_count"),
+        _known_sum(d_count, h_delta("sum", F.col("sum") - prev_sum)).alias("d_sum"),
         h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
 
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, rejected_message
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable, is_utf8, rejected_message
 from kcm_common.librdkafka import librdkafka_config
 from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, GROUPABLE
 from kcm_rollups.windows import EARLIEST_TIME, Resolution, parse_resolutions, widen
@@ -57,6 +57,9 @@ class RollupOptions:
     def __post_init__(self) -> None:
         from kcm_rollups.source import EARLIEST, LATEST
 
+        if not is_utf8(self.output):
+            # Spark's JVM takes paths as UTF-8: a byte that is not (argv is read with surrogateescape) fails in py4j.
+            raise UserError(f"--output {self.output!r} is not UTF-8 text; give a path Spark can take")
         unknown = [name for name in self.dimensions if name not in GROUPABLE]
         if unknown:
             raise UserError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPABLE)}")
@@ -272,25 +275,62 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
         logging.getLogger().removeFilter(quiet)
 
 
-def _cut_by_offsets(rows: Any, options: RollupOptions) -> Any:
-    """Windows an offset range may have cut (a time range never cuts one: it is widened to whole windows): with a
-    starting offset other than earliest, those holding the range's first finest window; with an ending offset other
-    than latest, those holding its last. Their rows hold only the range's records, so they are marked partial."""
+def _cut_by_offsets(options: RollupOptions) -> Any:
+    """Windows an offset range may have cut (a time range never cuts one: it is widened to whole windows): each
+    partition started at an offset past its first record lacks the records before, so every window up to the one of
+    the first record read there (the latest such, over partitions) is cut; likewise every window from the one of the
+    last record read in a partition ended before its end. Their rows hold only the range's records: partial."""
     from pyspark.sql import functions as F
 
     cut = F.lit(False)
     if options.window_range() or (options.starting_offsets == "earliest" and options.ending_offsets == "latest"):
         return cut
-    start = F.unix_micros("window_start")
-    first, last = rows.filter(F.col("resolution") == options.resolutions[0].label).agg(
-        F.min(start), F.max(start)).first()
-    if first is None:
-        return cut
-    if options.starting_offsets != "earliest":
-        cut = cut | (start <= F.lit(first))
-    if options.ending_offsets != "latest":
+    first, last = _cut_record_times(options)
+    if first is not None:
+        cut = cut | (F.unix_micros("window_start") <= F.lit(first))
+    if last is not None:
         cut = cut | (F.unix_micros("window_end") > F.lit(last))
     return cut
+
+
+def _cut_record_times(options: RollupOptions, timeout_s: float = 10.0) -> tuple[int | None, int | None]:
+    """In microseconds: the latest time of the first record read in a partition whose starting offset cuts records
+    off, and the earliest of the last record read in one whose ending offset does (None where none does)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    starting = _check_offsets("--starting-offsets", options.starting_offsets, options.topic)
+    ending = _check_offsets("--ending-offsets", options.ending_offsets, options.topic)
+    consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, **options.kafka.client_options())
+    firsts, lasts = [], []
+    try:
+        for spec, found, is_start in ((starting, firsts, True), (ending, lasts, False)):
+            named = {TopicPartition(options.topic, int(p)): offset
+                     for p, offset in (spec.get(options.topic, {}) if isinstance(spec, dict) else {}).items()
+                     if offset >= 0}  # -2 and -1 are earliest and latest: no cut
+            if not named:
+                continue
+            bounds = consumer.beginning_offsets(list(named)) if is_start else consumer.end_offsets(list(named))
+            for tp, offset in named.items():
+                if (offset <= bounds[tp]) if is_start else (offset >= bounds[tp]):
+                    continue  # at the partition's first record (or end): nothing cut off
+                record = _record_from(consumer, tp, offset if is_start else offset - 1, timeout_s)
+                if record is not None and (is_start or record.offset < offset) and record.timestamp >= 0:
+                    found.append(record.timestamp * 1000)
+    finally:
+        consumer.close()
+    return (max(firsts) if firsts else None), (min(lasts) if lasts else None)
+
+
+def _record_from(consumer: Any, tp: Any, offset: int, timeout_s: float) -> Any:
+    """The first record of `tp` at or after `offset`, or None if none comes within `timeout_s`."""
+    consumer.assign([tp])
+    consumer.seek(tp, offset)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records = consumer.poll(timeout_ms=200).get(tp, [])
+        if records:
+            return records[0]
+    return None
 
 
 def _started(master: str) -> Any:
@@ -388,7 +428,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
                         "range: their increase up to it is counted by no run; give a --lookback longer than the "
                         "longest push interval", unpreceded, duration_label(options.lookback_seconds))
     rows = rollup_state(state, options.resolutions, options.dimensions)
-    rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(rows, options)).withColumn(
+    rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(options)).withColumn(
         "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
     finished("finish")
     labels = tuple(r.label for r in options.resolutions)
@@ -423,7 +463,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
 
 # The decoded point columns the cumulative pass reads besides the dimensions.
 CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "client_instance_id", "resource",
-                                      "metric", "type", "temporality", "monotonic", "time_ns", "start_ns",
+                                      "scope", "metric", "type", "temporality", "monotonic", "time_ns", "start_ns",
                                       "attributes", "value", "count", "sum", "bucket_counts", "bounds", "error")
 
 

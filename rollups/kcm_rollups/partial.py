@@ -118,7 +118,8 @@ def partial_state(points: pa.RecordBatch | pa.Table, size_seconds: int, dimensio
         **{f"d_{name}": col[name] for name in dimensions}, "bounds_key": bounds_key, "error": col["error"],
         "needs_previous": needs_previous,
         "count": count, "nan": pc.cast(pc.and_(gauge.fill_null(False), nan), pa.int64()),
-        "level": level, "sum": pc.if_else(histogram, col["sum"], level), "last": last_value,
+        # A histogram point without a sum adds NaN (unknown), as aggregate._known_sum.
+        "level": level, "sum": pc.if_else(histogram, col["sum"].fill_null(float("nan")), level), "last": last_value,
         "last_micros": _when(has_last, col["record_micros"]), "last_partition": _when(has_last, col["partition"]),
         "last_offset": _when(has_last, col["offset"]), "last_time_ns": _when(has_last, col["time_ns"]),
         "increase": _when(counter, _when(counted, value)),

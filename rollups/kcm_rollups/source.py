@@ -405,20 +405,20 @@ class KafkaReader(DataSourceReader):
         if not isinstance(partition, OffsetRange):
             return  # nothing was planned (every range empty): PySpark still reads one partition it made up
         if self._options.decode == "state":
-            from kcm_rollups.decode import flatten
+            from kcm_rollups.decode import flatten_batches
             from kcm_rollups.partial import partial_batches
 
             options = self._options
             batches = self._in_time(read_range(options, partition))
-            yield from partial_batches((flatten(records_to_decode_input(records)) for records in batches),
+            yield from partial_batches(flatten_batches(records_to_decode_input(records) for records in batches),
                                        options.window_seconds, options.dimensions)
             return
         if self._options.decode == "points":
-            from kcm_rollups.decode import flatten
+            from kcm_rollups.decode import flatten_batches
 
             columns = list(self._options.columns) or None
-            for records in self._in_time(read_range(self._options, partition)):
-                points = flatten(records_to_decode_input(records))
+            batches = self._in_time(read_range(self._options, partition))
+            for points in flatten_batches(records_to_decode_input(records) for records in batches):
                 yield points.select(columns) if columns else points
             return
         schema = to_arrow_schema(self._schema, timezone="UTC")
