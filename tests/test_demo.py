@@ -81,6 +81,24 @@ def _read_terminal(fd: int, seconds: float, on_screen: Callable[[bytes], None] =
     return screen
 
 
+def _demo_in_terminal(tmp_path: Path, args: list[str], seconds: float,
+                      on_screen: Callable[[bytes, int], None] = lambda screen, fd: None) -> tuple[bytes, int, list[int]]:
+    """Run `kcm demo ARGS` in a terminal of its own: what it wrote, its wait status, and the processes it left
+    (killed). `on_screen` sees the screen as it grows, with the terminal's fd to type into."""
+    marker = uuid.uuid4().hex
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ.update(_demo_env(tmp_path, marker))
+        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", *args])
+    try:
+        screen = _read_terminal(fd, seconds, lambda screen: on_screen(screen, fd))
+        status = _wait(pid, 30)
+    finally:
+        left = _processes_with(marker)
+        _kill(left)
+    return screen, status, left
+
+
 @pytest.mark.timeout(240)
 def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
     marker = uuid.uuid4().hex
@@ -126,17 +144,7 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_live_view_renders_each_client_in_a_terminal(tmp_path):
-    marker = uuid.uuid4().hex
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ.update(_demo_env(tmp_path, marker))
-        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "25", "--java", "no"])
-    try:
-        screen = _read_terminal(fd, 150)
-        status = _wait(pid, 30)
-    finally:
-        left = _processes_with(marker)
-        _kill(left)
+    screen, status, left = _demo_in_terminal(tmp_path, ["--duration", "25", "--java", "no"], 150)
     text = screen.decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
     for client_id in LIBRDKAFKA_CLIENTS:
@@ -160,26 +168,16 @@ def _cell(screen: bytes, client_id: str, heading: str) -> str | None:
 
 @pytest.mark.timeout(180)
 def test_the_live_view_shows_the_rebalances_of_the_java_consumer_in_its_group(tmp_path):
-    marker = uuid.uuid4().hex
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ.update(_demo_env(tmp_path, marker))
-        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "60", "--java", "yes"])
     counts: list[str] = []
 
-    def stop_once_counted(screen: bytes) -> None:
+    def stop_once_counted(screen: bytes, fd: int) -> None:
         # A push before the first join completes counts 0 rebalances: wait for the join.
         count = _cell(screen, "inventory-java-consumer", "rebalances")
         if not counts and count is not None and count.isdigit() and int(count) >= 1:
             counts.append(count)
             os.write(fd, b"\x03")
 
-    try:
-        screen = _read_terminal(fd, 120, stop_once_counted)
-        status = _wait(pid, 30)
-    finally:
-        left = _processes_with(marker)
-        _kill(left)
+    screen, status, left = _demo_in_terminal(tmp_path, ["--duration", "60", "--java", "yes"], 120, stop_once_counted)
     assert counts, screen.decode(errors="replace")[-3000:]
     assert os.waitstatus_to_exitcode(status) == 130
     assert left == []
@@ -207,27 +205,17 @@ def test_ctrl_c_twice_in_a_terminal_stops_everything_with_exit_code_130(tmp_path
     """Ctrl-C in a terminal signals the whole foreground process group, and impatient users press it twice. Before,
     the broker and JVMs died with the demo's SIGINT (out of order), and a second signal arriving inside the first
     handler's Event.set() deadlocked the demo for good."""
-    marker = uuid.uuid4().hex
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.environ.update(_demo_env(tmp_path, marker))
-        os.execv(sys.executable, [sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "120"])
-    status, pressed = None, []
+    pressed: list[float] = []
 
-    def press_ctrl_c_once_clients_push(screen: bytes) -> None:
+    def press_ctrl_c_once_clients_push(screen: bytes, fd: int) -> None:
         if not pressed and b"confluent-kafka-python" in screen and b"apache-kafka-java" in screen:
             os.write(fd, b"\x03\x03")  # the terminal sends SIGINT to the foreground process group, twice
             pressed.append(time.monotonic())
 
-    try:
-        screen = _read_terminal(fd, 120, press_ctrl_c_once_clients_push)
-        status = _wait(pid, 30)
-    finally:
-        left = _processes_with(marker)
-        _kill(left)
+    screen, status, left = _demo_in_terminal(tmp_path, ["--duration", "120"], 120, press_ctrl_c_once_clients_push)
     text = screen.decode(errors="replace")
     assert pressed, text[-3000:]
-    assert status is not None and os.waitstatus_to_exitcode(status) == 130, text[-3000:]
+    assert os.waitstatus_to_exitcode(status) == 130, text[-3000:]
     assert "Traceback" not in text
     assert left == [], "the demo left processes running"
 

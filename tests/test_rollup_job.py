@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import confluent_kafka
 import pytest
@@ -117,6 +118,16 @@ def _sorted_rows(frame) -> list[dict]:
     rows = [{k: close_values(v) for k, v in r.asDict().items()}
             for r in frame.drop("kll_sketch", "instances_sketch").collect()]
     return sorted(rows, key=lambda r: tuple(str(ordering_key(v)) for v in r.values()))
+
+
+def _run_agreeing_with_points(spark, options: RollupOptions) -> tuple[Any, list[dict]]:
+    """Run the job (kcm's source, state next to the decoder), and check its rows equal those rolled up from points
+    decoded after a frame shaped like Spark's connector gives (mapInArrow): the result and the rows written."""
+    result = run(spark, options)
+    written = _sorted_rows(spark.read.parquet(options.output).drop("partial", "date", "window_end"))
+    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
+    assert written == _sorted_rows(expected)
+    return result, written
 
 
 def test_real_librdkafka_telemetry_rolls_up_and_corrupt_records_are_counted(spark, telemetry, tmp_path):
@@ -335,12 +346,9 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     producer.close()
     options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
                             resolutions=parse_resolutions("1m,1h"))
-    result = run(spark, options)
+    result, written = _run_agreeing_with_points(spark, options)
     assert "cumulative points" in result.stage_seconds and result.points == 8 * 3
-    written = spark.read.parquet(str(tmp_path / "out")).drop("partial", "date", "window_end")
-    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
-    assert _sorted_rows(written) == _sorted_rows(expected)
-    hour = [r for r in _sorted_rows(written) if r["metric"] == "written.total" and r["resolution"] == "1h"]
+    hour = [r for r in written if r["metric"] == "written.total" and r["resolution"] == "1h"]
     # Each instance: +15, then a reset counts its new value 4, then +5 (its first point has no predecessor).
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
 
@@ -370,11 +378,7 @@ def test_other_writers_counters_are_a_stream_per_resource_through_either_kafka_i
     producer.close()
     options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
                             resolutions=parse_resolutions("1m,1h"))
-    run(spark, options)
-    written = _sorted_rows(spark.read.parquet(str(tmp_path / "out")).drop("partial", "date", "window_end"))
-    # The same rows from points decoded after a frame shaped like Spark's connector gives (mapInArrow).
-    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
-    assert written == _sorted_rows(expected)
+    _, written = _run_agreeing_with_points(spark, options)
     # a: +10 +10, b: +1 +1 (each first point has no predecessor); each service is an instance.
     assert [(r["increase"], r["instances"]) for r in written if r["resolution"] == "1h"] == [(22.0, 2)]
     assert not [r for r in caplog.records if r.name == "kcm.rollup" and r.levelno >= logging.WARNING]
@@ -639,10 +643,7 @@ def test_one_clients_counters_in_two_scopes_are_two_streams_through_either_kafka
     producer.close()
     options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
                             resolutions=parse_resolutions("1m,1h"))
-    run(spark, options)
-    written = _sorted_rows(spark.read.parquet(str(tmp_path / "out")).drop("partial", "date", "window_end"))
-    expected = rollup(decode_points(read_records(spark, options)), options.resolutions).drop("window_end")
-    assert written == _sorted_rows(expected)
+    _, written = _run_agreeing_with_points(spark, options)
     assert [r["increase"] for r in written if r["resolution"] == "1h"] == [(120 - 100) + (7 - 5)]
 
 
