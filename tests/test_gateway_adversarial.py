@@ -501,3 +501,35 @@ def test_stopping_while_a_departed_clients_answers_wait_lets_them_go(sandbox_fac
             sandbox.stop()
     finally:
         leaver.close()
+
+
+def test_stopping_also_cancels_a_connection_that_registers_while_the_others_are_cancelled(sandbox_factory):
+    """A connection accepted just as the gateway stops registers after the others were cancelled: it was left
+    suspended mid-request when the loop closed (an exception ignored at garbage collection, seen once in a run)."""
+    sandbox = sandbox_factory()
+    gateway, late = sandbox.gateway, []
+
+    async def registered(body: Any) -> None:
+        task = asyncio.current_task()
+        gateway._connections.add(task)
+        try:
+            await body
+        finally:
+            gateway._connections.discard(task)
+
+    async def first_connection() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            late.append(asyncio.ensure_future(registered(asyncio.sleep(3600))))
+            await asyncio.sleep(0)  # it registers while this one is being cancelled
+            raise
+
+    async def accept() -> None:
+        asyncio.ensure_future(registered(first_connection()))
+        await asyncio.sleep(0)
+
+    asyncio.run_coroutine_threadsafe(accept(), sandbox._loop).result(TIMEOUT_S)
+    asyncio.run_coroutine_threadsafe(gateway.stop(), sandbox._loop).result(TIMEOUT_S)
+    assert late and late[0].cancelled()
+    assert not gateway._connections

@@ -161,6 +161,7 @@ class Gateway:
         self.upstream_versions: dict[int, tuple[int, int]] = {}
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._ids = itertools.count(1)
         # A broker gone makes every client reconnect in a loop, each connection closed at once: each kind of
         # upstream trouble is logged once per 10 s, with a count.
@@ -173,12 +174,17 @@ class Gateway:
         log.info("gateway listening on %s:%d, upstream broker %s:%d", self.host, self.port, *self.upstream)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        # A connection accepted just before the server closed may register while the others are being cancelled:
+        # until none is left, or it would be suspended mid-request when the loop closes.
+        while self._connections:
+            tasks = list(self._connections)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _fetch_upstream_versions(self) -> dict[int, tuple[int, int]]:
         reader, writer = await asyncio.open_connection(*self.upstream)
@@ -192,6 +198,9 @@ class Gateway:
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopping:  # accepted as the gateway stops: served by no one
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
