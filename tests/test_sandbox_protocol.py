@@ -888,6 +888,29 @@ def test_deleting_the_metrics_topic_is_refused_and_pushes_still_land_on_it_while
     assert [record.key for record in metrics_records(sandbox, expected=1)] == [str(instance_id).encode()]
 
 
+def test_deleting_the_metrics_topic_by_its_id_is_refused_too(sandbox):
+    # DeleteTopics v6+ may give a topic id and no name: the gateway asks the broker for the metrics topic's id.
+    metrics_topic = sandbox.options.topic
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "doomed-by-id", 1)
+    admin = KafkaAdminClient(bootstrap_servers=sandbox.bootstrap)
+    try:
+        ids = {t["name"]: uuid.UUID(str(t["topic_id"])) for t in admin.describe_topics([metrics_topic, "doomed-by-id"])}
+        answers = [admin.delete_topics(topics, raise_errors=False)["topics"]
+                   for topics in ([ids[metrics_topic], ids["doomed-by-id"]], [ids[metrics_topic]])]
+        topics = admin.list_topics()
+    finally:
+        admin.close()
+
+    refused = {ids[metrics_topic]: TOPIC_DELETION_DISABLED}
+    assert [{uuid.UUID(str(r["topic_id"])): r["error_code"] for r in results} for results in answers] == [
+        {**refused, ids["doomed-by-id"]: 0}, refused]
+    assert metrics_topic in topics and "doomed-by-id" not in topics
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        instance_id, subscription_id = new_client(connection)
+        assert push(connection, instance_id, subscription_id) == 0
+    assert str(instance_id).encode() in [record.key for record in metrics_records(sandbox, expected=1)]
+
+
 # --- pipelining and concurrency -------------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kafka.protocol.admin.configs import AlterConfigsRequest, ListConfigResourcesRequest
 from kafka.protocol.admin.topics import DeleteTopicsRequest, DeleteTopicsResponse
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
 from kcm_common import contract
@@ -351,8 +352,12 @@ class _Connection:
             return _done(_encode(ApiVersionsResponse[version](error_code=INVALID_REQUEST, api_keys=[]), header))
         if api_key == DeleteTopicsRequest.API_KEY and version <= DeleteTopicsRequest.max_version:
             request = _decode(DeleteTopicsRequest, frame_bytes, version)
-            if self.gateway.metrics_topic in _topics_named(request, version):
-                return await self._delete_topics_but_the_metrics_topic(request, header)
+            named = _topics_named(request, version)
+            # v6+ may name a topic by its id alone: the metrics topic's id is asked of the broker for those.
+            metrics_id = await self._metrics_topic_id(header) if None in named else None
+            if self.gateway.metrics_topic in named or (
+                    metrics_id is not None and any(_as_uuid(state.topic_id) == metrics_id for state in request.topics)):
+                return await self._delete_topics_but_the_metrics_topic(request, header, metrics_id)
         upstream = await self._upstream()
         if api_key == ApiVersionsRequest.API_KEY:
             return self._api_versions(await upstream.send(frame_bytes, header.correlation_id), version)
@@ -411,18 +416,41 @@ class _Connection:
         merged = config_apis.merge(request, parts, config_apis.results(response), response.throttle_time_ms)
         return _encode(merged, header)
 
-    async def _delete_topics_but_the_metrics_topic(self, request: Any, header: wire.RequestHeader) -> Awaitable[bytes]:
-        """Refuse the metrics topic of a DeleteTopics request; the broker deletes the others, and answers are merged."""
+    async def _metrics_topic_id(self, header: wire.RequestHeader) -> uuid.UUID | None:
+        """The metrics topic's id, from a Metadata request of the gateway's own (None: the broker gives no ids)."""
+        supported = self.gateway.upstream_versions.get(MetadataRequest.API_KEY)
+        if supported is None or supported[1] < 10:  # topic ids came with Metadata v10
+            return None
+        version = min(supported[1], MetadataRequest.max_version)
+        request = MetadataRequest[version](
+            topics=[MetadataRequest.MetadataRequestTopic(name=self.gateway.metrics_topic)],
+            allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        # The client's own correlation id: its DeleteTopics is sent only after this answer is in.
+        request.with_header(correlation_id=header.correlation_id, client_id=header.client_id)
+        upstream = await self._upstream()
+        pending = await upstream.send(bytes(request.encode(header=True)), header.correlation_id)
+        assert pending is not None
+        response = MetadataResponse.decode(await pending, version=version, header=True)
+        ids = [topic.topic_id for topic in response.topics
+               if topic.name == self.gateway.metrics_topic and topic.error_code == 0]
+        return _as_uuid(ids[0]) if ids else None
+
+    async def _delete_topics_but_the_metrics_topic(self, request: Any, header: wire.RequestHeader,
+                                                   metrics_id: uuid.UUID | None = None) -> Awaitable[bytes]:
+        """Refuse the metrics topic of a DeleteTopics request (named, or given by its id `metrics_id`); the broker
+        deletes the others, and answers are merged."""
         topic, version = self.gateway.metrics_topic, header.api_version
         log.warning("%s: refused to delete the metrics topic %s", self.client, topic)
+        by_id = {"topic_id": metrics_id} if metrics_id is not None else {}  # clients deleting by id match by id
         refused = DeleteTopicsResponse.DeletableTopicResult(
-            name=topic, error_code=_TOPIC_DELETION_DISABLED,
+            name=topic, error_code=_TOPIC_DELETION_DISABLED, **by_id,
             error_message=f"{topic} is the sandbox's metrics topic: it cannot be deleted while the sandbox runs")
         if version <= 5:
             request.topic_names = [name for name in request.topic_names if name != topic]
             others = request.topic_names
         else:
-            request.topics = [state for state in request.topics if state.name != topic]
+            request.topics = [state for state in request.topics if state.name != topic and (
+                metrics_id is None or _as_uuid(state.topic_id) != metrics_id)]
             others = request.topics
         if not others:
             return _done(_encode(DeleteTopicsResponse[version](throttle_time_ms=0, responses=[refused]), header))
@@ -503,6 +531,14 @@ def _decode(request_class: Any, frame_bytes: bytes, version: int) -> Any:
 def _topics_named(request: Any, version: int) -> list[str | None]:
     """The topics a DeleteTopics request names (v6+ may give a topic id instead: None)."""
     return list(request.topic_names) if version <= 5 else [state.name for state in request.topics]
+
+
+def _as_uuid(value: Any) -> uuid.UUID | None:
+    """A topic id as kafka-python's schemas give it (a UUID or its text), None for none or the zero id."""
+    if value is None:
+        return None
+    value = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    return value if value.int else None
 
 
 def _encode(response: Any, header: wire.RequestHeader) -> bytes:
