@@ -42,6 +42,45 @@ def test_librdkafka_spellings_are_accepted(tmp_path):
     assert options["sasl_mechanism"] == "PLAIN"
 
 
+def test_java_property_values_are_trimmed_as_java_trims_them_and_librdkafka_ones_are_not(tmp_path):
+    # java.util.Properties keeps a blank after a value; ConfigDef.parseType trims it off every Java client property.
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_SSL \nsasl.mechanism=PLAIN\t\n"
+                      'sasl.jaas.config=x.PlainLoginModule required username="u" password="p"; \n'
+                      "ssl.key.password=kpass \nclient.id=app \nrequest.timeout.ms=5000 \n"
+                      "ssl.endpoint.identification.algorithm=https \n")
+    settings = KafkaSettings("b:9093", load_properties(config))
+
+    options = kafka_python_options(settings.properties)
+
+    assert options == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_plain_username": "u",
+                       "sasl_plain_password": "p", "ssl_password": "kpass", "client_id": "app",
+                       "request_timeout_ms": 5000, "ssl_check_hostname": True}
+    assert settings.security_protocol == "SASL_SSL"
+    # librdkafka's own names are read as librdkafka reads them: untrimmed.
+    assert kafka_python_options({"security.protocol": "SASL_SSL", "sasl.username": "u",
+                                 "sasl.password": "p "})["sasl_plain_password"] == "p "
+
+
+@pytest.mark.parametrize(("value", "checked"), [("https", True), ("HTTPS", True), ("https ", True), ("", False),
+                                                ("none", False), ("NONE", False)])
+def test_host_name_checking_is_on_for_https_and_off_only_for_empty_or_none(tmp_path, value, checked):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+
+    options = kafka_python_options({"security.protocol": "SSL", "ssl.ca.location": str(ca),
+                                    "ssl.endpoint.identification.algorithm": value})
+
+    assert options["ssl_check_hostname"] is checked
+
+
+@pytest.mark.parametrize("value", ["htps", "http", "yes", "false"])
+def test_an_unknown_host_name_check_is_refused_not_read_as_no_check(value):
+    # Java fails the handshake on an algorithm it does not know, librdkafka the configuration: never "no check".
+    with pytest.raises(KafkaConfigError, match=f"ssl.endpoint.identification.algorithm must be https .* not '{value}'"):
+        kafka_python_options({"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": value})
+
+
 def test_the_bridges_consumer_tuning_is_passed_over_by_the_client_options():
     from kcm_common.kafka import CONSUMER_PROPERTIES
 

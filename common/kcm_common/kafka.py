@@ -24,6 +24,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaConfigurationError, TopicAlreadyExistsError
 
 from kcm_common.errors import UserError
+from kcm_common.java import TRIM_CHARACTERS
 from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
 
 
@@ -54,6 +55,11 @@ _PROPERTY_TO_KWARG = {
     "client.id": "client_id",
     "request.timeout.ms": "request_timeout_ms",
 }
+# librdkafka's own names, read as librdkafka reads them; every other name is a Java client's, whose value Java trims
+# (ConfigDef.parseType: `String.trim()`), so a blank left after a value (copy and paste) is no part of it.
+_LIBRDKAFKA_ONLY = frozenset(
+    {"sasl.mechanisms", "sasl.username", "sasl.password", "ssl.ca.location", "ssl.certificate.location",
+     "ssl.key.location"})
 _FILE_PROPERTIES = frozenset(
     {"ssl.ca.location", "ssl.truststore.location", "ssl.certificate.location", "ssl.keystore.location", "ssl.key.location"}
 )
@@ -189,6 +195,8 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             raise KafkaConfigError(f"the value of client property {key} is not UTF-8 text ({LONE_SURROGATE})")
         if key in CONSUMER_PROPERTIES:
             continue
+        if key not in _LIBRDKAFKA_ONLY:
+            value = value.strip(TRIM_CHARACTERS)
         if key in _STORE_TYPES:
             if value.strip().upper() != "PEM":
                 raise KafkaConfigError(f"{key}={value} is not supported; {_PEM_CONVERSION}")
@@ -224,7 +232,13 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     if protocol.startswith("SASL") and not options.get("sasl_plain_username"):
         raise KafkaConfigError(f"security.protocol {protocol} needs sasl.username and sasl.password (or sasl.jaas.config)")
     if "ssl_check_hostname" in options:
-        options["ssl_check_hostname"] = options["ssl_check_hostname"].lower() == "https"
+        # `https` checks the broker's host name; empty (Java) or `none` (librdkafka) does not. Anything else fails
+        # the handshake in Java and the configuration in librdkafka: refused, never read as "no check".
+        algorithm = options["ssl_check_hostname"].lower()
+        if algorithm not in ("https", "", "none"):
+            raise KafkaConfigError(f"ssl.endpoint.identification.algorithm must be https (check the broker's host "
+                                   f"name) or empty or none (do not), not {options['ssl_check_hostname']!r}")
+        options["ssl_check_hostname"] = algorithm == "https"
     if "request_timeout_ms" in options:
         try:
             options["request_timeout_ms"] = int(options["request_timeout_ms"])
@@ -285,7 +299,7 @@ class KafkaSettings:
 
     @property
     def security_protocol(self) -> str:
-        return self.properties.get("security.protocol", "PLAINTEXT").upper()
+        return self.properties.get("security.protocol", "PLAINTEXT").strip(TRIM_CHARACTERS).upper()
 
     def fingerprint(self) -> str:
         """A digest telling distinct settings apart, to key caches by: it shows nothing of a password."""
