@@ -73,6 +73,26 @@ def test_jsonl_prints_one_object_per_record_with_the_contract_fields(broker, new
     assert total["points"][0]["attributes"] == {"topic": "payments"}
 
 
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_records_in_batches_of_every_kafka_compression_are_read(broker, new_topic, codec):
+    # The batch compression is the producer's (or the topic's) choice, not the contract's: kafka-python decodes
+    # snappy batches only with the `snappy` module, without which tail stopped at the first such batch.
+    from confluent_kafka import Producer
+
+    topic = new_topic()
+    value, headers = _contract_record(client_id=f"codec-{codec}")
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec})
+    producer.produce(topic, value, key=INSTANCE.encode(), headers=headers)
+    assert producer.flush(10) == 0
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "1", "--timeout", "20")
+
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    assert json.loads(line)["resource"]["client_id"] == f"codec-{codec}"
+
+
 def test_contract_headers_win_over_the_resource_attributes_the_client_sent(broker, new_topic, producer):
     topic = new_topic()
     metrics = client_metrics("from-payload")
