@@ -136,6 +136,25 @@ def test_list_and_describe_show_subscriptions_no_resource_manages(sandbox, capsy
     assert "Interval ms:  1000" in described
 
 
+def test_control_characters_in_names_and_values_are_shown_escaped_never_sent_to_the_terminal(sandbox, capsys):
+    # Kafka takes any non-empty CLIENT_METRICS name and any metrics text: whoever alters configs chooses them.
+    name, metrics = "evil\x1b]0;pwned\x07\nfake-row", "org.apache.kafka.\x1b[31mred"
+    admin = SubscriptionAdmin(KafkaSettings(sandbox.bootstrap))
+    try:
+        admin.alter([Change(name, "create", (Op("metrics", SET, metrics), Op("interval.ms", SET, "1000")))])
+    finally:
+        admin.close()
+
+    _, listing, _ = _kcm(capsys, "list", "--bootstrap-server", sandbox.bootstrap)
+    _, described, _ = _kcm(capsys, "describe", name, "--bootstrap-server", sandbox.bootstrap)
+
+    for text in (listing, described):
+        assert not any(character in text for character in "\x1b\x07"), text
+        assert "evil\\x1b]0;pwned\\x07\\nfake-row" in text and "org.apache.kafka.\\x1b[31mred" in text
+    assert not any(line.startswith("fake-row") for line in listing.splitlines())
+    assert len(described.splitlines()) == 4
+
+
 def test_the_bridges_consumer_settings_in_the_shared_client_file_are_passed_over(sandbox, tmp_path, capsys):
     """The chart hands one client properties file to the operator, the bridge and the rollup job: the consumer tuning
     the bridge reads from it must not make the other commands refuse it."""

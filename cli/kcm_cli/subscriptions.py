@@ -8,6 +8,7 @@ import sys
 from typing import TextIO
 
 from kcm_cli.arguments import kafka_connection
+from kcm_cli.terminal import printable
 from kcm_common.errors import UserError
 
 HELP = "list, describe, apply or delete CLIENT_METRICS subscriptions"
@@ -75,8 +76,10 @@ def _print_list(subscriptions: dict[str, dict[str, str]], output: str, out: Text
         print(json.dumps(subscriptions, indent=2, sort_keys=True), file=out)
         return
     rows = [("NAME", "INTERVAL_MS", "METRICS", "MATCH")]
-    rows += [(name, configs.get("interval.ms", "300000 (default)"), configs.get("metrics") or "-",
-              configs.get("match") or "(every client)") for name, configs in sorted(subscriptions.items())]
+    # Names and values are whoever altered the configs': control characters shown escaped, as kcm tail does.
+    rows += [tuple(map(printable, (name, configs.get("interval.ms", "300000 (default)"), configs.get("metrics") or "-",
+                                   configs.get("match") or "(every client)")))
+             for name, configs in sorted(subscriptions.items())]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3], file=out)
@@ -86,7 +89,7 @@ def _print_describe(name: str, configs: dict[str, str], output: str, out: TextIO
     if output == "json":
         print(json.dumps({"name": name, "configs": configs}, indent=2, sort_keys=True), file=out)
         return
-    print(f"Name:         {name}", file=out)
-    print(f"Interval ms:  {configs.get('interval.ms', '300000 (default)')}", file=out)
-    print("Metrics:      " + (configs.get("metrics") or "(none)"), file=out)
-    print("Match:        " + (configs.get("match") or "(every client)"), file=out)
+    print(f"Name:         {printable(name)}", file=out)
+    print(f"Interval ms:  {printable(configs.get('interval.ms', '300000 (default)'))}", file=out)
+    print("Metrics:      " + printable(configs.get("metrics") or "(none)"), file=out)
+    print("Match:        " + printable(configs.get("match") or "(every client)"), file=out)

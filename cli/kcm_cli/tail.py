@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import math
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CorruptRecordError, KafkaError
 
 from kcm_cli.arguments import kafka_connection, seconds, topic
+from kcm_cli.terminal import printable
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure,
@@ -67,15 +67,6 @@ def _point_value(point: dict[str, Any]) -> str:
     return f"count={point['count']}" + (f" sum={total}" if total is not None else "")
 
 
-# Control characters (and the bidi overrides) a client may put in its client id, metric names or attributes: shown
-# escaped, never sent to the terminal (escape sequences could recolour, retitle or clear it; newlines split rows).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _printable(text: str) -> str:
-    return _UNPRINTABLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
-
-
 def _json_safe(value: Any) -> Any:
     """NaN and infinities as the strings protobuf's JSON mapping uses: bare NaN/Infinity are not JSON."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -89,7 +80,7 @@ def _json_safe(value: Any) -> Any:
 
 def _format_row(cells: tuple[str, ...]) -> str:
     parts = []
-    for cell, (_, width) in zip(map(_printable, cells), _COLUMNS):
+    for cell, (_, width) in zip(map(printable, cells), _COLUMNS):
         parts.append(cell if not width else (cell[: width - 1] + "…" if len(cell) > width else cell.ljust(width)))
     return "  ".join(parts).rstrip()
 

@@ -1,0 +1,14 @@
+"""Text from Kafka shown on a terminal: client ids, metric names, subscription names and values are anyone's."""
+
+from __future__ import annotations
+
+import re
+
+# Control characters (and the bidi overrides) a client or whoever alters configs may put in names and values: shown
+# escaped, never sent to the terminal (escape sequences could recolour, retitle or clear it; newlines split rows).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character written as its Python escape (`\\x1b`, `\\n`)."""
+    return _UNPRINTABLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
