@@ -118,17 +118,6 @@ def test_every_attribute_value_kind_becomes_json_ready_data():
                                         "array": ["a", 1], "kvlist": {"inner": 3}, "empty": None}
 
 
-def test_resource_attributes_of_several_resources_merge_with_later_ones_winning():
-    data = MetricsData()
-    first = data.resource_metrics.add()
-    first.resource.attributes.add(key="client.id", value=AnyValue(string_value="a"))
-    first.resource.attributes.add(key="only.first", value=AnyValue(int_value=1))
-    second = data.resource_metrics.add()
-    second.resource.attributes.add(key="client.id", value=AnyValue(string_value="b"))
-
-    assert points.resource_attributes(data) == {"client.id": "b", "only.first": 1}
-
-
 def test_metrics_come_out_in_payload_order_across_resources_and_scopes():
     data = MetricsData()
     for resource_index in range(2):

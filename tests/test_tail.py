@@ -12,6 +12,7 @@ import time
 import pytest
 from google.protobuf import json_format
 from kafka import KafkaProducer
+from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 from kcm_common import contract
 from payloads import client_metrics
@@ -113,6 +114,35 @@ def test_contract_headers_win_over_the_resource_attributes_the_client_sent(broke
     assert resource_seen["service.name"] == "payments"
     rows = table.stdout.splitlines()[1:]
     assert rows and all(row.startswith("from-broker") for row in rows), rows
+
+
+def test_a_plain_otlp_record_of_several_resources_labels_each_metric_with_its_own_resource(broker, new_topic,
+                                                                                             producer):
+    # The OpenTelemetry Collector's Kafka exporter writes one request per record, often of several resources.
+    data = MetricsData()
+    for client, metric in (("payments-producer", "org.apache.kafka.producer.record.queue.time.avg"),
+                           ("orders-consumer", "org.apache.kafka.consumer.fetch.latency.avg")):
+        resource_metrics = data.resource_metrics.add()
+        resource_metrics.resource.attributes.add(key="client.id").value.string_value = client
+        resource_metrics.resource.attributes.add(key="k8s.cluster.name").value.string_value = "eu-1"
+        resource_metrics.scope_metrics.add().metrics.add(name=metric).gauge.data_points.add(as_double=1.0)
+    topic = new_topic()
+    _send(producer, topic, data.SerializeToString(), headers=(), key=None)
+
+    jsonl = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--output", "jsonl", "--max-records", "1")
+    table = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--max-records", "1")
+
+    assert jsonl.returncode == 0 and table.returncode == 0, jsonl.stderr + table.stderr
+    record = json.loads(jsonl.stdout)
+    assert set(record) == JSONL_KEYS
+    assert record["resource"] == {"k8s.cluster.name": "eu-1"}  # what both resources share
+    assert [(m["name"].rsplit(".", 2)[-2], m["resource"]["client.id"]) for m in record["metrics"]] == [
+        ("time", "payments-producer"), ("latency", "orders-consumer")]
+    assert [row.split()[:3:2] for row in table.stdout.splitlines()[1:]] == [
+        ["payments-producer", "org.apache.kafka.producer.record.queue.time.avg"],
+        ["orders-consumer", "org.apache.kafka.consumer.fetch.latency.avg"]]
 
 
 def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, new_topic, producer):

@@ -55,8 +55,19 @@ def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
         item["error"] = exc.reason
         return item, str(exc)
     # Header attributes come from the broker, so they win over what the client put in its own resource.
-    item["resource"] = {**points.resource_attributes(decoded.metrics), **decoded.attributes}
-    item["metrics"] = points.metric_dicts(decoded.metrics)
+    resources = [points.attributes(r.resource.attributes) for r in decoded.metrics.resource_metrics]
+    if len(resources) <= 1:  # what a client pushes: one resource, the record's
+        item["resource"] = {**(resources[0] if resources else {}), **decoded.attributes}
+        item["metrics"] = points.metric_dicts(decoded.metrics)
+        return item, None
+    # Plain OTLP (the Collector's Kafka exporter) may hold several resources: each metric carries its own, and the
+    # record's holds what they all share, so that no metric is told another resource's client.
+    first, *others = resources
+    item["resource"] = {**{key: value for key, value in first.items()
+                           if all(key in other and other[key] == value for other in others)}, **decoded.attributes}
+    item["metrics"] = [{**points.metric_dict(metric), "resource": {**own, **decoded.attributes}}
+                       for resource_metrics, own in zip(decoded.metrics.resource_metrics, resources)
+                       for scope_metrics in resource_metrics.scope_metrics for metric in scope_metrics.metrics]
     return item, None
 
 
@@ -87,17 +98,21 @@ def _format_row(cells: tuple[str, ...]) -> str:
 
 def table_lines(item: dict[str, Any], error_message: str | None = None) -> Iterator[str]:
     """The table rows of one record: a row per metric point, or one row saying why it could not be decoded."""
-    resource = item["resource"]
-    client_id = str(resource.get("client_id") or resource.get("client.id") or "-")
-    instance = str(resource.get("client_instance_id") or item["key"] or "-")[:8]
     if item["error"] is not None:
         where = f"{item['topic']}/{item['partition']}@{item['offset']}"
-        yield _format_row((client_id, instance, f"! {item['error']} at {where}", "", error_message or ""))
+        yield _format_row((*_who(item, item["resource"]), f"! {item['error']} at {where}", "", error_message or ""))
         return
     for metric in item["metrics"]:
+        who = _who(item, metric.get("resource", item["resource"]))
         for point in metric["points"]:
             attrs = ",".join(f"{k}={v}" for k, v in sorted(point["attributes"].items()))
-            yield _format_row((client_id, instance, metric["name"], attrs, _point_value(point)))
+            yield _format_row((*who, metric["name"], attrs, _point_value(point)))
+
+
+def _who(item: dict[str, Any], resource: dict[str, Any]) -> tuple[str, str]:
+    """The client id and the start of the instance id a row shows."""
+    client_id = str(resource.get("client_id") or resource.get("client.id") or "-")
+    return client_id, str(resource.get("client_instance_id") or item["key"] or "-")[:8]
 
 
 def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[tuple[dict[str, Any], str | None]]:

@@ -99,14 +99,6 @@ def attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
     return {pair.key: any_value(pair.value) for pair in pairs}
 
 
-def resource_attributes(data: MetricsData) -> dict[str, Any]:
-    """The resource attributes of every ResourceMetrics in the payload, merged (later ones win)."""
-    merged: dict[str, Any] = {}
-    for resource_metrics in data.resource_metrics:
-        merged.update(attributes(resource_metrics.resource.attributes))
-    return merged
-
-
 def _point_base(point: Any) -> PointBase:
     return {
         "time_unix_nano": point.time_unix_nano,
