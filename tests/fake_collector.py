@@ -74,6 +74,11 @@ class FakeCollector(OtlpCollector):
         with self._lock:
             self._refuse = (predicate, code, message)
 
+    def pending_faults(self) -> int:
+        """How many injected faults are still to answer a call."""
+        with self._lock:
+            return len(self._faults)
+
     def clear_faults(self) -> None:
         """Answer every call from now on as a healthy collector does."""
         with self._lock:

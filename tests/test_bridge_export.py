@@ -36,6 +36,22 @@ def test_resource_exhausted_waits_the_servers_retry_delay(collector):
     assert time.monotonic() - started >= 0.4
 
 
+def test_a_retry_delay_of_zero_still_waits_the_backoff_never_retrying_back_to_back(collector):
+    # RetryInfo is "wait at least": a throttling collector answering 0 s must not be sent the batch in a busy loop.
+    collector.throttle_next(0.0, times=1000)
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True),
+                             RetryPolicy(initial_backoff_s=0.2, max_backoff_s=0.4, jitter=0.0), lambda: False)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (endpoint.export(client_metrics().SerializeToString()), done.set()),
+                              daemon=True)
+    thread.start()
+    time.sleep(1.5)
+    attempts = 1000 - collector.pending_faults()
+    collector.clear_faults()
+    assert done.wait(10)
+    assert 2 <= attempts <= 6, attempts  # 0.2 + 0.4 + 0.4 + 0.4 s of waits in 1.5 s, not hundreds of calls
+
+
 def test_resource_exhausted_without_retry_info_and_bad_requests_are_not_retried(collector):
     collector.fail_next(grpc.StatusCode.RESOURCE_EXHAUSTED)
     collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT)

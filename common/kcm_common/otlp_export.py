@@ -60,8 +60,8 @@ def retry_delay_s(error: grpc.RpcError) -> float | None:
             status = status_pb2.Status.FromString(value)
             for detail in status.details:
                 info = error_details_pb2.RetryInfo()
-                if detail.Unpack(info):
-                    return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+                if detail.Unpack(info):  # a negative Duration is no delay
+                    return max(0.0, info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
         except Exception:  # protobuf's DecodeError: not a google.rpc.Status
             return None
     return None
@@ -240,7 +240,9 @@ class Endpoint:
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", note=note)
                 if self._give_up():  # the caller has stopped waiting (a shutdown closed the channel): no retry to log
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
-                wait = delay if delay is not None else backoff_s(attempt, self._retry, self._rng)
+                # RetryInfo says how long to wait at least: a delay of 0 must not make a throttling collector a
+                # target of back-to-back retries, so the backoff stays the floor.
+                wait = max(delay or 0.0, backoff_s(attempt, self._retry, self._rng))
                 wait = min(wait, self._retry.max_backoff_s)
                 why = (f" (no answer within the {self._timeout_s:g} s timeout: if the collector is only slow, "
                        "give it a longer one)" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "")
