@@ -145,6 +145,23 @@ def test_a_plain_otlp_record_of_several_resources_labels_each_metric_with_its_ow
         ["orders-consumer", "org.apache.kafka.consumer.fetch.latency.avg"]]
 
 
+def test_long_names_are_cut_in_the_middle_so_rows_that_differ_at_the_end_stay_apart():
+    from kcm_cli.tail import table_lines
+
+    names = [f"org.apache.kafka.consumer.coordinator.rebalance.latency.{stat}" for stat in ("avg", "max", "total")]
+    rows = []
+    for group in (1, 2):
+        item = {"topic": "t", "partition": 0, "offset": 0, "key": INSTANCE, "error": None,
+                "resource": {"client_id": f"payments-consumer-group-{group}"},
+                "metrics": [{"name": name, "points": [{"attributes": {}, "value": 1}]} for name in names]}
+        rows += list(table_lines(item))
+
+    cells = [row.split()[::2][:2] for row in rows]  # client id and metric, both cut
+    assert len(set(map(tuple, cells))) == 6, cells
+    assert all(len(row.split()[2]) == 52 and row.split()[2].endswith(name.rsplit(".", 3)[-1])
+               for row, name in zip(rows, names * 2))
+
+
 def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, new_topic, producer):
     topic = new_topic()
     _send(producer, topic, b"\x28\xb5\x2f\xfd garbage", [("content-encoding", b"zstd")])

@@ -92,8 +92,15 @@ def _json_safe(value: Any) -> Any:
 def _format_row(cells: tuple[str, ...]) -> str:
     parts = []
     for cell, (_, width) in zip(map(printable, cells), _COLUMNS):
-        parts.append(cell if not width else (cell[: width - 1] + "…" if len(cell) > width else cell.ljust(width)))
+        parts.append(cell if not width else (_elided(cell, width) if len(cell) > width else cell.ljust(width)))
     return "  ".join(parts).rstrip()
+
+
+def _elided(cell: str, width: int) -> str:
+    """`cell` cut to `width` in the middle: metric names share their start (`org.apache.kafka.consumer.`) and differ
+    at the end (`….latency.avg`, `….latency.max`), client ids often too (`…-group-1`, `…-group-2`)."""
+    head = (width - 1) // 2
+    return cell[:head] + "…" + cell[len(cell) - (width - 1 - head):]
 
 
 def table_lines(item: dict[str, Any], error_message: str | None = None) -> Iterator[str]:
