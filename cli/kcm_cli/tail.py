@@ -161,18 +161,25 @@ def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
                                  bootstrap_timeout_ms=int(args.connect_timeout * 1000), **settings.client_options())
     except KafkaError as exc:
         raise diagnose_failure(settings, exc) from None
-    if args.topic not in consumer.topics():
+    try:
+        if args.topic not in consumer.topics():
+            raise UserError(f"topic {args.topic!r} does not exist on {settings.describe()}; "
+                            "check --topic and that the brokers' telemetry receiver writes there")
+        partitions = [TopicPartition(args.topic, p) for p in sorted(consumer.partitions_for_topic(args.topic))]
+        consumer.assign(partitions)
+        if args.from_beginning:
+            consumer.seek_to_beginning(*partitions)
+        else:
+            consumer.seek_to_end(*partitions)
+        # Resolve the start now, so nothing produced after start-up is skipped; then say where reading starts.
+        starts = {partition.partition: consumer.position(partition) for partition in partitions}
+    except KafkaError as exc:  # the brokers the metadata names, past the bootstrap address, did not answer
+        advertised = [f"{broker.host}:{broker.port}" for broker in consumer._client.cluster.brokers()]
         consumer.close()
-        raise UserError(f"topic {args.topic!r} does not exist on {settings.describe()}; "
-                        "check --topic and that the brokers' telemetry receiver writes there")
-    partitions = [TopicPartition(args.topic, p) for p in sorted(consumer.partitions_for_topic(args.topic))]
-    consumer.assign(partitions)
-    if args.from_beginning:
-        consumer.seek_to_beginning(*partitions)
-    else:
-        consumer.seek_to_end(*partitions)
-    # Resolve the start now, so nothing produced after start-up is skipped; then say where reading starts.
-    starts = {partition.partition: consumer.position(partition) for partition in partitions}
+        raise diagnose_failure(settings, exc, advertised) from None
+    except BaseException:
+        consumer.close()
+        raise
     log.info("reading %s from offsets %s", args.topic, ", ".join(f"{p}@{o}" for p, o in sorted(starts.items())))
     return consumer
 

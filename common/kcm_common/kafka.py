@@ -14,7 +14,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,12 +359,25 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
     raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(listed[:_PROBLEMS_SHOWN])}{more}")
 
 
-def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavailableError | KafkaConfigError:
+def diagnose_failure(settings: KafkaSettings, error: Exception,
+                     advertised: Iterable[str] = ()) -> KafkaUnavailableError | KafkaConfigError:
     """A user-facing error for a client that could not bootstrap although the address answered the probe; a
-    KafkaConfigError when kafka-python refused its own settings (it checks some only once it has bootstrapped)."""
+    KafkaConfigError when kafka-python refused its own settings (it checks some only once it has bootstrapped).
+    `advertised`: the broker addresses Kafka's metadata named, when the client got that far."""
     if isinstance(error, KafkaConfigurationError):
         reason = error.args[0] if error.args else error
         return KafkaConfigError(f"the Kafka client rejected its settings: {reason}; check --command-config")
+    detail = str(error).strip()
+    what = type(error).__name__ if detail in ("", type(error).__name__) else f"{type(error).__name__}: {detail}"
+    bootstrap = {f"{host}:{port}" for host, port in parse_bootstrap(settings.bootstrap_servers)}
+    elsewhere = sorted(set(advertised) - bootstrap)
+    if elsewhere:
+        # The classic set-up mistake: the bootstrap address answers, the brokers it names (advertised.listeners:
+        # often in-cluster names or pod addresses) cannot be reached from where kcm runs.
+        return KafkaUnavailableError(
+            f"Kafka at {settings.bootstrap_servers} answers, but its brokers advertise {', '.join(elsewhere)}, which "
+            f"this client cannot reach ({what}): run kcm where those addresses resolve and connect, or give a "
+            "--bootstrap-server whose listener advertises reachable addresses (the brokers' advertised.listeners)")
     protocol = settings.security_protocol
     hint = "check --bootstrap-server and --command-config"
     if protocol.startswith("SASL"):
@@ -372,8 +385,6 @@ def diagnose_failure(settings: KafkaSettings, error: Exception) -> KafkaUnavaila
                 "sasl.mechanism and the credentials")
     elif protocol == "SSL":
         hint = "the TLS handshake worked, but Kafka did not answer over it: check the listener and ssl.* settings"
-    detail = str(error).strip()
-    what = type(error).__name__ if detail in ("", type(error).__name__) else f"{type(error).__name__}: {detail}"
     return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} ({what}); {hint}")
 
 
