@@ -127,3 +127,37 @@ def test_metrics_come_out_in_payload_order_across_resources_and_scopes():
             scope.metrics.add(name=f"m{resource_index}{scope_index}").gauge.data_points.add(as_int=1)
 
     assert [m["name"] for m in points.metric_dicts(data)] == ["m00", "m01", "m10", "m11"]
+
+
+def test_a_payload_is_measured_against_a_limit_by_everything_a_walk_would_build():
+    data = MetricsData()
+    resource_metrics = data.resource_metrics.add()                                     # 1 resource
+    resource_metrics.resource.attributes.add(key="a").value.string_value = "x"         # 1 attribute
+    scope = resource_metrics.scope_metrics.add()                                       # 1 scope
+    gauge = scope.metrics.add(name="g").gauge                                          # 1 metric
+    point = gauge.data_points.add(as_int=1)                                            # 1 point
+    point.attributes.add(key="k").value.array_value.values.add(int_value=1)            # 1 attribute, 1 nested value
+    histogram = scope.metrics.add(name="h").histogram                                  # 1 metric
+    histogram.data_points.add(bucket_counts=[1, 2, 3], explicit_bounds=[1.0, 2.0])     # 1 point, 5 buckets and bounds
+
+    assert not points.holds_more_than(data, 14)
+    assert points.holds_more_than(data, 13)
+
+
+def test_millions_of_empty_points_in_a_few_bytes_are_too_many():
+    data = MetricsData()
+    data.resource_metrics.add().scope_metrics.add().metrics.add(name="bomb")
+    metric = data.resource_metrics[0].scope_metrics[0].metrics[0]
+    metric.MergeFromString(b"\x2a" + _varint(2 * 2_000_000) + b"\x0a\x00" * 2_000_000)  # a gauge of 2 M empty points
+    assert len(metric.gauge.data_points) == 2_000_000
+
+    assert points.holds_more_than(data, 100_000)
+    assert not points.holds_more_than(data, 2_000_003)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out) + bytes([value])

@@ -179,6 +179,30 @@ def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, 
         "org.apache.kafka.producer.node.request.latency.avg", "org.apache.kafka.producer.record.send.total"]
 
 
+def test_a_small_record_of_millions_of_points_is_too_large_and_tail_goes_on(broker, new_topic, producer):
+    # 2 MB of empty data points compress to a few KB; as dicts and JSON they took gigabytes and minutes.
+    def field(tag: int, body: bytes) -> bytes:
+        length, size = bytearray(), len(body)
+        while size >= 0x80:
+            length.append(size & 0x7F | 0x80)
+            size >>= 7
+        return bytes([tag]) + bytes(length) + bytes([size]) + body
+
+    bomb = field(0x0A, field(0x12, field(0x12, field(0x0A, b"bomb") + field(0x2A, b"\x0a\x00" * 1_000_000))))
+    topic = new_topic()
+    _send(producer, topic, contract.compress(bomb, "zstd"), [("content-encoding", b"zstd")])
+    value, headers = _contract_record()
+    _send(producer, topic, value, headers)
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "2")
+
+    assert result.returncode == 0, result.stderr
+    too_large, normal = (json.loads(line) for line in result.stdout.splitlines())
+    assert (too_large["error"], too_large["metrics"]) == ("too-large", [])
+    assert normal["error"] is None and normal["resource"]["client_id"] == "payments-producer"
+
+
 def test_table_has_a_row_per_metric_point(broker, new_topic, producer):
     topic = new_topic()
     value, headers = _contract_record(encoding="gzip")

@@ -27,6 +27,9 @@ log = logging.getLogger("kcm.tail")
 
 HELP = "print decoded client metrics from the metrics topic"
 DESCRIPTION = "Consume the metrics topic (contract v1) and print decoded client metrics."
+# What one record may hold (resources, scopes, metrics, points, attributes, buckets) before it is shown as too-large:
+# a few KB of compressed protobuf can hold millions of empty points, and each becomes Python objects here.
+MAX_ITEMS = 100_000
 _COLUMNS = (("CLIENT ID", 24), ("INSTANCE", 8), ("METRIC", 52), ("ATTRIBUTES", 32), ("VALUE", 0))
 
 
@@ -54,6 +57,9 @@ def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
     except contract.DecodeError as exc:
         item["error"] = exc.reason
         return item, str(exc)
+    if points.holds_more_than(decoded.metrics, MAX_ITEMS):
+        item["error"] = "too-large"  # as a payload over the byte limit
+        return item, f"more than {MAX_ITEMS:,} resources, scopes, metrics, points and attributes in one record"
     # Header attributes come from the broker, so they win over what the client put in its own resource.
     resources = [points.attributes(r.resource.attributes) for r in decoded.metrics.resource_metrics]
     if len(resources) <= 1:  # what a client pushes: one resource, the record's
