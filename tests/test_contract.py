@@ -270,6 +270,23 @@ def test_headerless_proto3_json_as_the_collector_writes_it_decodes() -> None:
     assert decode(value).metrics == client_metrics()
 
 
+@pytest.mark.parametrize("prefix", [b"\n", b"\r\n  ", b"\xef\xbb\xbf", b"\xef\xbb\xbf\n"],
+                         ids=["newline", "crlf-and-spaces", "bom", "bom-and-newline"])
+def test_headerless_json_after_a_newline_or_a_byte_order_mark_decodes(prefix: bytes) -> None:
+    # A pretty-printed file or a Windows editor's, produced without headers (kcat -P).
+    value = prefix + json_format.MessageToJson(client_metrics(), indent=2).encode()
+    assert decode(value).metrics == client_metrics()
+
+
+def test_headerless_protobuf_whose_first_bytes_read_as_newline_and_brace_is_protobuf() -> None:
+    data = MetricsData()
+    resource = data.resource_metrics.add().resource
+    resource.attributes.add(key="k").value.string_value = "v" * 112
+    value = data.SerializeToString()
+    assert value[:2] == b"\n{"  # field 1 with a length of 123: "{" after JSON whitespace
+    assert decode(value).metrics == data
+
+
 def test_headerless_otlp_json_with_camel_case_keys_decodes() -> None:
     value = (
         b'{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"x",'

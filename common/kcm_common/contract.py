@@ -50,8 +50,10 @@ _FEED_BYTES = 4096  # input slice per call for codecs whose output is bounded pe
 _ZSTD_FEED_BYTES = 64  # zstd's output per call is unbounded: 64 bytes of RLE blocks expand to about 2 MiB at most
 # OTLP/JSON writes trace and span ids as hex, where proto3 JSON would use base64 (id size in bytes).
 _OTLP_HEX_IDS = {"traceId": 16, "trace_id": 16, "spanId": 8, "span_id": 8}
-# Whitespace that may precede a headerless JSON value; not "\n", which is protobuf's first tag byte.
-_JSON_LEADING_SPACE = b" \t\r"
+# What may precede a headerless JSON value: JSON's whitespace and a byte order mark. "\n" is also protobuf's first
+# tag byte, so a value starting with it that does not parse as JSON is tried as protobuf.
+_JSON_LEADING_SPACE = b" \t\r\n"
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class DecodeError(ValueError):
@@ -100,12 +102,33 @@ def decode(
     if not payload:
         raise DecodeError("empty", "record value decompresses to nothing; expected OTLP MetricsData")
     if not content_type:
-        # Plain OTLP topics (e.g. the Collector's Kafka exporter) carry no headers: sniff JSON.
-        looks_like_json = payload.lstrip(_JSON_LEADING_SPACE).startswith(b"{")
-        content_type = CONTENT_TYPE_JSON if looks_like_json else CONTENT_TYPE_PROTOBUF
-    metrics = _parse_json(payload) if content_type == CONTENT_TYPE_JSON else _parse_protobuf(payload)
+        # Plain OTLP topics (e.g. the Collector's Kafka exporter, or a file produced with kcat) carry no headers.
+        metrics = _sniffed(payload)
+    else:
+        metrics = _parse_json(payload) if content_type == CONTENT_TYPE_JSON else _parse_protobuf(payload)
     attributes = {name: fields[name] for name in ATTRIBUTE_HEADERS if name in fields}
     return DecodedRecord(metrics=metrics, attributes=attributes)
+
+
+def may_be_json(payload: bytes) -> bool:
+    """Whether a headerless value is to be tried as OTLP/JSON: it starts with `{` after whitespace and a BOM."""
+    return payload.removeprefix(_UTF8_BOM).lstrip(_JSON_LEADING_SPACE).startswith(b"{")
+
+
+def _sniffed(payload: bytes) -> MetricsData:
+    """A headerless value: OTLP/JSON when it looks like a JSON object, else protobuf. One starting with "\n" may be
+    either: tried as protobuf when it is no JSON (the JSON error is reported if it is neither)."""
+    if not may_be_json(payload):
+        return _parse_protobuf(payload)
+    try:
+        return _parse_json(payload)
+    except DecodeError as json_error:
+        if not payload.startswith(b"\n"):
+            raise
+        try:
+            return _parse_protobuf(payload)
+        except DecodeError:
+            raise json_error from None
 
 
 def encode(
