@@ -36,6 +36,31 @@ def broker(tmp_path) -> Iterator[EmbeddedBroker]:
 
 
 @pytest.fixture
+def misadvertised_broker(tmp_path) -> Iterator[tuple[EmbeddedBroker, str]]:
+    """A broker whose metadata names an address nothing listens on (advertised.listeners set wrong, as for clients
+    outside a Kubernetes cluster), with the topics `kafka-client-metrics` and `telemetry` created through its own
+    address; yields it and the address it advertises."""
+    from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
+    from test_sandbox_protocol import KafkaConnection
+
+    from kcm_sandbox.broker import free_port
+
+    unreachable = f"127.0.0.1:{free_port()}"
+    embedded = EmbeddedBroker(advertised=unreachable, log_path=tmp_path / "tansu.log")
+    embedded.start()
+    try:
+        with KafkaConnection(embedded.bootstrap) as connection:  # straight to the broker: no metadata needed
+            created = connection.call(CreateTopicsRequest[4](topics=[CreateTopicsRequest.CreatableTopic(
+                name=name, num_partitions=1, replication_factor=1, assignments=[], configs=[])
+                for name in ("kafka-client-metrics", "telemetry")], timeout_ms=5000, validate_only=False),
+                CreateTopicsResponse)
+        assert [topic.error_code for topic in created.topics] == [0, 0]
+        yield embedded, unreachable
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture
 def kafka(broker: EmbeddedBroker) -> KafkaSettings:
     return KafkaSettings(broker.bootstrap)
 

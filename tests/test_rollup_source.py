@@ -125,6 +125,19 @@ def test_parsed_options_never_show_credentials():
     assert "hunter2" not in repr(options) and "hunter2" not in str(options)
 
 
+def test_brokers_advertising_an_address_this_machine_cannot_reach_are_named_when_planning(misadvertised_broker):
+    # The classic set-up mistake: the bootstrap address answers, the brokers it names (advertised.listeners) do not.
+    from kcm_rollups.source import KafkaSourceError, plan_ranges
+
+    broker, unreachable = misadvertised_broker
+    with pytest.raises(KafkaSourceError) as error:
+        plan_ranges(SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "subscribe": "telemetry",
+                                         "kafka.request.timeout.ms": "2000"}))
+
+    assert f"its brokers advertise {unreachable}, which this client could not reach" in str(error.value)
+    assert "advertised.listeners" in str(error.value)
+
+
 def test_offsets_json_partitions_are_read_as_numbers_as_spark_reads_them():
     assert offset_spec("startingOffsets", '{"t": {"007": 5, "1": -2}}', EARLIEST) == {"t": {"7": 5, "1": EARLIEST}}
     assert offset_spec("endingOffsets", '{"t": {"0": -1}}', LATEST) == {"t": {"0": LATEST}}

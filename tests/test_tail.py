@@ -316,30 +316,15 @@ def test_unreachable_broker_is_a_one_line_error_with_exit_code_2():
     assert "cannot reach Kafka" in result.stderr
 
 
-def test_brokers_advertising_an_address_this_machine_cannot_reach_are_named_in_one_line():
+def test_brokers_advertising_an_address_this_machine_cannot_reach_are_named_in_one_line(misadvertised_broker):
     # The classic set-up mistake: the bootstrap address answers, the brokers it names (advertised.listeners) do not.
-    from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
-    from test_sandbox_protocol import KafkaConnection
-
-    from kcm_sandbox.broker import EmbeddedBroker, free_port
-
-    unreachable = f"127.0.0.1:{free_port()}"
-    broker = EmbeddedBroker(advertised=unreachable)
-    broker.start()
-    try:
-        with KafkaConnection(broker.bootstrap) as connection:  # straight to the bootstrap address
-            created = connection.call(CreateTopicsRequest[4](topics=[CreateTopicsRequest.CreatableTopic(
-                name="kafka-client-metrics", num_partitions=1, replication_factor=1, assignments=[], configs=[])],
-                timeout_ms=5000, validate_only=False), CreateTopicsResponse)
-        assert created.topics[0].error_code == 0
-        result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--connect-timeout", "3", "--timeout", "2")
-    finally:
-        broker.stop()
+    broker, unreachable = misadvertised_broker
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--connect-timeout", "3", "--timeout", "2")
 
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.splitlines()
     assert line.startswith(f"kcm tail: Kafka at {broker.bootstrap} answers, but its brokers advertise {unreachable}, "
-                           "which this client cannot reach"), line
+                           "which this client could not reach"), line
     assert "advertised.listeners" in line
 
 

@@ -19,8 +19,8 @@ from kcm_cli.arguments import kafka_connection, seconds, topic
 from kcm_cli.terminal import printable
 from kcm_common import contract, points
 from kcm_common.errors import UserError
-from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, check_reachable, diagnose_failure,
-                              step_past_unreadable)
+from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, advertised_brokers, check_reachable,
+                              diagnose_failure, step_past_unreadable)
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.tail")
@@ -180,7 +180,7 @@ def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
         # Resolve the start now, so nothing produced after start-up is skipped; then say where reading starts.
         starts = {partition.partition: consumer.position(partition) for partition in partitions}
     except KafkaError as exc:  # the brokers the metadata names, past the bootstrap address, did not answer
-        advertised = [f"{broker.host}:{broker.port}" for broker in consumer._client.cluster.brokers()]
+        advertised = advertised_brokers(consumer)
         consumer.close()
         raise diagnose_failure(settings, exc, advertised) from None
     except BaseException:

@@ -369,15 +369,9 @@ def diagnose_failure(settings: KafkaSettings, error: Exception,
         return KafkaConfigError(f"the Kafka client rejected its settings: {reason}; check --command-config")
     detail = str(error).strip()
     what = type(error).__name__ if detail in ("", type(error).__name__) else f"{type(error).__name__}: {detail}"
-    bootstrap = {f"{host}:{port}" for host, port in parse_bootstrap(settings.bootstrap_servers)}
-    elsewhere = sorted(set(advertised) - bootstrap)
-    if elsewhere:
-        # The classic set-up mistake: the bootstrap address answers, the brokers it names (advertised.listeners:
-        # often in-cluster names or pod addresses) cannot be reached from where kcm runs.
-        return KafkaUnavailableError(
-            f"Kafka at {settings.bootstrap_servers} answers, but its brokers advertise {', '.join(elsewhere)}, which "
-            f"this client cannot reach ({what}): run kcm where those addresses resolve and connect, or give a "
-            "--bootstrap-server whose listener advertises reachable addresses (the brokers' advertised.listeners)")
+    hint = advertised_elsewhere(settings.bootstrap_servers, advertised)
+    if hint:
+        return KafkaUnavailableError(f"Kafka at {settings.bootstrap_servers} answers, but {hint} ({what})")
     protocol = settings.security_protocol
     hint = "check --bootstrap-server and --command-config"
     if protocol.startswith("SASL"):
@@ -386,6 +380,26 @@ def diagnose_failure(settings: KafkaSettings, error: Exception,
     elif protocol == "SSL":
         hint = "the TLS handshake worked, but Kafka did not answer over it: check the listener and ssl.* settings"
     return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} ({what}); {hint}")
+
+
+def advertised_elsewhere(bootstrap_servers: str, advertised: Iterable[str]) -> str | None:
+    """What to say when a client that bootstrapped failed and its metadata named brokers other than the bootstrap
+    servers (`advertised`, as host:port): the classic set-up mistake, brokers advertising in-cluster names or pod
+    addresses that cannot be reached from where kcm runs. None when they are the bootstrap servers themselves."""
+    bootstrap = {f"{host}:{port}" for host, port in parse_bootstrap(bootstrap_servers)}
+    elsewhere = sorted(set(advertised) - bootstrap)
+    if not elsewhere:
+        return None
+    return (f"its brokers advertise {', '.join(elsewhere)}, which this client could not reach: run kcm where those "
+            "addresses resolve and connect, or bootstrap from a listener whose advertised.listeners are reachable")
+
+
+def advertised_brokers(consumer: Any) -> list[str]:
+    """The broker addresses a kafka-python client's metadata names (none before it bootstrapped)."""
+    try:
+        return [f"{broker.host}:{broker.port}" for broker in consumer._client.cluster.brokers()]
+    except Exception:  # kafka-python internals: a hint is not worth a crash
+        return []
 
 
 def rejected_message(settings: KafkaSettings, reason: str) -> str:

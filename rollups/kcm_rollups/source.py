@@ -191,8 +191,11 @@ def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
+    from kcm_common.kafka import advertised_brokers, advertised_elsewhere
+
     starting = offset_spec("startingOffsets", options.starting, EARLIEST)
     ending = offset_spec("endingOffsets", options.ending, LATEST)
+    consumer = None
     try:
         consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, **options.client_options)
         try:
@@ -213,8 +216,9 @@ def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
         # Planning runs on the driver; a one-line error beats kafka-python's traceback inside Spark's.
         detail = str(exc).strip() or type(exc).__name__
         servers = ",".join(options.client_options.get("bootstrap_servers", ()))
+        hint = advertised_elsewhere(servers, advertised_brokers(consumer)) if consumer is not None else None
         raise KafkaSourceError(f"cannot plan the offset ranges: Kafka at {servers} failed ({detail}); "
-                               "check --bootstrap-server and --command-config") from None
+                               f"{hint or 'check --bootstrap-server and --command-config'}") from None
     for option, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
         named = {(topic, number) for topic, offsets in (spec.items() if isinstance(spec, dict) else ())
                  for number in offsets}
