@@ -112,6 +112,21 @@ def test_a_renamed_attribute_keeps_its_type_and_only_a_hashed_one_becomes_a_stri
     assert not {"pid", "ratio", "pod"} & set(kept)
 
 
+@pytest.mark.parametrize("client_order", [("host.name", "service.name"), ("service.name", "host.name")])
+def test_a_renamed_attribute_replaces_the_clients_own_of_that_name_and_every_key_stays_unique(client_order):
+    """OTLP resource attribute keys are unique: a collector or backend would pick either of two at random."""
+    original = client_metrics()
+    values = {"host.name": "pod-a", "service.name": "payments"}
+    original.resource_metrics[0].resource.attributes.extend(
+        KeyValue(key=key, value=AnyValue(string_value=values[key])) for key in client_order)
+    rules = [AttributeRule(action="rename", attribute="host.name", to="service.name")]
+    enriched = Enricher(EnrichConfig(rules=rules)).enrich(original.SerializeToString(), {"client_id": "c1"})
+
+    keys = [a.key for a in MetricsData.FromString(enriched).resource_metrics[0].resource.attributes]
+    assert sorted(keys) == ["client_id", "service.name"]
+    assert _resource(enriched) == {"client_id": "c1", "service.name": "pod-a"}
+
+
 def test_concatenated_records_are_one_export_request_with_every_resource():
     enricher = Enricher(EnrichConfig())
     first = enricher.enrich(client_metrics("a").SerializeToString(), {"client_id": "a"})

@@ -4,15 +4,20 @@ traceback and no password, the same with both consumer backends."""
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 
 from kcm_bridge import config as bridge_config
+from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_common.otlp_export import RetryPolicy
 from kcm_bridge.health import KafkaHealth
+from kcm_sandbox.broker import EmbeddedBroker
 from ports import reserved_port
 from test_bridge_pipeline import BACKENDS, running_bridge
 
@@ -118,6 +123,111 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
             finally:
                 sandbox.stop()
         assert not [r for r in caplog.records if r.exc_info]
+
+
+class _Relay:
+    """A loopback TCP relay on `port` to the port `upstream()` names: `cut` closes every connection through it and
+    refuses new ones, `mend` relays again."""
+
+    def __init__(self, port: int, upstream: Callable[[], int]) -> None:
+        self.port, self._upstream = port, upstream
+        self._server: socket.socket | None = None
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def mend(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port))   # SO_REUSEADDR: beside reserved_port's socket
+        with self._lock:
+            self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+            open_sockets, self._open = self._open, []
+        for sock in ([server] if server else []) + open_sockets:
+            _close(sock)
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                downstream, _ = server.accept()
+                upstream = socket.create_connection(("127.0.0.1", self._upstream()))
+            except OSError:
+                if self._server is not server:
+                    return
+                continue
+            with self._lock:
+                if self._server is not server:   # cut meanwhile
+                    _close(downstream), _close(upstream)
+                    return
+                self._open += [downstream, upstream]
+            threading.Thread(target=self._pipe, args=(downstream, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, downstream), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        _close(source), _close(target)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)   # wakes a thread blocked in accept or recv on it
+    except OSError:
+        pass
+    sock.close()
+
+
+def test_kafka_python_stays_not_ready_while_the_group_coordinator_is_unreachable_though_bootstrap_answers(
+        tmp_path, collector, caplog):
+    """The bootstrap address answering proves nothing about the broker that coordinates the group: the bridge
+    stays not ready, without an 'answers again' line, until that broker answers too."""
+    with reserved_port() as relay_port:   # connections refused while the relay is cut, and the port stays ours
+        broker = EmbeddedBroker(advertised=f"127.0.0.1:{relay_port}", log_path=tmp_path / "tansu.log")
+        relay = _Relay(relay_port, lambda: broker.port)
+        relay.mend()
+        broker.start()
+        try:
+            ensure_topic(KafkaSettings(broker.bootstrap), "coordinated")
+            properties = tmp_path / "client.properties"
+            properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
+            config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+                ("kafka", "bootstrap_servers"): broker.bootstrap, ("kafka", "command_config"): str(properties),
+                ("kafka", "topics"): ["coordinated"], ("kafka", "client"): "kafka-python",
+                ("kafka", "connect_timeout_s"): 2})
+            caplog.set_level(logging.INFO, logger="kcm.bridge")
+            with running_bridge(config) as bridge:
+                _wait_until(lambda: bridge.ready, 60, "ready")
+                relay.cut()   # the leader and coordinator (the broker at its advertised address) gone
+                _wait_until(lambda: not bridge.ready, 30, "not ready once the coordinator is gone")
+                down_since = len(caplog.records)
+                deadline = time.monotonic() + 10   # checks after 1, 2 and 4 s of backoff: every one must fail
+                while time.monotonic() < deadline:
+                    assert not bridge.ready, "ready while the group coordinator cannot be reached"
+                    time.sleep(0.05)
+                said = [r.getMessage() for r in caplog.records[down_since:] if r.name == "kcm.bridge"]
+                assert not [line for line in said if "answers again" in line], said
+                assert any("group coordinator" in line for line in said), said
+
+                relay.mend()
+                _wait_until(lambda: bridge.ready, 60, "ready again once the coordinator answers")
+                assert any("answers again" in r.getMessage() for r in caplog.records[down_since:])
+        finally:
+            relay.cut()
+            broker.stop()
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} within {timeout_s} s"
+        time.sleep(0.1)
 
 
 def _error_event(code: int, text: str):

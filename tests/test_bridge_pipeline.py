@@ -402,22 +402,41 @@ def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sig
 
 
 def test_kcm_bridge_logs_json_lines_with_log_format_json(tmp_path):
+    entries = _json_lines_until_kafka_is_reported_down(
+        tmp_path, "--bootstrap-server", f"127.0.0.1:{_closed_port()}", "--endpoint", "127.0.0.1:9", "--insecure",
+        "--log-format", "json")
+    assert {"time", "level", "logger", "message"} <= set(entries[0])
+    assert any(e["level"] == "ERROR" and "cannot reach Kafka" in e["message"] for e in entries), entries
+
+
+def test_with_json_chosen_in_the_file_the_warning_about_a_misspelt_variable_is_a_json_line_too(tmp_path):
+    """The one line that says a setting was not applied must reach a log pipeline that parses JSON lines."""
+    config_path = tmp_path / "bridge.yaml"
+    config_path.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:{_closed_port()}'}}\n"
+                           "endpoints: [{endpoint: '127.0.0.1:9', insecure: true}]\nlog_format: json\n")
+    entries = _json_lines_until_kafka_is_reported_down(tmp_path, "--config", str(config_path),
+                                                       env={"KCM_BRIDGE_BATCH_LINGER": "5"})
+    warnings = [e for e in entries if e["level"] == "WARNING" and "KCM_BRIDGE_BATCH_LINGER" in e["message"]]
+    assert [w["message"].split(" (")[0] for w in warnings] == ["ignoring KCM_BRIDGE_BATCH_LINGER: not a bridge setting"]
+
+
+def _json_lines_until_kafka_is_reported_down(tmp_path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
+    """Run `kcm bridge ARGS` against a Kafka that is not there until it says so, stop it (exit 0) and return its log
+    lines, each of which must be JSON."""
     import json
+    import os
 
     log_path = tmp_path / "bridge.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kcm_cli.main", "bridge", "--bootstrap-server", f"127.0.0.1:{_closed_port()}",
-             "--endpoint", "127.0.0.1:9", "--insecure", "--log-format", "json"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "bridge", *args],
+                                   env={**os.environ, **(env or {})},
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             _wait(lambda: "cannot reach Kafka" in log_path.read_text(), 30, "the bridge reporting Kafka down")
         finally:
             code = _terminate(process)
     assert code == 0, log_path.read_text()
-    entries = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert {"time", "level", "logger", "message"} <= set(entries[0])
-    assert any(e["level"] == "ERROR" and "cannot reach Kafka" in e["message"] for e in entries), entries
+    return [json.loads(line) for line in log_path.read_text().splitlines()]
 
 
 def _start_kcm_bridge(config_path, log_path) -> subprocess.Popen:

@@ -22,7 +22,7 @@ import yaml
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
 from kcm_common.kafka import LONE_SURROGATE, load_properties, parse_bootstrap, utf8_text
-from kcm_common.names import DEFAULT_METRICS_TOPIC, listen_address_problem, topic_problem
+from kcm_common.names import ATTRIBUTE_HEADERS, DEFAULT_METRICS_TOPIC, listen_address_problem, topic_problem
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
 from kcm_common.retry import LONGEST_WAIT_S, RetryPolicy
 
@@ -168,7 +168,8 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
          insecure: bool | None = None) -> BridgeConfig:
     """Build and validate the config: file, then `KCM_BRIDGE_*` from `env`, then flag `overrides`.
 
-    `endpoints` (from `--endpoint`/`KCM_BRIDGE_ENDPOINTS`) replace the file's list; `insecure` applies to all.
+    `endpoints` (from `--endpoint`/`KCM_BRIDGE_ENDPOINTS`) replace the file's list; `insecure` applies to all. It logs
+    nothing: the caller calls `warn_of_unknown_variables` once the log format the config chose is in place.
     """
     document: dict[str, Any] = _read_yaml(Path(path)) if path else {}
     env = os.environ if env is None else env
@@ -190,11 +191,10 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
                 entry["insecure"] = insecure
     config = _build(BridgeConfig, document, "")
     validate(config)
-    _warn_of_unknown_variables(config, env)
     return config
 
 
-def _warn_of_unknown_variables(config: BridgeConfig, env: Mapping[str, str]) -> None:
+def warn_of_unknown_variables(config: BridgeConfig, env: Mapping[str, str]) -> None:
     """A misspelt `KCM_BRIDGE_*` variable would be ignored without a word (the YAML file refuses unknown keys; the
     environment also holds variables that are not the bridge's, such as a token a header reads)."""
     known = {ENV_PREFIX + suffix for suffix in (*_ENV_FIELDS, "ENDPOINTS", "INSECURE")}
@@ -260,8 +260,11 @@ def validate(config: BridgeConfig) -> None:
         raise ConfigError(f"retry.multiplier must be a finite number, 1 or more, not {config.retry.multiplier}")
     if not 0 <= config.retry.jitter <= 1:
         raise ConfigError(f"retry.jitter must be between 0 and 1, not {config.retry.jitter}")
+    if "" in config.enrich.static_attributes:
+        raise ConfigError("enrich.static_attributes has an empty attribute name: OTLP attribute keys must not be empty")
     for index, rule in enumerate(config.enrich.rules):
         _validate_rule(rule, f"enrich.rules[{index}]")
+    _validate_renames(config.enrich)
     _positive(config.temporality.max_streams, "temporality.max_streams")
     _seconds(config.temporality.idle_expiry_s, "temporality.idle_expiry_s")
     _positive(config.delivery.max_inflight_bytes, "delivery.max_inflight_bytes")
@@ -338,6 +341,44 @@ def _validate_rule(rule: AttributeRule, where: str) -> None:
         raise ConfigError(f"{where}: salts only apply to hash rules")
     if rule.action == "hash":
         rule_salt(rule, where)
+
+
+def applied_rules(rules: list[AttributeRule], key: str) -> tuple[str | None, list[int]]:
+    """What the rules make of an attribute named `key`: its name after them (None when dropped), and the indices of
+    the rules that apply to it in order (each sees the name the ones before left)."""
+    applied = []
+    for index, rule in enumerate(rules):
+        if rule.attribute != key:
+            continue
+        applied.append(index)
+        if rule.action == "drop":
+            return None, applied
+        if rule.action == "rename":
+            key = rule.to or key
+    return key, applied
+
+
+def _validate_renames(enrich: EnrichConfig) -> None:
+    """Refuse rename rules that give an attribute a name another one also ends up with: a resource would keep only
+    one of the two. The header and static attributes are there by design; a client's own attribute that a rename
+    reaches is replaced by the renamed one."""
+    designed = {name: f"the contract header {name} (enrich.header_attributes is on)"
+                for name in (ATTRIBUTE_HEADERS if enrich.header_attributes else ())}
+    designed.update({name: f"enrich.static_attributes.{name}" for name in enrich.static_attributes})
+    holders: dict[str, str] = {}   # a name the rules leave -> who has it
+    renamed = []
+    for source in dict.fromkeys([*designed, *(rule.attribute for rule in enrich.rules)]):
+        name, applied = applied_rules(enrich.rules, source)
+        if name is not None and name != source:
+            rename = [index for index in applied if enrich.rules[index].action == "rename"][-1]
+            renamed.append((source, name, f"enrich.rules[{rename}]"))
+        elif name is not None and source in designed:
+            holders[name] = designed[source]
+    for source, name, where in renamed:
+        if name in holders:
+            raise ConfigError(f"{where}: renaming {source!r} to {name!r} clashes with {holders[name]}: a resource "
+                              "would keep only one of them; choose another name")
+        holders[name] = f"{source!r}, renamed to it by {where}"
 
 
 def rule_salt(rule: AttributeRule, where: str = "enrich.rules") -> bytes:

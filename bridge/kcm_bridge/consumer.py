@@ -301,9 +301,27 @@ class KafkaPythonConsumer:
         self._coordinator_lost_since: float | None = None
 
     def check(self, timeout_s: float) -> None:
-        self._timeout_s, self._coordinator_lost_since = timeout_s, None
-        if self._consumer is not None:
-            return
+        """Build the client if there is none, then find the group coordinator, all within `timeout_s`: the client
+        existing proves nothing, and what poll and commit wait for is the coordinator (its loss is what fails)."""
+        from kafka.errors import KafkaError
+
+        self._timeout_s = timeout_s
+        deadline = time.monotonic() + timeout_s
+        if self._consumer is None:
+            self._connect(timeout_s)
+        try:
+            found = self._consumer._coordinator.ensure_coordinator_ready(   # noqa: SLF001 (no public handle on it)
+                timeout_ms=max(0, int((deadline - time.monotonic()) * 1000)))
+        except KafkaError as exc:   # a refusal (the group not authorised): retried like silence
+            raise KafkaUnavailableError(f"Kafka at {self._settings.bootstrap_servers} did not name the group's "
+                                        f"coordinator ({type(exc).__name__}: {exc})") from None
+        if not found:
+            raise KafkaUnavailableError(
+                f"cannot reach Kafka's group coordinator via {self._settings.bootstrap_servers} within "
+                f"{timeout_s:g}s: check that the brokers are up and reachable from here")
+        self._coordinator_lost_since = None
+
+    def _connect(self, timeout_s: float) -> None:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError, SaslAuthenticationFailedError
 

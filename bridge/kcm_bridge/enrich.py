@@ -16,7 +16,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from kcm_common.contract import DecodeError
 
-from kcm_bridge.config import AttributeRule, EnrichConfig, rule_salt
+from kcm_bridge.config import AttributeRule, EnrichConfig, applied_rules, rule_salt
 from kcm_bridge.wire import LEN, RESOURCE_METRICS, field, fields, varint
 
 # ResourceMetrics.resource, Resource.attributes, KeyValue.key, KeyValue.value
@@ -44,27 +44,26 @@ class Rules:
     """The configured drop/rename/hash rules, applied in order to one attribute at a time."""
 
     def __init__(self, rules: list[AttributeRule]) -> None:
-        self._rules = [(rule, _salt(rule)) for rule in rules]
         self.attributes = frozenset(rule.attribute for rule in rules)
+        salts = {index: rule_salt(rule) for index, rule in enumerate(rules) if rule.action == "hash"}
+        # What the rules do to each attribute they name: its last name, and the salts of the hashes on the way.
+        self._paths: dict[str, tuple[str | None, list[bytes]]] = {}
+        for attribute in self.attributes:
+            key, applied = applied_rules(rules, attribute)
+            self._paths[attribute] = key, [salts[index] for index in applied if index in salts]
 
     def apply(self, key: str, value: str | None) -> tuple[str | None, str | None]:
         """The attribute after the rules: (None, None) when dropped; else its key and, when a hash rule replaced
         the value, the new (string) value, None when the value stays as it was (of whatever type)."""
+        if key not in self._paths:
+            return key, None
+        new_key, salts = self._paths[key]
+        if new_key is None:
+            return None, None
         hashed = None
-        for rule, salt in self._rules:
-            if rule.attribute != key:
-                continue
-            if rule.action == "drop":
-                return None, None
-            if rule.action == "rename":
-                key = rule.to or key
-            else:
-                hashed = hashlib.sha256(salt + ((value or "") if hashed is None else hashed).encode()).hexdigest()
-        return key, hashed
-
-
-def _salt(rule: AttributeRule) -> bytes:
-    return rule_salt(rule) if rule.action == "hash" else b""
+        for salt in salts:
+            hashed = hashlib.sha256(salt + ((value or "") if hashed is None else hashed).encode()).hexdigest()
+        return new_key, hashed
 
 
 class Added(NamedTuple):
@@ -111,7 +110,8 @@ class Enricher:
 
 
 def splice(metrics_data: bytes, added: Added, rules: Rules) -> bytes:
-    """Rewrite each ResourceMetrics' resource: its own attributes after the rules, minus keys `added` replaces.
+    """Rewrite each ResourceMetrics' resource: its own attributes after the rules (a renamed one replacing one of
+    that name), minus keys `added` replaces.
 
     Raises DecodeError("too-large") when the copies of the added attributes in the ResourceMetrics after the first
     would come to more than 4 × the payload + 64 KiB (known before anything is built), or on reaching more walked
@@ -167,11 +167,15 @@ def _resource_metrics(data: bytes, added: Added, rules: Rules, walk: _Walk) -> b
         if number == _ATTRIBUTES and wire_type == LEN:
             attribute = _kept_attribute(resource[value_start:end], added.keys, rules, walk)
             if attribute is not None:
-                kept.append(field(_ATTRIBUTES, attribute))
+                kept.append(attribute)
         else:
             other.append(resource[start:end])
+    # Keys must be unique in a resource: a renamed attribute replaces the client's own of that name.
+    renamed = {key for key, was_renamed, _ in kept if was_renamed}
+    attributes = b"".join(field(_ATTRIBUTES, key_value) for key, was_renamed, key_value in kept
+                          if was_renamed or key not in renamed)
     rest = [data[start:end] for number, wire_type, start, _, end in parts if number != _RESOURCE or wire_type != LEN]
-    return field(_RESOURCE, b"".join(kept) + added.attributes + b"".join(other)) + b"".join(rest)
+    return field(_RESOURCE, attributes + added.attributes + b"".join(other)) + b"".join(rest)
 
 
 def _resource_keys(resource: bytes, walk: _Walk) -> frozenset[str]:
@@ -207,7 +211,10 @@ def _key(key_value: bytes, walk: _Walk) -> str:
     return key
 
 
-def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules, walk: _Walk) -> bytes | None:
+def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules,
+                    walk: _Walk) -> tuple[str, bool, bytes] | None:
+    """A client's attribute after the rules, as (key, whether a rule renamed it, encoded KeyValue); None when a rule
+    drops it or an added attribute replaces it."""
     key, value = "", b""
     for number, wire_type, _, value_start, end in walk(key_value):
         if number == _KEY and wire_type == LEN:
@@ -219,10 +226,12 @@ def _kept_attribute(key_value: bytes, added_keys: frozenset[str], rules: Rules, 
         if new_key is None or new_key in added_keys:
             return None
         if new_value is not None:
-            return string_key_value(new_key, new_value)
+            return new_key, new_key != key, string_key_value(new_key, new_value)
         # Renamed (or not): the value keeps its type, an int stays an int, an array an array.
-        return key_value if new_key == key else field(_KEY, new_key.encode()) + field(_VALUE, value)
-    return None if key in added_keys else key_value
+        if new_key == key:
+            return key, False, key_value
+        return new_key, True, field(_KEY, new_key.encode()) + field(_VALUE, value)
+    return None if key in added_keys else (key, False, key_value)
 
 
 def _any_value_text(raw: bytes) -> str:

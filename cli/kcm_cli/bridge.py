@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         from kcm_common.logs import use_json
 
         use_json()
+    bridge_config.warn_of_unknown_variables(config, os.environ)   # in the chosen format, as every line after it
     bridge = Bridge(config)
 
     def stop(signum: signal.Signals) -> None:
