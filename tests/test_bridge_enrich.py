@@ -186,6 +186,20 @@ def test_a_small_compressed_record_of_millions_of_messages_is_refused_when_prepa
     assert refused.value.reason == "too-large"
 
 
+@pytest.mark.parametrize("prefix", [b"", b"\n", b"\xef\xbb\xbf\r\n"], ids=["bare", "newline", "bom"])
+def test_headerless_otlp_json_is_prepared_as_its_protobuf_after_a_newline_or_a_byte_order_mark_too(prefix):
+    """A pretty-printed OTLP/JSON file produced without headers (kcat -P) is JSON, not a corrupt protobuf."""
+    from google.protobuf import json_format
+
+    from kcm_bridge.consumer import Record
+    from kcm_bridge.pipeline import Preparer
+
+    value = prefix + json_format.MessageToJson(client_metrics("payments-1"), indent=2).encode()
+    prepared, points_counted = Preparer(Enricher(EnrichConfig()))(Record("metrics", 0, 0, None, value, []))
+    assert MetricsData.FromString(prepared) == client_metrics("payments-1")
+    assert points_counted == 2
+
+
 def test_records_of_many_real_resources_and_one_resource_with_large_added_attributes_are_enriched():
     many = MetricsData()
     for i in range(3000):   # some 390 KB: a plain OTLP batch, walked within the budget

@@ -136,7 +136,7 @@ def _payload(record: Record, facts: _HeaderFacts) -> bytes:
         payload = contract.decompress(record.value, facts.encoding)
         if not payload:
             raise contract.DecodeError("empty", "record value decompresses to nothing")
-    if facts.media != contract.CONTENT_TYPE_PROTOBUF and (not payload or payload.lstrip(b" \t\r").startswith(b"{")):
+    if facts.media != contract.CONTENT_TYPE_PROTOBUF and (not payload or contract.may_be_json(payload)):
         # JSON (or an unknown content type, which decode rejects with its reason): the slow, full path.
         payload = contract.decode(record.value, record.headers).metrics.SerializeToString()
     return payload
