@@ -683,10 +683,17 @@ def test_helm_refuses_bad_values_with_a_message_naming_the_value(helm: Path) -> 
     ("spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net", True),
     ("spark.kubernetes.authenticate.oauthToken", True),
     ("spark.ssl.keyPassword", True),
+    # Encryption keys and SAS tokens: a "key" or "sas" part.
+    ("spark.hadoop.fs.s3a.encryption.key", True),
+    ("spark.hadoop.fs.s3a.bucket.rollups.server-side-encryption.key", True),
+    ("spark.hadoop.fs.gs.encryption.key", True),
+    ("spark.hadoop.fs.azure.sas.rollups.account.blob.core.windows.net", True),
     # Keys that only name a provider class, a file or a switch, and others: rendered.
     ("spark.hadoop.fs.s3a.aws.credentials.provider", False),
     ("spark.kubernetes.authenticate.oauthTokenFile", False),
     ("spark.sql.shuffle.partitions", False),
+    ("spark.hadoop.fs.s3a.encryption.algorithm", False),
+    ("spark.io.encryption.keySizeBits", False),
 ])
 def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_value(
         helm: Path, tmp_path: Path, key: str, refused: bool) -> None:
@@ -704,6 +711,44 @@ def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_v
     else:
         assert result.returncode == 0, result.stderr
         assert f"{key}: S3CRET" in result.stdout
+
+
+@pytest.mark.parametrize(("component", "entry", "config", "refused"), [
+    ("rollup", {"name": "AWS_SECRET_ACCESS_KEY", "value": "S3CRET"}, None, True),
+    ("rollup", {"name": "AWS_SESSION_TOKEN", "value": "S3CRET"}, None, True),
+    ("bridge", {"name": "OTLP_API_KEY", "value": "S3CRET"}, None, True),
+    ("operator", {"name": "KAFKA_PASSWORD", "value": "S3CRET"}, None, True),
+    # Whatever its name, a variable the bridge config reads as a header or a salt.
+    ("bridge", {"name": "VENDOR_HEADER", "value": "S3CRET"},
+     {"endpoints": [{"endpoint": "otel:4317", "headers_from_env": {"x-vendor": "VENDOR_HEADER"}}]}, True),
+    ("bridge", {"name": "SALT_VAR", "value": "S3CRET"},
+     {"enrich": {"rules": [{"action": "hash", "attribute": "principal", "salt_env": "SALT_VAR"}]}}, True),
+    # Names, files and switches render; so does a credential from a Secret.
+    ("rollup", {"name": "AWS_ACCESS_KEY_ID", "value": "AKIAEXAMPLE"}, None, False),
+    ("bridge", {"name": "TOKEN_FILE", "value": "/etc/kcm/secrets/t/token"}, None, False),
+    ("bridge", {"name": "OTLP_API_KEY", "valueFrom": {"secretKeyRef": {"name": "otlp", "key": "api-key"}}}, None,
+     False),
+    ("operator", {"name": "LOG_LEVEL", "value": "DEBUG"}, None, False),
+])
+def test_a_credential_as_a_literal_env_value_is_refused_naming_the_variable_never_the_value(
+        helm: Path, tmp_path: Path, component: str, entry: dict[str, Any], config: dict[str, Any] | None,
+        refused: bool) -> None:
+    values: dict[str, Any] = {component: {"env": [entry]}}
+    if component == "rollup":
+        values["rollup"].update(enabled=True, output="s3a://b/x")
+    if config is not None:
+        values["bridge"]["config"] = {"endpoints": [{"endpoint": "otel:4317"}], **config}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(path),
+                      "--api-versions", "sparkoperator.k8s.io/v1beta2")
+    if refused:
+        assert result.returncode != 0, result.stdout
+        assert (f"{component}.env[0] ({entry['name']}) would put a credential into the {component}'s manifest in "
+                "plain text: use valueFrom.secretKeyRef") in result.stderr
+        assert "S3CRET" not in result.stdout + result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
 
 
 def test_a_tls_secret_named_twice_is_refused_by_the_schema(helm: Path) -> None:

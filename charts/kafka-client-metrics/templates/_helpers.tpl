@@ -187,11 +187,39 @@ only name a provider class, a file or a switch pass.
 */}}
 {{- define "kcm.rollupConfHasNoCredentials" -}}
 {{- range $key, $_ := .Values.rollup.sparkConf | default dict -}}
-{{- $names := regexMatch "(?i)(secret|passw|token|credential|jaas|access\\.key|account\\.key|private\\.key|signature)" $key -}}
+{{- /* a "key" or "sas" part names a key (S3 SSE-C, GCS CSEK encryption keys) or an Azure SAS token */ -}}
+{{- $names := regexMatch "(?i)(secret|passw|token|credential|jaas|access\\.key|account\\.key|private\\.key|signature|(^|\\.)(key|sas)(\\.|$))" $key -}}
 {{- /* what only names a class, a file or a switch: a credentials provider, a token file */ -}}
 {{- $refers := regexMatch "(?i)(providers?|class|type|enabled|file|path|location)$" $key -}}
 {{- if and $names (not $refers) -}}
 {{- fail (printf "rollup.sparkConf.%s would put a credential into the ScheduledSparkApplication: give it through rollup.env with valueFrom.secretKeyRef (for S3, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or use workload identity" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+An env entry with a literal value sits in plain text in its Deployment or ScheduledSparkApplication: one whose name
+names a credential, or that a bridge.config headers_from_env or salt_env reads, fails the render, naming it, never
+its value. Call with (dict "root" . "component" "bridge").
+*/}}
+{{- define "kcm.envHasNoCredentials" -}}
+{{- $component := .component -}}
+{{- $read := list -}}
+{{- if eq $component "bridge" -}}
+{{- $config := .root.Values.bridge.config | default dict -}}
+{{- range $endpoint := (get $config "endpoints" | default list) -}}
+{{- if kindIs "map" $endpoint -}}{{- $read = concat $read (values (get $endpoint "headers_from_env" | default dict)) -}}{{- end -}}
+{{- end -}}
+{{- range $rule := (get (get $config "enrich" | default dict) "rules" | default list) -}}
+{{- if and (kindIs "map" $rule) (get $rule "salt_env") -}}{{- $read = append $read (get $rule "salt_env") -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $i, $entry := (index .root.Values $component).env | default list -}}
+{{- if hasKey $entry "value" -}}
+{{- $names := regexMatch "(?i)(secret|passw|token|credential|jaas|signature|dsn|(^|_)(api_?)?key$|(^|_)sas(_|$))" $entry.name -}}
+{{- if or (and $names (not (regexMatch "(?i)(_ID|_FILE|_PATH)$" $entry.name))) (has $entry.name $read) -}}
+{{- fail (printf "%s.env[%d] (%s) would put a credential into the %s's manifest in plain text: use valueFrom.secretKeyRef" $component $i $entry.name $component) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
