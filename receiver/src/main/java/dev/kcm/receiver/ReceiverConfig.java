@@ -13,6 +13,9 @@ import org.apache.kafka.common.config.ConfigDef;
 import org.apache.kafka.common.config.ConfigDef.Importance;
 import org.apache.kafka.common.config.ConfigDef.Type;
 import org.apache.kafka.common.config.ConfigException;
+import org.apache.kafka.common.config.SaslConfigs;
+import org.apache.kafka.common.config.types.Password;
+import org.apache.kafka.common.security.JaasContext;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.common.utils.Utils;
 
@@ -215,6 +218,21 @@ public final class ReceiverConfig {
             new ProducerConfig(producer);
         } catch (ConfigException e) {
             throw new ConfigException(PRODUCER_PREFIX + "*: " + e.getMessage());
+        }
+        Object jaas = producer.get(SaslConfigs.SASL_JAAS_CONFIG);
+        if (jaas != null) {
+            // Read now, as the producer will: its error quotes the text it could not read, which for an unquoted
+            // password with a blank (or a stray quote) is the rest of the password, and the writer thread would log
+            // it at every retry. Said here without it.
+            try {
+                JaasContext.loadClientContext(Map.of(SaslConfigs.SASL_JAAS_CONFIG,
+                        jaas instanceof Password ? jaas : new Password(jaas.toString())));
+            } catch (IllegalArgumentException e) {
+                throw new ConfigException(PRODUCER_PREFIX + SaslConfigs.SASL_JAAS_CONFIG + " cannot be read as one "
+                        + "JAAS login module (the reason is not shown: it may quote the password); write it as "
+                        + "org.apache.kafka.common.security.plain.PlainLoginModule required username=\"...\" "
+                        + "password=\"...\"; with each value in double quotes (\\\" for a quote inside)");
+            }
         }
     }
 

@@ -171,13 +171,25 @@ final class TopicWriter implements AutoCloseable {
 
     /** An exception and its causes, each once: "Failed to construct kafka producer" alone does not say why. */
     static String causes(Throwable error) {
-        StringBuilder text = new StringBuilder(error.toString());
+        StringBuilder text = new StringBuilder(described(error));
         java.util.Set<Throwable> seen = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
         seen.add(error);
         for (Throwable cause = error.getCause(); cause != null && seen.add(cause); cause = cause.getCause()) {
-            text.append("; caused by ").append(cause);
+            text.append("; caused by ").append(described(cause));
         }
         return text.toString();
+    }
+
+    /** An exception as its toString, but a JAAS parse error quoting the text it could not read (Kafka's JaasConfig:
+     *  "Value not specified for key '…'", "Invalid login module control flag '…'") without its message: that text
+     *  can be part of a password. */
+    private static String described(Throwable error) {
+        String message = String.valueOf(error.getMessage());
+        if (error instanceof IllegalArgumentException && message.contains("' in JAAS config")) {
+            return error.getClass().getName()
+                    + ": sasl.jaas.config cannot be read (not shown: it may quote a password)";
+        }
+        return error.toString();
     }
 
     /** One WARN line per 10 s at most, saying how many more failures there were: an outage must not flood the log. */
