@@ -125,6 +125,25 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
         assert not [r for r in caplog.records if r.exc_info]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_brokers_advertising_an_address_out_of_reach_keep_it_not_ready_and_are_named(backend, misadvertised_broker,
+                                                                                    collector, caplog):
+    """The bootstrap address answers metadata; consuming needs the brokers it names: never 'answers again'."""
+    broker, unreachable = misadvertised_broker
+    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+        ("kafka", "bootstrap_servers"): broker.bootstrap, ("kafka", "client"): backend,
+        ("kafka", "connect_timeout_s"): 2, ("metrics_port",): 0, ("metrics_host",): "127.0.0.1"})
+    caplog.set_level(logging.INFO)
+    with running_bridge(config) as bridge:
+        _wait_until(lambda: any(unreachable in r.getMessage() for r in caplog.records), 30, "the report")
+        time.sleep(4)   # more checks: each must find the brokers out of reach
+        assert not bridge.ready
+    lines = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge"]
+    assert not [line for line in lines if "answers again" in line], lines
+    assert (f"Kafka at {broker.bootstrap} answers, but its brokers advertise {unreachable}, which this client could "
+            "not reach") in "\n".join(lines)
+
+
 class _Relay:
     """A loopback TCP relay on `port` to the port `upstream()` names: `cut` closes every connection through it and
     refuses new ones, `mend` relays again."""

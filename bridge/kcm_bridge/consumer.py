@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
 from kcm_common.kafka import (CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError, diagnose_failure,
-                              rejected_message, step_past_unreadable)
+                              advertised_brokers, rejected_message, step_past_unreadable, unreachable_advertised)
 from kcm_common.librdkafka import librdkafka_config, message_headers
 from kcm_common.pacing import PacedLog
 
@@ -115,6 +115,11 @@ def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes | 
                              ("kcm.dlq.offset", str(record.offset).encode())]
 
 
+# How long a failed check may spend connecting to the brokers Kafka's metadata names, to tell whether they are out of
+# reach from here (advertised.listeners set for another network), when its own time has run out.
+_PROBE_S = 2.0
+
+
 class ConfluentConsumer:
     """confluent-kafka (librdkafka): the fast default."""
 
@@ -127,6 +132,7 @@ class ConfluentConsumer:
         self._exception = confluent_kafka.KafkaException
         self._settings, self._topics = settings, topics
         self._problem: str | None = None   # the last report that Kafka cannot be used, until a check succeeds
+        self._misadvertised: str | None = None   # what the last check found of unreachable advertised brokers
         self._new_problem = False
         self._broker_failures = PacedLog(log, logging.WARNING, period_s=60.0)
         # Other error events may come once per connection attempt too (an address that answers, but not as Kafka).
@@ -159,8 +165,9 @@ class ConfluentConsumer:
         if error.code() == self._error._AUTHENTICATION:  # noqa: SLF001 (librdkafka's local error codes)
             self._problem = rejected_message(self._settings, error.str())
         elif error.code() == self._error._ALL_BROKERS_DOWN:  # noqa: SLF001
-            self._problem = (f"cannot reach Kafka at {self._settings.bootstrap_servers} ({error.str()}): "
-                             "check that the brokers are up and reachable from here")
+            self._problem = self._misadvertised or (
+                f"cannot reach Kafka at {self._settings.bootstrap_servers} ({error.str()}): "
+                "check that the brokers are up and reachable from here")
         elif error.fatal():
             raise RuntimeError(f"Kafka consumer failed: {error.str()}")
         elif error.code() in (self._error._TRANSPORT, self._error._RESOLVE):  # noqa: SLF001
@@ -205,11 +212,19 @@ class ConfluentConsumer:
 
     def check(self, timeout_s: float) -> None:
         # A metadata request needs a connection that passed authentication: it proves the credentials work.
+        deadline = time.monotonic() + timeout_s
         try:
-            self._consumer.list_topics(self._topics[0], timeout=timeout_s)
+            metadata = self._consumer.list_topics(self._topics[0], timeout=timeout_s)
         except self._exception as exc:
             # Error events are served by `consume` only: before the first poll the cause may not be known yet.
             raise KafkaUnavailableError(self._problem or str(diagnose_failure(self._settings, exc))) from None
+        # The bootstrap connection answers metadata; consuming needs the brokers it names (advertised.listeners).
+        advertised = [f"{broker.host}:{broker.port}" for broker in metadata.brokers.values()]
+        hint = unreachable_advertised(self._settings.bootstrap_servers, advertised,
+                                      max(_PROBE_S, deadline - time.monotonic()))
+        self._misadvertised = hint and f"Kafka at {self._settings.bootstrap_servers} answers, but {hint}"
+        if self._misadvertised:
+            raise KafkaUnavailableError(self._misadvertised)
         self._problem, self._new_problem, self._answered = None, False, True
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
@@ -309,16 +324,18 @@ class KafkaPythonConsumer:
         deadline = time.monotonic() + timeout_s
         if self._consumer is None:
             self._connect(timeout_s)
+        bootstrap = self._settings.bootstrap_servers
         try:
             found = self._consumer._coordinator.ensure_coordinator_ready(   # noqa: SLF001 (no public handle on it)
                 timeout_ms=max(0, int((deadline - time.monotonic()) * 1000)))
+            problem = "" if found else (f"cannot reach Kafka's group coordinator via {bootstrap} within "
+                                        f"{timeout_s:g}s: check that the brokers are up and reachable from here")
         except KafkaError as exc:   # a refusal (the group not authorised): retried like silence
-            raise KafkaUnavailableError(f"Kafka at {self._settings.bootstrap_servers} did not name the group's "
-                                        f"coordinator ({type(exc).__name__}: {exc})") from None
-        if not found:
-            raise KafkaUnavailableError(
-                f"cannot reach Kafka's group coordinator via {self._settings.bootstrap_servers} within "
-                f"{timeout_s:g}s: check that the brokers are up and reachable from here")
+            problem = f"Kafka at {bootstrap} did not name the group's coordinator ({type(exc).__name__}: {exc})"
+        if problem:
+            # The bootstrap connection answers; the brokers it names (advertised.listeners) may be out of reach.
+            hint = unreachable_advertised(bootstrap, advertised_brokers(self._consumer), _PROBE_S)
+            raise KafkaUnavailableError(f"Kafka at {bootstrap} answers, but {hint}" if hint else problem)
         self._coordinator_lost_since = None
 
     def _connect(self, timeout_s: float) -> None:

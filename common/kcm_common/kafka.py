@@ -394,6 +394,27 @@ def advertised_elsewhere(bootstrap_servers: str, advertised: Iterable[str]) -> s
             "addresses resolve and connect, or bootstrap from a listener whose advertised.listeners are reachable")
 
 
+def unreachable_advertised(bootstrap_servers: str, advertised: Iterable[str], timeout_s: float) -> str | None:
+    """`advertised_elsewhere`'s hint when Kafka's metadata names only brokers other than the bootstrap servers and
+    none of them accepts a TCP connection within `timeout_s` in all; None when one does, or time ran out first."""
+    hint = advertised_elsewhere(bootstrap_servers, advertised)
+    bootstrap = {f"{host}:{port}" for host, port in parse_bootstrap(bootstrap_servers)}
+    if hint is None or bootstrap & set(advertised):
+        return None
+    deadline = time.monotonic() + timeout_s
+    for address in sorted(set(advertised)):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None   # not shown unreachable: say nothing rather than something wrong
+        try:
+            [(host, port)] = parse_bootstrap(address)
+            socket.create_connection((host, port), timeout=min(remaining, 2.0)).close()
+            return None
+        except (OSError, KafkaConfigError, ValueError):   # unresolvable, refused, silent or not an address at all
+            continue
+    return hint
+
+
 def advertised_brokers(consumer: Any) -> list[str]:
     """The broker addresses a kafka-python client's metadata names (none before it bootstrapped)."""
     try:
