@@ -15,6 +15,7 @@ from kcm_operator import admin as admin_module
 from kcm_operator.admin import BatchedAdmin, SubscriptionAdmin
 from kcm_operator.connections import in_connection_terms
 from kcm_operator.errors import InvalidSpecError, KafkaRefusedError
+from kcm_operator.handlers import OperatorConfig
 from kcm_operator.reconcile import desired_from_spec, diff
 
 
@@ -100,6 +101,35 @@ def test_after_a_failed_connect_callers_get_the_answer_at_once_for_one_timeout(m
     with pytest.raises(KafkaUnavailableError):
         admin.list_names()
     assert len(probes) == 2
+
+
+def test_connections_to_one_cluster_share_its_probe_whatever_their_credentials(monkeypatch):
+    # One KafkaConnection per team namespace, each with its own user, all to one cluster that does not answer: it is
+    # probed once, not once per connection; a different transport (TLS or not) is probed on its own.
+    probes = []
+
+    def unreachable(settings, timeout_s):
+        probes.append(settings.security_protocol)
+        raise KafkaUnavailableError("cannot reach Kafka: 127.0.0.1:1 did not answer within 5s")
+
+    monkeypatch.setattr(admin_module, "check_reachable", unreachable)
+    operator_config = OperatorConfig(
+        KafkaSettings("127.0.0.1:1"), kafka_timeout_s=5,
+        resolve=lambda namespace, name: KafkaSettings("127.0.0.1:1", {
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": namespace,
+            "sasl.password": "p4ss"}))
+    try:
+        for team in ("team-a", "team-b", "team-c"):
+            with pytest.raises(KafkaUnavailableError, match="did not answer"):
+                operator_config.admin(team, "shared").require_telemetry()
+        with pytest.raises(KafkaUnavailableError, match="did not answer"):
+            operator_config.admin("team-a", None).require_telemetry()  # the default cluster: PLAINTEXT
+        assert {operator_config.slot_key(("team-a", "shared")), operator_config.slot_key(("team-b", "shared")),
+                operator_config.slot_key(None)} == {"127.0.0.1:1"}  # one share of the handler threads
+    finally:
+        operator_config.close()
+
+    assert probes == ["SASL_PLAINTEXT", "PLAINTEXT"]
 
 
 def test_while_a_failed_cluster_is_tried_again_other_callers_get_its_last_answer_at_once(monkeypatch):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import socket
+import ssl
 import stat
 import subprocess
 import threading
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kcm_common.kafka import KafkaConfigError, KafkaSettings
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, KafkaUnavailableError
 from kubernetes import client
 
 from kcm_operator import connections
@@ -273,3 +275,59 @@ def test_resolving_a_connection_after_its_secret_rotated_retires_the_old_tls_fil
     new = resolver.resolve("team", "kafka").properties["ssl.ca.location"]
 
     assert old != new and [path.name for path in material.iterdir()] == [Path(new).name]
+
+
+@pytest.mark.parametrize("empty", ["user", "pass"])
+def test_an_empty_credential_names_the_secret_and_key(tmp_path, empty):
+    # A templating slip (`stringData: {username: ""}`): the message names where to look, not client properties.
+    values = {("creds", "user"): b"kcm", ("creds", "pass"): b"p4ss", ("creds", empty): b""}
+    secret_ref = {"name": "creds", "usernameKey": "user", "passwordKey": "pass"}
+    spec = {"bootstrapServers": "kafka:9092", "securityProtocol": "SASL_PLAINTEXT",
+            "sasl": {"mechanism": "PLAIN", "secretRef": secret_ref}}
+
+    with pytest.raises(KafkaConfigError) as err:
+        settings_from_spec(spec, lambda secret, key: values[secret, key], tmp_path)
+
+    assert str(err.value) == f"Secret creds key '{empty}' is empty: SASL needs a username and a password"
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
+def test_a_certificate_for_another_host_name_points_at_the_host_not_the_ca(tmp_path, host):
+    # The CA is right; the broker's certificate names kafka-0.other-name and the connection names another host.
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days", "2",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kafka-0.other-name", "-keyout", "broker.key",
+            "-out", "broker.csr")
+    (tmp_path / "san").write_text("subjectAltName=DNS:kafka-0.other-name\n")
+    openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+            "-extfile", "san", "-out", "broker.pem")
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(tmp_path / "broker.pem", tmp_path / "broker.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                with contextlib.suppress(OSError), connection:
+                    server_context.wrap_socket(connection, server_side=True).close()
+    threading.Thread(target=serve, daemon=True).start()
+    secrets = {("ca", "ca.crt"): (tmp_path / "ca.pem").read_bytes()}
+    spec = {"bootstrapServers": f"{host}:{listener.getsockname()[1]}", "securityProtocol": "SSL",
+            "tls": {"caSecretRef": {"name": "ca", "key": "ca.crt"}}}
+    material = tmp_path / "material"
+    material.mkdir()
+    operator_config = OperatorConfig(KafkaSettings("127.0.0.1:1"), kafka_timeout_s=3, resolve=lambda namespace, name:
+                                     settings_from_spec(spec, lambda secret, key: secrets[secret, key], material))
+    try:
+        with pytest.raises(KafkaUnavailableError) as err:
+            operator_config.admin("team", "analytics").require_telemetry()
+    finally:
+        operator_config.close()
+        listener.close()
+
+    assert "mismatch" in str(err.value)
+    assert "tls.verifyHostname: false" in str(err.value) and "bootstrapServers" in str(err.value)
+    assert "caSecretRef" not in str(err.value)

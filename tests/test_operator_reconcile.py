@@ -119,7 +119,7 @@ def run_operator(kube, sandbox, tmp_path):
         api_client = config.new_client_from_config(str(kube.kubeconfig))
         operator_config = OperatorConfig(settings or KafkaSettings(sandbox.bootstrap), drift_interval_s,
                                          resolve=ConnectionResolver(api_client, tmp_path).resolve,
-                                         kafka_timeout_s=kafka_timeout_s)
+                                         kafka_timeout_s=kafka_timeout_s, api_client=api_client)
         settings = operator_settings()
         settings.scanning.disabled = True  # kmock cannot parse /api/v1/namespaces; the namespace is named anyway
         runner = KopfRunner(["run", "--standalone", "--namespace", NS], timeout=30,
@@ -545,23 +545,122 @@ def test_an_older_owner_whose_connection_breaks_still_owns_the_subscription(run_
     assert cluster.kafka("shared")["interval.ms"] == "60000"
 
 
-def test_another_connections_cluster_id_is_asked_for_once(sandbox):
-    resolved = []
-
-    def resolve(namespace: str, name: str) -> KafkaSettings:
-        resolved.append((namespace, name))
-        return KafkaSettings(sandbox.bootstrap)
-
-    operator_config = OperatorConfig(KafkaSettings(sandbox.bootstrap), resolve=resolve, kafka_timeout_s=2)
+def test_a_resource_never_waits_for_the_cluster_of_another_resource_naming_its_subscription(run_operator):
+    # An older resource naming the same subscription through a KafkaConnection to a cluster that never answers: what
+    # this operator knows of that cluster (nothing: never reached, never applied) is all the healthy one may use.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
     try:
-        ids = {operator_config.cluster_id("team", "a") for _ in range(5)}
-        assert ids == {operator_config.cluster_id("other", None)} and None not in ids
-        assert resolved == [("team", "a")]
-        assert operator_config.cluster_id("team", "nowhere-yet") is not None  # resolved, then remembered too
-        operator_config.resolve = None
-        assert operator_config.cluster_id("team", "never-seen") is None  # no way to resolve it: not known
+        cluster = run_operator(kafka_timeout_s=5)
+        _connection(cluster, "dead", {"bootstrapServers": f"127.0.0.1:{silent.getsockname()[1]}"})
+        cluster.apply("older", {**SPEC, "subscriptionName": "shared", "connection": "dead"})
+        cluster.wait_condition("older", "False", "KafkaUnavailable")
+        time.sleep(5.5)  # its failure is no longer answered at once: asking that cluster again would wait 5 s
+        started = time.monotonic()
+
+        cluster.apply("healthy", {**SPEC, "subscriptionName": "shared"})
+
+        cluster.wait_condition("healthy", "True", "Applied")
+        took = time.monotonic() - started
+        assert took < 3, f"the healthy resource waited {took:.1f} s for another resource's cluster"
+        assert cluster.kafka("shared") == IN_KAFKA
     finally:
-        operator_config.close()
+        silent.close()
+
+
+def test_one_cluster_named_by_many_connections_holds_one_share_of_the_threads(run_operator, monkeypatch):
+    # As when every team namespace has its own KafkaConnection to a shared cluster, and that cluster stops answering:
+    # its resources hold one cluster's share (here 3 of 6 threads), not one share per KafkaConnection.
+    monkeypatch.setattr(handlers, "HANDLER_THREADS", 6)
+    monkeypatch.setattr(handlers, "CLUSTER_THREADS", 3)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(256)
+    try:
+        cluster = run_operator(kafka_timeout_s=8)
+        for team in range(8):
+            _connection(cluster, f"team-{team}", {"bootstrapServers": f"127.0.0.1:{silent.getsockname()[1]}"})
+            cluster.apply(f"dead-{team}", {**SPEC, "connection": f"team-{team}"})
+        time.sleep(1.5)  # their handlers are waiting for the silent cluster now
+        started = time.monotonic()
+
+        cluster.apply("payments", SPEC)
+
+        cluster.wait_condition("payments", "True", "Applied")
+        took = time.monotonic() - started
+        assert took < 4, f"the default cluster's resource waited {took:.1f} s for threads the silent cluster held"
+    finally:
+        silent.close()
+
+
+def test_deleting_the_owner_hands_the_subscription_to_the_next_resource_at_once(run_operator):
+    # A GitOps rename: the new resource is created, then the old one pruned. Kafka keeps the subscription throughout
+    # (clients never stop pushing), and the new resource takes it over now, not at its next drift check (60 s).
+    cluster = run_operator(drift_interval_s=60)
+    cluster.apply("old-name", {**SPEC, "subscriptionName": "payments"})
+    cluster.wait_condition("old-name", "True", "Applied")
+    time.sleep(1.0)  # creationTimestamp has one-second resolution: the second resource must be visibly newer
+    cluster.apply("new-name", {**SPEC, "subscriptionName": "payments", "intervalMs": 1000})
+    cluster.wait_condition("new-name", "False", "Conflict")
+
+    cluster.delete("old-name")
+
+    seen = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (cluster.kafka("payments").get("interval.ms") == "1000"
+                                                 and cluster.get("old-name") is None):
+        seen.append(cluster.kafka("payments"))
+        time.sleep(0.05)
+    assert {} not in seen, "the subscription was removed from Kafka although new-name names it"
+    assert cluster.kafka("payments") == {**IN_KAFKA, "interval.ms": "1000"}
+    assert cluster.get("old-name") is None
+    ready = cluster.wait_condition("new-name", "True", "Applied")
+    assert "team/old-name" not in ready["message"]
+    assert cluster.events("Drift") == []
+
+
+def test_a_deletion_kafka_holds_says_so_on_the_resource(run_operator, sandbox_factory):
+    other = sandbox_factory()
+    cluster = run_operator()
+    _connection(cluster, "analytics", {"bootstrapServers": other.bootstrap})
+    cluster.apply("payments", {**SPEC, "connection": "analytics"})
+    cluster.wait_condition("payments", "True", "Applied")
+    other.stop()
+
+    cluster.delete("payments")
+
+    held = cluster.wait_condition("payments", "False", "KafkaUnavailable")
+    assert held["message"].startswith("deletionPolicy Delete: subscription team.payments is not removed from Kafka "
+                                      "yet, so the resource is held")
+    assert cluster.get("payments")["metadata"].get("deletionTimestamp")
+    time.sleep(4)  # retried (1, 2 s) meanwhile: an event when the condition changes, not one per retry
+    warnings = [(event["type"], event["message"]) for event in cluster.events("KafkaUnavailable")]
+    assert warnings and all(kind == "Warning" for kind, _ in warnings)
+    assert cluster.condition("payments")["message"] in [message for _, message in warnings]
+    assert len(warnings) == len({message for _, message in warnings}), warnings
+
+
+def test_a_connection_pointed_at_another_cluster_moves_its_subscriptions_without_calling_it_drift(run_operator,
+                                                                                                 sandbox_factory):
+    other = sandbox_factory()
+    cluster = run_operator(drift_interval_s=1.0)
+    _connection(cluster, "analytics", {"bootstrapServers": cluster.sandbox.bootstrap})
+    cluster.apply("payments", {**SPEC, "connection": "analytics"})
+    cluster.wait_condition("payments", "True", "Applied")
+    corrections = REGISTRY.get_sample_value("kcm_operator_drift_corrections_total") or 0
+
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "analytics",
+                                                  {"spec": {"bootstrapServers": other.bootstrap}})
+
+    wait_for(lambda: cluster.get("payments")["status"].get("clusterId") == other.broker.cluster_id,
+             "the subscription to move to the other cluster")
+    assert other.store.configs("team.payments") == IN_KAFKA
+    assert cluster.events("Drift") == []
+    assert (REGISTRY.get_sample_value("kcm_operator_drift_corrections_total") or 0) == corrections
+    moved = [event for event in cluster.events("Applied") if "moved to Kafka cluster" in event["message"]]
+    assert [event["type"] for event in moved] == ["Normal"]
+    assert other.broker.cluster_id in moved[0]["message"]
 
 
 @pytest.mark.parametrize("cluster_down", [False, True])

@@ -8,6 +8,7 @@ removing subscriptions never needs the telemetry APIs: a cluster whose receiver 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from kcm_common.kafka import (
     check_reachable,
     diagnose_failure,
     is_utf8,
+    parse_bootstrap,
 )
 from kcm_operator.errors import InvalidSpecError, KafkaRefusedError, UnsupportedError
 from kcm_operator.reconcile import Change, ops_for_kafka
@@ -52,10 +54,12 @@ class SubscriptionAdmin:
     """CLIENT_METRICS calls on one cluster; reconnects by itself after Kafka went away. Thread-safe."""
 
     def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0,
-                 explain: Callable[[str], str] | None = None) -> None:
+                 explain: Callable[[str], str] | None = None, reachability: Reachability | None = None) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
         self._explain = explain  # rewrites a connection problem's message in the terms its settings were given in
+        # Shared by every admin that reaches these servers the same way (see OperatorConfig), whatever its credentials.
+        self._reachability = reachability or Reachability()
         self._client: KafkaAdminClient | None = None
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one request at a time: the operator calls from many handler threads
@@ -204,7 +208,7 @@ class SubscriptionAdmin:
 
     def _connect(self) -> KafkaAdminClient:
         try:
-            check_reachable(self.settings, self.timeout_s)
+            self._reachability.check(self.settings, self.timeout_s)
         except KafkaConfigError as exc:  # TLS material that no longer loads (a file removed since it was checked)
             raise InvalidSpecError(f"Kafka at {self.settings.describe()}: {exc}") from None
         timeout_ms = int(self.timeout_s * 1000)
@@ -226,6 +230,51 @@ class SubscriptionAdmin:
             except Exception:  # closing a client whose connection already broke must not hide the first error
                 log.debug("closing the admin client failed", exc_info=True)
             self._client = None
+
+
+class Reachability:
+    """Whether some bootstrap servers answer with one transport (plain or TLS, which CA): the probe before a connect,
+    shared by every admin of those servers and that transport, whatever credentials each has. One caller probes at a
+    time; after a failure every caller gets the same answer at once for the timeout, and after that while another one
+    probes again: a cluster that never answers holds one handler thread however many KafkaConnections name it."""
+
+    def __init__(self) -> None:
+        self._probing = threading.Lock()
+        self._failed: tuple[float, KafkaUnavailableError] | None = None
+
+    def check(self, settings: KafkaSettings, timeout_s: float) -> None:
+        if not self._probing.acquire(blocking=self._failed is None):
+            self._raise_failure()  # another caller is probing a cluster that failed
+            self._probing.acquire()
+        try:
+            if self._failed is not None and time.monotonic() < self._failed[0]:
+                self._raise_failure()
+            try:
+                check_reachable(settings, timeout_s)
+            except KafkaUnavailableError as exc:
+                self._failed = (time.monotonic() + timeout_s, exc)
+                raise
+            self._failed = None
+        finally:
+            self._probing.release()
+
+    def _raise_failure(self) -> None:
+        failed = self._failed
+        if failed is not None:
+            raise KafkaUnavailableError(str(failed[1]))
+
+
+def transport_key(settings: KafkaSettings) -> str:
+    """What a probe of `settings` depends on: the bootstrap servers and the transport (security protocol, ssl.*), not
+    the SASL credentials. Admins whose settings share it share a Reachability."""
+    transport = {key: value for key, value in settings.properties.items()
+                 if key.startswith("ssl.") or key == "security.protocol"}
+    return json.dumps([servers_key(settings), sorted(transport.items())])
+
+
+def servers_key(settings: KafkaSettings) -> str:
+    """The bootstrap servers, sorted: connections naming the same ones reach the same cluster."""
+    return ",".join(sorted({f"{host}:{port}" for host, port in parse_bootstrap(settings.bootstrap_servers)}))
 
 
 class BatchedAdmin:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import tempfile
 import threading
 import time
@@ -49,6 +50,11 @@ _CONNECTION_TERMS = (
     ("security.protocol=SSL", "securityProtocol: SSL"),
     ("security.protocol is", "securityProtocol is"),
 )
+
+# A certificate from a trusted CA for other host names: the host in bootstrapServers is what to change, not the CA.
+_NAME_MISMATCH = re.compile(r"(\((?:Hostname|IP address) mismatch[^()]*\)): check ssl\.ca\.location")
+_NAME_MISMATCH_HINT = (r"\1: the certificate is not issued for the host named in bootstrapServers; name a host the "
+                       "certificate lists there, or set tls.verifyHostname: false")
 
 
 class ConnectionResolver:
@@ -104,11 +110,14 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
     properties = {"security.protocol": spec["securityProtocol"]}
     sources: dict[str, str] = {}  # TLS material file → the Secret and key it came from
 
-    def text(secret: str, key: str) -> str:
+    def credential(secret: str, key: str) -> str:
         try:
-            return secret_value(secret, key).decode("utf-8")
+            value = secret_value(secret, key).decode("utf-8")
         except UnicodeDecodeError:
             raise KafkaConfigError(f"Secret {secret} key {key!r} is not UTF-8 text") from None
+        if not value:  # a templating slip (`username: ""`): say where, before the client's generic complaint
+            raise KafkaConfigError(f"Secret {secret} key {key!r} is empty: SASL needs a username and a password")
+        return value
 
     def material(secret: str, key: str) -> str:
         path = _material(material_dir, secret_value(secret, key))
@@ -120,8 +129,8 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
     if sasl:
         ref = sasl["secretRef"]
         properties["sasl.mechanism"] = sasl["mechanism"]
-        properties["sasl.username"] = text(ref["name"], ref.get("usernameKey", "username"))
-        properties["sasl.password"] = text(ref["name"], ref.get("passwordKey", "password"))
+        properties["sasl.username"] = credential(ref["name"], ref.get("usernameKey", "username"))
+        properties["sasl.password"] = credential(ref["name"], ref.get("passwordKey", "password"))
     tls = spec.get("tls") or {}
     if "caSecretRef" in tls:
         ref = tls["caSecretRef"]
@@ -153,6 +162,7 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
 def in_connection_terms(message: str) -> str:
     """A message about Kafka client settings as a KafkaConnection's author knows them: its fields, not the client
     properties and `--command-config` of kcm's commands."""
+    message = _NAME_MISMATCH.sub(_NAME_MISMATCH_HINT, message)
     for said, meant in _CONNECTION_TERMS:
         message = message.replace(said, meant)
     return message

@@ -19,13 +19,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
+from kubernetes import client
 
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
-from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, SubscriptionAdmin
+from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, Reachability, SubscriptionAdmin, servers_key, transport_key
 from kcm_operator.connections import in_connection_terms
 from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
 from kcm_operator.reconcile import (
@@ -45,6 +46,10 @@ GROUP, VERSION = "kcm.dev", "v1alpha1"
 SUBSCRIPTIONS = "clientmetricssubscriptions"
 FINALIZER = "kcm.dev/subscription"
 PAUSED_ANNOTATION = "kcm.dev/paused"
+# Set on the resources naming a subscription when its owner is deleted: an annotation change makes them reconcile now,
+# so the next one takes it over at once (not at its next drift check).
+OWNER_DELETED_ANNOTATION = "kcm.dev/owner-deleted"
+KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 MAX_BACKOFF_S = 60.0
 LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
@@ -74,9 +79,18 @@ class OperatorConfig:
     # uid → how many drift checks in a row found the subscription changed outside kcm (under the resource's lock).
     drift_streaks: dict[str, int] = field(default_factory=dict)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
-    # (namespace, connection) or None → [the cluster's share of the threads, handlers using or awaiting it]; used on
-    # the event loop only, and an entry goes when its last handler is done.
-    cluster_slots: dict[tuple[str, str] | None, list[Any]] = field(default_factory=dict)
+    # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the cluster's
+    # share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes when its last
+    # handler is done.
+    cluster_slots: dict[Any, list[Any]] = field(default_factory=dict)
+    # (namespace, connection) or None → the bootstrap servers its settings named last (`servers_key`): which share of
+    # the threads its resources take. Many KafkaConnections (one per team namespace) may name one cluster.
+    servers: dict[tuple[str, str] | None, str] = field(default_factory=dict)
+    # `transport_key` → the probe every admin reaching those servers that way shares, whatever its credentials.
+    reachability: dict[str, Reachability] = field(default_factory=dict)
+    # The Kubernetes API for writes to resources other than the one handled (waking an owner's heirs); None: the
+    # kubernetes package's default configuration, which `kcm operator` loads.
+    api_client: client.ApiClient | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handler_threads(self) -> ThreadPoolExecutor:
@@ -86,10 +100,11 @@ class OperatorConfig:
             return self.threads
 
     @contextlib.asynccontextmanager
-    async def cluster_slot(self, ref: tuple[str, str] | None) -> AsyncIterator[None]:
-        """One of CLUSTER_THREADS places for the handlers of one cluster (the default, or a KafkaConnection's).
-        Handlers block on Kafka: a cluster that never answers fills its own places, never the others' threads."""
-        entry = self.cluster_slots.setdefault(ref, [asyncio.Semaphore(CLUSTER_THREADS), 0])
+    async def cluster_slot(self, key: Any) -> AsyncIterator[None]:
+        """One of CLUSTER_THREADS places for the handlers of one cluster (by its bootstrap servers, however many
+        KafkaConnections name them). Handlers block on Kafka: a cluster that never answers fills its own places, never
+        the others' threads."""
+        entry = self.cluster_slots.setdefault(key, [asyncio.Semaphore(CLUSTER_THREADS), 0])
         entry[1] += 1
         try:
             async with entry[0]:
@@ -97,7 +112,26 @@ class OperatorConfig:
         finally:
             entry[1] -= 1
             if entry[1] == 0:
-                del self.cluster_slots[ref]
+                del self.cluster_slots[key]
+
+    def slot_key(self, ref: tuple[str, str] | None) -> Any:
+        """Which share of the threads a resource of the default cluster or of a KafkaConnection takes: its cluster's,
+        by the bootstrap servers last resolved; None for a KafkaConnection not resolved yet."""
+        if ref is None:
+            return servers_key(self.settings)
+        with self.lock:
+            return self.servers.get(ref)
+
+    def wake(self, claim: Claim, owner: Claim) -> None:
+        """Make the resource of `claim` reconcile now (kopf takes an annotation change for an update), after `owner`,
+        the resource that managed its subscription, was deleted."""
+        with self.lock:
+            if self.api_client is None:
+                self.api_client = client.ApiClient()
+        client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object(
+            GROUP, VERSION, claim.namespace, SUBSCRIPTIONS, claim.name,
+            {"metadata": {"annotations": {OWNER_DELETED_ANNOTATION: f"{owner.ref} at {_now()}"}}},
+            _request_timeout=KUBERNETES_TIMEOUT_S)
 
     def resource_lock(self, uid: str) -> threading.Lock:
         with self.lock:
@@ -129,7 +163,10 @@ class OperatorConfig:
                     settings.validate()  # once per distinct settings, not per event
                     retired = cached[1] if cached is not None else None
                     explain = in_connection_terms if connection else None  # the default cluster's: from the CLI
-                    self.admins[ref] = (key, BatchedAdmin(SubscriptionAdmin(settings, self.kafka_timeout_s, explain)))
+                    reachability = self.reachability.setdefault(transport_key(settings), Reachability())
+                    self.admins[ref] = (key, BatchedAdmin(
+                        SubscriptionAdmin(settings, self.kafka_timeout_s, explain, reachability)))
+                    self.servers[ref] = servers_key(settings)
                 return self.admins[ref][1]
         except KafkaConfigError as exc:
             where = f"KafkaConnection {namespace}/{connection}" if connection else "the default cluster"
@@ -139,20 +176,12 @@ class OperatorConfig:
                 # Not under the lock: closing waits for a connect under way, which must not hold up other clusters.
                 threading.Thread(target=retired.close, name="kcm-admin-close", daemon=True).start()
 
-    def cluster_id(self, namespace: str, connection: str | None) -> str | None:
-        """The id of the default cluster or of a KafkaConnection's cluster, as last seen; asked for (resolving the
-        connection and connecting) only the first time. None when it has never been known and cannot be now."""
-        ref = cluster_ref(namespace, connection)
+    def known_cluster_id(self, claim: Claim) -> str | None:
+        """The id of the cluster another resource's claim is on, as this operator last saw it through its connection
+        (its own reconciles note it), else as its status says; None when neither knows. Never resolved or connected
+        here: that would make one resource's handler wait for another's cluster, which may not answer."""
         with self.lock:
-            known = self.cluster_ids.get(ref)
-        if known is not None:
-            return known
-        try:
-            return self.remember_cluster_id(ref, self.admin(namespace, connection).cluster_id())
-        except Exception as exc:  # another resource's connection: its own reconcile reports what is wrong with it
-            log.debug("the cluster of %s is not known: %s", f"{namespace}/{connection}" if connection else
-                      "the default cluster", exc)
-            return None
+            return self.cluster_ids.get(claim.cluster_ref) or claim.cluster_id
 
     def remember_cluster_id(self, ref: tuple[str, str] | None, cluster_id: str) -> str:
         """Note the cluster id seen through a connection (kept up to date by that connection's own reconciles)."""
@@ -203,7 +232,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         # may still reach one cluster; `_older_owner` compares the clusters themselves.
         desired = desired_from_spec(namespace, name, spec)
         return {desired.name: Claim(namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "",
-                                    desired.connection, status.get("clusterId"))}
+                                    desired.connection, status.get("clusterId"), bool(meta.get("deletionTimestamp")))}
 
     @kopf.on.resume(**resource, id="reconcile")
     @kopf.on.create(**resource, id="reconcile")
@@ -235,13 +264,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 pass  # the status says why; the next tick tries again
 
     @kopf.on.delete(**resource, id="delete")
-    async def delete(body: kopf.Body, claims: kopf.Index, retry: int, **_: Any) -> None:
-        await _on_cluster_threads(config, body, lambda: _locked_delete(body, claims, retry))
+    async def delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
+        await _on_cluster_threads(config, body, lambda: _locked_delete(body, patch, claims, retry))
         config.forget(body.metadata.uid)  # not reached while the deletion is retried
 
-    def _locked_delete(body: kopf.Body, claims: kopf.Index, retry: int) -> None:
+    def _locked_delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
-            _delete(config, body, claims, retry)
+            _delete(config, body, patch, claims, retry)
 
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -256,23 +285,43 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
 
 async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Callable[[], None]) -> None:
-    """Run a handler's blocking work on a handler thread within its cluster's share, as kopf runs a sync handler: in a
-    copy of the context (kopf.event needs it). Cancelled, work not yet started is dropped; started work is waited
-    for, so no thread is left running that holds a resource's lock."""
-    async with config.cluster_slot(cluster_ref(body.metadata.namespace, body.spec.get("connection") or None)):
-        job = config.handler_threads().submit(contextvars.copy_context().run, work)
-        done = asyncio.wrap_future(job)
-        cancelled = None
-        while not done.done():
-            try:
-                await asyncio.shield(done)
-            except asyncio.CancelledError as exc:
-                if job.cancel():
-                    raise
-                cancelled = exc
-        if cancelled is not None:
-            raise cancelled
-        done.result()
+    """Run a handler's blocking work on a handler thread within its cluster's share. A KafkaConnection never resolved
+    yet is resolved first (within a share of its own) to learn which cluster's share that is."""
+    namespace, connection = body.metadata.namespace, body.spec.get("connection") or None
+    ref = cluster_ref(namespace, connection)
+    key = config.slot_key(ref)
+    if key is None:
+        async with config.cluster_slot(ref):
+            await _on_thread(config, lambda: _learn_servers(config, namespace, connection))
+        key = config.slot_key(ref) or ref  # still unknown (the KafkaConnection is missing): its own share
+    async with config.cluster_slot(key):
+        await _on_thread(config, work)
+
+
+def _learn_servers(config: OperatorConfig, namespace: str, connection: str | None) -> None:
+    try:
+        config.admin(namespace, connection)  # notes the servers its settings name
+    except Exception as exc:  # the handler's own call says what is wrong, in its status
+        log.debug("KafkaConnection %s/%s not resolved: %s", namespace, connection, exc)
+
+
+async def _on_thread(config: OperatorConfig, work: Callable[[], None]) -> None:
+    """Run blocking work on a handler thread, as kopf runs a sync handler: in a copy of the context (kopf.event needs
+    it). Cancelled, work not yet started is dropped; started work is waited for, so no thread is left running that
+    holds a resource's lock."""
+    job = config.handler_threads().submit(contextvars.copy_context().run, work)
+    done = asyncio.wrap_future(job)
+    cancelled = None
+    while not done.done():
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError as exc:
+            if job.cancel():
+                raise
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    done.result()
 
 
 def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
@@ -294,7 +343,9 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     me = _claim(body, desired)
     try:
         admin = config.admin(namespace, desired.connection)
-        first = _older_owner(config, admin, me, claims.get(desired.name, []))
+        # A resource being deleted hands its subscription over (see `_delete`): the next one takes it now.
+        live = [claim for claim in claims.get(desired.name, []) if not claim.deleting]
+        first = _older_owner(config, admin, me, live)
         if first is not None:
             message = f"subscription {desired.name} is managed by the older resource {first.ref}"
             status.set("Ready", "False", "Conflict", message)
@@ -305,14 +356,17 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             return
         admin.require_telemetry()  # also, outside the batches, the quick answer of a cluster known to be failing
         change = diff(desired, admin.describe_one(desired.name))
-        contested = _contested(config, body.metadata.uid, status, change, drift_check)
+        cluster = admin.cluster_id()  # connected by now
+        # Its KafkaConnection names another cluster now: the subscription moves there, which is nobody's edit.
+        moved_from = body.status.get("clusterId") if body.status.get("clusterId") not in (None, cluster) else None
+        contested = _contested(config, body.metadata.uid, status, change, drift_check and moved_from is None)
         if change.ops and not contested:
             error = admin.alter_one(change)
             if error is not None:
                 raise error  # InvalidSpecError for what the spec asks, KafkaRefusedError for anything else
         # Connected now: what newer resources naming this subscription through other connections compare with, in
         # this operator's memory and (for after a restart, when the connection may not work) in the status.
-        status.applied_to(config.remember_cluster_id(me.cluster_ref, admin.cluster_id()))
+        status.applied_to(config.remember_cluster_id(me.cluster_ref, cluster))
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
@@ -350,7 +404,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         return
     if change.ops:
         status.applied()
-        if drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
+        if moved_from is not None:
+            kopf.event(body, type="Normal", reason="Applied",
+                       message=f"subscription {desired.name} moved to Kafka cluster {cluster}, which its connection "
+                               f"names now (cluster {moved_from} keeps its copy): {change.describe()}")
+        elif drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
             message = f"subscription {desired.name} was changed outside kcm and is reverted: {drift(change)}"
             _say(logging.WARNING, namespace, name, "%s", message)
             kopf.event(body, type="Warning", reason="Drift", message=message)
@@ -382,8 +440,7 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
             return claim
         if mine is None:
             mine = config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
-        theirs = config.cluster_id(claim.namespace, claim.connection) or claim.cluster_id
-        if theirs == mine:
+        if config.known_cluster_id(claim) == mine:
             return claim
     return None
 
@@ -404,15 +461,27 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
     return streak > CONTESTED_AFTER
 
 
-def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: int) -> None:
+def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
     namespace, name = body.metadata.namespace, body.metadata.name
     desired = desired_from_spec(namespace, name, body.spec)
     config.mark_ready(body.metadata.uid, False)
     me = _claim(body, desired)
-    others = claims.get(desired.name, [])
-    keeper = next((claim for claim in oldest_first([*others, me]) if claim.cluster_ref == me.cluster_ref), me)
-    if keeper != me:  # an older resource on the same connection: no need to ask Kafka
+    others = [claim for claim in claims.get(desired.name, []) if claim.ref != me.ref]
+    same = [claim for claim in others if _same_cluster(config, me, claim)]  # as far as known without connecting
+    keeper = oldest_first([*same, me])[0]
+    if keeper.ref != me.ref:  # an older resource on the same cluster: no need to ask Kafka
         _say(logging.INFO, namespace, name, "deleted without touching %s, which %s manages", desired.name, keeper.ref)
+        return
+    heirs = [claim for claim in oldest_first(same) if not claim.deleting]
+    if heirs:  # the subscription stays for them, whatever the deletion policy: the next one takes it over now
+        _say(logging.INFO, namespace, name, "deleted; subscription %s is left in Kafka for %s, which names it too",
+             desired.name, heirs[0].ref)
+        for heir in heirs:
+            try:
+                config.wake(heir, me)
+            except Exception as exc:  # it takes the subscription over at its next drift check instead
+                _say(logging.WARNING, namespace, name, "could not make %s take subscription %s over now: %s",
+                     heir.ref, desired.name, exc)
         return
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true" or desired.deletion_policy != DELETE_POLICY:
         _say(logging.INFO, namespace, name, "deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
@@ -436,7 +505,7 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
             _retry_or_let_go(body, desired, retry, exc)
             return
     except RETRIED as exc:
-        raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
+        _hold_deletion(body, patch, desired, retry, exc)
     try:
         keeper = _older_owner(config, admin, me, others)
         if keeper is not None:
@@ -454,13 +523,35 @@ def _delete(config: OperatorConfig, body: kopf.Body, claims: kopf.Index, retry: 
         if isinstance(exc, InvalidSpecError):  # Kafka refuses the removal itself: asking again will not help
             _retry_or_let_go(body, desired, retry, exc)
             return
-        raise kopf.TemporaryError(f"removing subscription {desired.name}: {exc}", delay=_backoff(retry)) from None
+        _hold_deletion(body, patch, desired, retry, exc)
     if isinstance(error, InvalidSpecError):  # Kafka refuses the removal itself: asking again will not help
         _retry_or_let_go(body, desired, retry, error)
         return
     if error is not None:
-        raise kopf.TemporaryError(f"removing subscription {desired.name}: {error}", delay=_backoff(retry))
+        _hold_deletion(body, patch, desired, retry, error)
     _say(logging.INFO, namespace, name, "%s", change.describe())
+
+
+def _same_cluster(config: OperatorConfig, me: Claim, claim: Claim) -> bool:
+    """Whether another resource's claim is on `me`'s cluster, as far as this operator knows without connecting."""
+    if claim.cluster_ref == me.cluster_ref:
+        return True
+    mine = config.known_cluster_id(me)
+    return mine is not None and config.known_cluster_id(claim) == mine
+
+
+def _hold_deletion(body: kopf.Body, patch: kopf.Patch, desired: Desired, retry: int, error: Exception) -> NoReturn:
+    """Retry a removal Kafka did not make (unreachable, refused), saying on the resource why it is held: its Ready
+    condition, and a Warning event when that changes."""
+    reason = reason_of(error)
+    message = (f"deletionPolicy Delete: subscription {desired.name} is not removed from Kafka yet, so the resource is "
+               f"held and the removal retried with backoff: {error}")
+    status = _Status(body, patch, desired.name)
+    status.set("Ready", "False", reason, message)
+    if status.ready_changed:
+        _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
+        kopf.event(body, type="Warning", reason=reason, message=message)
+    raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
 
 
 def _ever_applied(status: Mapping[str, Any]) -> bool:

@@ -145,8 +145,12 @@ class Claim:
     uid: str = ""
     connection: str | None = None  # its spec.connection: a KafkaConnection in its namespace, or the default cluster
     # Its status.clusterId: the Kafka cluster it was last applied to, for when the connection cannot say now (gone,
-    # or broken since this operator started). Not part of which claim this is.
-    cluster_id: str | None = field(default=None, compare=False)
+    # or broken since this operator started).
+    cluster_id: str | None = None
+    # Being deleted: it no longer claims the subscription for itself, and hands it over to the next claim.
+    deleting: bool = False
+    # Every field takes part in equality: kopf's index keeps an entry that compares equal to its new value, so a field
+    # left out would stay as first indexed. Tell claims apart by `ref`.
 
     @property
     def ref(self) -> str:
