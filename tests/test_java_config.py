@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
+from kcm_common.java_config import properties_text, JavaConfigError, parse_jaas, read_properties
 from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options, load_properties, parse_properties
 from kcm_common.kafka_java import java_client_properties
 from kcm_sandbox.java_receiver import ensure_built, runtime_classpath
@@ -148,6 +148,16 @@ def test_properties_files_read_as_java_util_properties_reads_them(java_probe):
     assert [_python_properties(text) for text in PROPERTIES] == expected
     assert expected[0]["sasl.jaas.config"] == 'org.Plain required username="svc" password="s3cr\\"et";'
     assert expected[2] == {"key": "value with trailing spaces  "}
+
+
+def test_properties_kcm_writes_for_a_jvm_are_read_back_exactly_by_java(java_probe):
+    # How the sandbox hands a JVM its settings (credentials among them) without putting them on its command line.
+    entries = {"sasl.jaas.config": 'org.Plain required username="svc" password="p w\\"=:#!";',
+               "key with=separators:and #": " leading space, trailing space ", "#hash": "!bang",
+               "back\\slash": "tab\there\nnewline\rcr\fff", "unicode": "pässwörd ✓", "empty": "", "!": "#"}
+    text = properties_text(entries)
+    assert _java(java_probe, "properties", [text]) == [entries]
+    assert _python_properties(text) == entries
 
 
 def test_jaas_lines_read_as_kafka_reads_them(java_probe):

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -228,6 +229,21 @@ def test_bad_plugin_config_fails_start_up_with_the_property_named(sandbox):
     with pytest.raises(UserError, match=r"kcm\.receiver\.queue\.max\.bytes"):
         JavaReceiver(sandbox.bootstrap, "kafka-client-metrics", 1, "c", extra_config={
             "kcm.receiver.queue.max.bytes": "plenty"})
+
+
+def test_the_plugin_config_reaches_the_jvm_in_its_environment_never_on_its_command_line(sandbox):
+    # `ps` shows every user a command line: the producer's credentials must not be there.
+    secret = "S3CRET-not-on-the-command-line"
+    java = JavaReceiver(sandbox.bootstrap, "kafka-client-metrics", 1, "c",
+                        extra_config={"kcm.receiver.producer.client.id": secret})
+    try:
+        pid = java._process.pid
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        environment = Path(f"/proc/{pid}/environ").read_bytes()
+    finally:
+        java.close()
+    assert b"kcm.receiver.topic" not in command_line and secret.encode() not in command_line
+    assert b"KCM_JAVA_CONFIG=" in environment and secret.encode() in environment
 
 
 def test_the_cli_picks_the_receiver_and_its_api():

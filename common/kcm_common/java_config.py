@@ -53,6 +53,23 @@ def read_properties(text: str) -> list[PropertyLine]:
     return entries
 
 
+def properties_text(entries: dict[str, str]) -> str:
+    """`entries` as `java.util.Properties` text that `Properties.load` (and `read_properties`) read back exactly: how
+    kcm hands settings, passwords among them, to a JVM without putting them on its command line."""
+    def escaped(text: str, key: bool) -> str:
+        out = []
+        for index, char in enumerate(text):
+            if char == "\\" or (key and char in "=: #!") or (not key and index == 0 and char in " #!"):
+                out.append("\\" + char)
+            elif char in "\t\n\r\f":
+                out.append("\\" + {"\t": "t", "\n": "n", "\r": "r", "\f": "f"}[char])
+            else:
+                out.append(char)
+        return "".join(out)
+
+    return "".join(f"{escaped(key, True)}={escaped(value, False)}\n" for key, value in entries.items())
+
+
 def _entry(line: str, number: int) -> PropertyLine:
     index, escaped = 0, False
     while index < len(line):

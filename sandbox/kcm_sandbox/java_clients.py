@@ -15,7 +15,7 @@ from typing import IO
 
 from kcm_common.children import own_child
 from kcm_common.errors import UserError
-from kcm_sandbox.java_receiver import build_dir, ensure_built, runtime_classpath
+from kcm_sandbox.java_receiver import build_dir, ensure_built, java_config_env, runtime_classpath
 
 ROLES = ("producer", "consumer")
 _MAIN_CLASS = "dev.kcm.clients.TestClient"
@@ -52,11 +52,11 @@ class JavaClient:
         ensure_built()
         command = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                    "-cp", runtime_classpath(build_dir() / "kcm-test-clients.jar"), _MAIN_CLASS,
-                   self.role, self.bootstrap, self.topic, self.client_id, str(self.max_seconds),
-                   *(f"{key}={value}" for key, value in self.extra_config.items())]
+                   self.role, self.bootstrap, self.topic, self.client_id, str(self.max_seconds)]
         self._log = self.log_path.open("ab") if self.log_path is not None else None
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, **own_child())
+                                         stderr=subprocess.STDOUT, env=java_config_env(self.extra_config),
+                                         **own_child())
         self._reader = threading.Thread(target=self._read_output, name=f"java-client-{self.client_id}",
                                         daemon=True)
         self._reader.start()

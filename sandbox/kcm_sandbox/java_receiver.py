@@ -16,10 +16,12 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from kcm_common.children import own_child
 from kcm_common.errors import UserError
+from kcm_common.java_config import properties_text
 from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, ClientIdentity, PushResult
 
 log = logging.getLogger("kcm.sandbox.java_receiver")
@@ -74,6 +76,16 @@ def ensure_built() -> Path:
     return build_dir()
 
 
+# The environment variable the Java processes kcm starts read their Kafka properties from (java.util.Properties text).
+JAVA_CONFIG_VARIABLE = "KCM_JAVA_CONFIG"
+
+
+def java_config_env(properties: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus `properties` for a JVM kcm starts: not its command line, where `ps` shows every
+    user a password."""
+    return {**os.environ, JAVA_CONFIG_VARIABLE: properties_text(dict(properties))}
+
+
 def memory_sizing(telemetry_max_bytes: int) -> dict[str, int]:
     """Plugin queue, producer buffer and JVM heap (bytes) for pushes of up to `telemetry_max_bytes`: the queue holds
     two of the largest, the producer's buffer one more, and the host reads one; the defaults suit 1 MiB pushes."""
@@ -105,13 +117,15 @@ class JavaReceiver:
         }
         command = ["java", f"-Xmx{sizing['heap'] // _MIB}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                    "-cp", runtime_classpath(build_dir() / "kcm-receiver-host.jar", jar_path()),
-                   "dev.kcm.receiver.host.ReceiverHost", api, PLUGIN_CLASSES[api], cluster_id, str(broker_id),
-                   *(f"{key}={value}" for key, value in config.items())]
+                   "dev.kcm.receiver.host.ReceiverHost", api, PLUGIN_CLASSES[api], cluster_id, str(broker_id)]
         self._lock = threading.Lock()
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         # Stopped by closing its stdin (the plugin's close runs then).
+        # The broker properties (producer credentials among them) go in the environment, which only this user can
+        # read, never on the command line, which `ps` shows every user.
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, bufsize=0, **own_child())
+                                         stderr=subprocess.PIPE, bufsize=0, env=java_config_env(config),
+                                         **own_child())
         self._drain = threading.Thread(target=self._read_stderr, name="kcm-java-receiver-log", daemon=True)
         self._drain.start()
         try:

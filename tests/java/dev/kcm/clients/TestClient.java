@@ -19,7 +19,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * A real Java producer or consumer for tests: it runs until stdin closes (or SECONDS pass), then closes the client,
  * which sends its terminating telemetry push. Usage: TestClient producer|consumer BOOTSTRAP TOPIC CLIENT_ID SECONDS
- * [key=value ...]. Prints "started" once the first record is sent or the partitions are assigned. A consumer given a
+ * (further properties in the environment variable KCM_JAVA_CONFIG, as java.util.Properties text). Prints "started" once the first record is sent or the partitions are assigned. A consumer given a
  * group.id subscribes in that group (classic protocol); without one it assigns itself every partition.
  */
 public final class TestClient {
@@ -33,9 +33,10 @@ public final class TestClient {
         String topic = args[2];
         config.put("client.id", args[3]);
         long deadline = System.nanoTime() + (long) (Double.parseDouble(args[4]) * 1e9);
-        for (int i = 5; i < args.length; i++) {
-            int equals = args[i].indexOf('=');
-            config.put(args[i].substring(0, equals), args[i].substring(equals + 1));
+        // Further properties come in the environment (java.util.Properties text), never on the command line.
+        String given = System.getenv("KCM_JAVA_CONFIG");
+        if (given != null) {
+            config.load(new java.io.StringReader(given));
         }
         Thread stdin = new Thread(() -> {
             try {

@@ -6,6 +6,7 @@ import java.io.DataInputStream;
 import java.io.DataOutputStream;
 import java.io.EOFException;
 import java.io.IOException;
+import java.io.StringReader;
 import java.net.InetAddress;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
@@ -13,6 +14,7 @@ import java.util.HashMap;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
+import java.util.Properties;
 
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.message.PushTelemetryRequestData;
@@ -53,14 +55,17 @@ public final class ReceiverHost {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 4) {
-            System.err.println("usage: ReceiverHost 3.8|4.2 PLUGIN_CLASS CLUSTER_ID BROKER_ID [key=value ...]");
+            System.err.println("usage: KCM_JAVA_CONFIG=PROPERTIES ReceiverHost 3.8|4.2 PLUGIN_CLASS CLUSTER_ID BROKER_ID");
             System.exit(2);
         }
         String api = args[0];
         Map<String, Object> config = new HashMap<>();
-        for (int i = 4; i < args.length; i++) {
-            int equals = args[i].indexOf('=');
-            config.put(args[i].substring(0, equals), args[i].substring(equals + 1));
+        // The broker properties come in the environment (java.util.Properties text): on the command line `ps` would
+        // show every user the producer's credentials.
+        Properties given = new Properties();
+        given.load(new StringReader(Objects.requireNonNullElse(System.getenv("KCM_JAVA_CONFIG"), "")));
+        for (String name : given.stringPropertyNames()) {
+            config.put(name, given.getProperty(name));
         }
         config.put("node.id", args[3]);
         MetricsReporter plugin = (MetricsReporter) Class.forName(args[1]).getDeclaredConstructor().newInstance();
