@@ -19,7 +19,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * A real Java producer or consumer for tests: it runs until stdin closes (or SECONDS pass), then closes the client,
  * which sends its terminating telemetry push. Usage: TestClient producer|consumer BOOTSTRAP TOPIC CLIENT_ID SECONDS
- * (further properties in the environment variable KCM_JAVA_CONFIG, as java.util.Properties text). Prints "started" once the first record is sent or the partitions are assigned. A consumer given a
+ * (further properties in the environment variable KCM_JAVA_CONFIG, as java.util.Properties text). Prints "started"
+ * once the first record is sent or the partitions are assigned. A consumer given a
  * group.id subscribes in that group (classic protocol); without one it assigns itself every partition.
  */
 public final class TestClient {

@@ -55,7 +55,8 @@ public final class ReceiverHost {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 4) {
-            System.err.println("usage: KCM_JAVA_CONFIG=PROPERTIES ReceiverHost 3.8|4.2 PLUGIN_CLASS CLUSTER_ID BROKER_ID");
+            System.err.println(
+                    "usage: KCM_JAVA_CONFIG=PROPERTIES ReceiverHost 3.8|4.2 PLUGIN_CLASS CLUSTER_ID BROKER_ID");
             System.exit(2);
         }
         String api = args[0];
