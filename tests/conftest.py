@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,42 @@ def misadvertised_broker(tmp_path) -> Iterator[tuple[EmbeddedBroker, str]]:
         yield embedded, unreachable
     finally:
         embedded.stop()
+
+
+@pytest.fixture
+def tls_listener_for_another_name(tmp_path) -> Iterator[tuple[int, Path]]:
+    """A loopback TLS listener whose certificate, from a test CA, names only kafka-0.other-name: yields its port and
+    the CA file (trusting it, a client that checks host names still refuses the listener)."""
+    import contextlib
+    import socket
+    import ssl
+    import subprocess
+    import threading
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days", "2",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kafka-0.other-name", "-keyout", "broker.key",
+            "-out", "broker.csr")
+    (tmp_path / "san").write_text("subjectAltName=DNS:kafka-0.other-name\n")
+    openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+            "-extfile", "san", "-out", "broker.pem")
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(tmp_path / "broker.pem", tmp_path / "broker.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                with contextlib.suppress(OSError), connection:
+                    server_context.wrap_socket(connection, server_side=True).close()
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], tmp_path / "ca.pem"
+    finally:
+        listener.close()
 
 
 @pytest.fixture

@@ -81,6 +81,18 @@ def test_an_unknown_host_name_check_is_refused_not_read_as_no_check(value):
         kafka_python_options({"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": value})
 
 
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
+def test_a_certificate_issued_for_other_host_names_points_at_the_host_not_the_ca(tls_listener_for_another_name,
+                                                                                host):
+    port, ca = tls_listener_for_another_name
+    settings = KafkaSettings(f"{host}:{port}", {"security.protocol": "SSL", "ssl.ca.location": str(ca)})
+    with pytest.raises(KafkaUnavailableError) as error:
+        check_reachable(settings, 5)
+    assert "presented a certificate issued for other host names" in str(error.value)
+    assert "ssl.endpoint.identification.algorithm empty" in str(error.value)
+    assert "check ssl.ca.location" not in str(error.value)
+
+
 def test_the_bridges_consumer_tuning_is_passed_over_by_the_client_options():
     from kcm_common.kafka import CONSUMER_PROPERTIES
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import socket
-import ssl
 import stat
 import subprocess
 import threading
@@ -292,30 +290,12 @@ def test_an_empty_credential_names_the_secret_and_key(tmp_path, empty):
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
-def test_a_certificate_for_another_host_name_points_at_the_host_not_the_ca(tmp_path, host):
+def test_a_certificate_for_another_host_name_points_at_the_host_not_the_ca(tmp_path, tls_listener_for_another_name,
+                                                                          host):
     # The CA is right; the broker's certificate names kafka-0.other-name and the connection names another host.
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days", "2",
-            "-keyout", "ca.key", "-out", "ca.pem")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kafka-0.other-name", "-keyout", "broker.key",
-            "-out", "broker.csr")
-    (tmp_path / "san").write_text("subjectAltName=DNS:kafka-0.other-name\n")
-    openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-            "-extfile", "san", "-out", "broker.pem")
-    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_context.load_cert_chain(tmp_path / "broker.pem", tmp_path / "broker.key")
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                connection, _ = listener.accept()
-                with contextlib.suppress(OSError), connection:
-                    server_context.wrap_socket(connection, server_side=True).close()
-    threading.Thread(target=serve, daemon=True).start()
-    secrets = {("ca", "ca.crt"): (tmp_path / "ca.pem").read_bytes()}
-    spec = {"bootstrapServers": f"{host}:{listener.getsockname()[1]}", "securityProtocol": "SSL",
+    port, ca = tls_listener_for_another_name
+    secrets = {("ca", "ca.crt"): ca.read_bytes()}
+    spec = {"bootstrapServers": f"{host}:{port}", "securityProtocol": "SSL",
             "tls": {"caSecretRef": {"name": "ca", "key": "ca.crt"}}}
     material = tmp_path / "material"
     material.mkdir()
@@ -326,7 +306,6 @@ def test_a_certificate_for_another_host_name_points_at_the_host_not_the_ca(tmp_p
             operator_config.admin("team", "analytics").require_telemetry()
     finally:
         operator_config.close()
-        listener.close()
 
     assert "mismatch" in str(err.value)
     assert "tls.verifyHostname: false" in str(err.value) and "bootstrapServers" in str(err.value)

@@ -432,6 +432,9 @@ def rejected_message(settings: KafkaSettings, reason: str) -> str:
     return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
 
 
+_X509_HOST_MISMATCH, _X509_IP_MISMATCH = 62, 64   # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+
+
 def _probe(settings: KafkaSettings, host: str, port: int, deadline: float) -> str | None:
     """Why `host:port` is not a Kafka listener for these settings, or None; every step ends by `deadline`."""
     timeout_s = deadline - time.monotonic()
@@ -454,6 +457,10 @@ def _probe(settings: KafkaSettings, host: str, port: int, deadline: float) -> st
                 with context.wrap_socket(sock, server_hostname=host):
                     return None
             except ssl.SSLCertVerificationError as exc:
+                if exc.verify_code in (_X509_HOST_MISMATCH, _X509_IP_MISMATCH):   # a trusted certificate, other names
+                    return (f"presented a certificate issued for other host names ({exc.verify_message}): connect "
+                            "by a host name the certificate lists, or turn host-name checking off "
+                            "(ssl.endpoint.identification.algorithm empty)")
                 return f"presented a certificate this client does not trust ({exc.verify_message}): check ssl.ca.location"
             except (ssl.SSLError, OSError) as exc:
                 return (f"accepts TCP connections but no TLS handshake completed ({exc}): "

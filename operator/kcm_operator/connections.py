@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 import tempfile
 import threading
 import time
@@ -49,12 +48,10 @@ _CONNECTION_TERMS = (
     ("ssl.* settings", "tls"),
     ("security.protocol=SSL", "securityProtocol: SSL"),
     ("security.protocol is", "securityProtocol is"),
+    ("connect by a host name the certificate lists, or turn host-name checking off "
+     "(ssl.endpoint.identification.algorithm empty)",
+     "name a host the certificate lists in bootstrapServers, or set tls.verifyHostname: false"),
 )
-
-# A certificate from a trusted CA for other host names: the host in bootstrapServers is what to change, not the CA.
-_NAME_MISMATCH = re.compile(r"(\((?:Hostname|IP address) mismatch[^()]*\)): check ssl\.ca\.location")
-_NAME_MISMATCH_HINT = (r"\1: the certificate is not issued for the host named in bootstrapServers; name a host the "
-                       "certificate lists there, or set tls.verifyHostname: false")
 
 
 class ConnectionResolver:
@@ -162,7 +159,6 @@ def settings_from_spec(spec: Mapping[str, Any], secret_value: Any, material_dir:
 def in_connection_terms(message: str) -> str:
     """A message about Kafka client settings as a KafkaConnection's author knows them: its fields, not the client
     properties and `--command-config` of kcm's commands."""
-    message = _NAME_MISMATCH.sub(_NAME_MISMATCH_HINT, message)
     for said, meant in _CONNECTION_TERMS:
         message = message.replace(said, meant)
     return message
