@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -175,8 +176,12 @@ def test_a_clean_stop_removes_the_brokers_log_and_a_death_keeps_it():
     stopped = EmbeddedBroker()
     stopped.start()
     assert stopped.log_path.exists()
+    # In a directory of its own, never a predictable name in the shared temporary directory (a link there could
+    # point the log at another file).
+    assert stopped.log_path.parent != Path(tempfile.gettempdir())
+    assert stat.S_IMODE(stopped.log_path.parent.stat().st_mode) == 0o700
     stopped.stop()
-    assert not stopped.log_path.exists()
+    assert not stopped.log_path.exists() and not stopped.log_path.parent.exists()
 
     died = EmbeddedBroker()
     died.start()
@@ -187,6 +192,7 @@ def test_a_clean_stop_removes_the_brokers_log_and_a_death_keeps_it():
     finally:
         died.stop()
         died.log_path.unlink(missing_ok=True)
+        died.log_path.parent.rmdir()
 
 
 def test_a_port_in_use_is_refused_before_the_broker_starts():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -63,7 +64,9 @@ class EmbeddedBroker:
         # Memory-only, so every broker is a cluster of its own, and says so: tools (the operator's conflict check)
         # tell clusters apart by their id.
         self.cluster_id = cluster_id or f"kcm-sandbox-{secrets.token_hex(4)}"
-        self.log_path = log_path or Path(tempfile.gettempdir()) / f"kcm-tansu-{self.port}.log"
+        # By default in a directory of its own (0700): a name in the shared temporary directory could be a link another
+        # user put there, which the broker's log would overwrite.
+        self.log_path = log_path or Path(tempfile.mkdtemp(prefix="kcm-tansu-")) / "tansu.log"
         self._own_log = log_path is None  # removed after a clean stop; kept when the broker died (errors name it)
         self.authentication = authentication  # SASL required; Tansu's memory storage knows no user: all refused
         self._process: subprocess.Popen[bytes] | None = None
@@ -145,6 +148,8 @@ class EmbeddedBroker:
             process.wait(timeout=5)
         if self._own_log and process.returncode in (0, -signal.SIGTERM):  # a clean stop; a kill keeps the evidence
             self.log_path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.log_path.parent.rmdir()
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
