@@ -726,6 +726,8 @@ def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_v
     # Names, files and switches render; so does a credential from a Secret.
     ("rollup", {"name": "AWS_ACCESS_KEY_ID", "value": "AKIAEXAMPLE"}, None, False),
     ("bridge", {"name": "TOKEN_FILE", "value": "/etc/kcm/secrets/t/token"}, None, False),
+    ("rollup", {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/etc/kcm/secrets/gcs/key.json"}, None, False),
+    ("bridge", {"name": "HADOOP_TOKEN_FILE_LOCATION", "value": "/etc/kcm/secrets/h/tokens"}, None, False),
     ("bridge", {"name": "OTLP_API_KEY", "valueFrom": {"secretKeyRef": {"name": "otlp", "key": "api-key"}}}, None,
      False),
     ("operator", {"name": "LOG_LEVEL", "value": "DEBUG"}, None, False),

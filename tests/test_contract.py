@@ -470,6 +470,20 @@ def test_malformed_json_is_invalid_json(value: bytes) -> None:
     assert reason_of(value, [("content-type", CONTENT_TYPE_JSON.encode())]) == "invalid-json"
 
 
+def test_otlp_json_of_more_objects_than_the_bound_is_too_large_before_it_is_parsed() -> None:
+    from kcm_common.contract import MAX_JSON_OBJECTS
+
+    def gauge_of(points: int) -> bytes:
+        return (b'{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"g","gauge":{"dataPoints":['
+                + b",".join([b"{}"] * points) + b"]}}]}]}]}")
+
+    headers = [("content-type", CONTENT_TYPE_JSON.encode())]
+    assert reason_of(gauge_of(MAX_JSON_OBJECTS), headers) == "too-large"
+    assert reason_of(gauge_of(MAX_JSON_OBJECTS).lstrip(b" "), []) == "too-large"   # headerless too
+    small = decode(gauge_of(1000), headers).metrics
+    assert len(small.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points) == 1000
+
+
 def test_headerless_value_that_looks_like_json_but_is_not_is_invalid_json() -> None:
     assert reason_of(b'{"resourceMetrics": ') == "invalid-json"
 

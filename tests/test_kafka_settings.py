@@ -81,6 +81,22 @@ def test_an_unknown_host_name_check_is_refused_not_read_as_no_check(value):
         kafka_python_options({"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": value})
 
 
+def test_advertised_brokers_are_blamed_only_when_none_of_them_accepts_a_connection():
+    # Behind a Kubernetes bootstrap Service the brokers always advertise other names: that alone is no diagnosis.
+    from kafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+    from kcm_sandbox.broker import free_port
+
+    settings = KafkaSettings("kafka-bootstrap.invalid:9092")
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        reachable = f"127.0.0.1:{listening.getsockname()[1]}"
+        refused = diagnose_failure(settings, TopicAuthorizationFailedError("kafka-client-metrics"), [reachable])
+    assert "advertise" not in str(refused) and "TopicAuthorizationFailedError" in str(refused)
+    closed = f"127.0.0.1:{free_port()}"
+    unreachable = diagnose_failure(settings, KafkaConnectionError("111 ECONNREFUSED"), [closed])
+    assert f"its brokers advertise {closed}, which this client could not reach" in str(unreachable)
+
+
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
 def test_a_certificate_issued_for_other_host_names_points_at_the_host_not_the_ca(tls_listener_for_another_name,
                                                                                 host):

@@ -12,7 +12,8 @@ import time
 import pytest
 from google.protobuf import json_format
 from kafka import KafkaProducer
-from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, MetricsData
 
 from kcm_common import contract
 from payloads import client_metrics
@@ -160,6 +161,25 @@ def test_long_names_are_cut_in_the_middle_so_rows_that_differ_at_the_end_stay_ap
     assert len(set(map(tuple, cells))) == 6, cells
     assert all(len(row.split()[2]) == 52 and row.split()[2].endswith(name.rsplit(".", 3)[-1])
                for row, name in zip(rows, names * 2))
+
+
+def test_resource_copies_for_the_metrics_of_a_record_of_several_resources_count_against_the_bound(
+        broker, new_topic, producer):
+    # 400 attributes and 400 metrics in one resource: few items, but 160,000 attributes once copied to each metric.
+    data = MetricsData()
+    wide = data.resource_metrics.add()
+    wide.resource.attributes.extend(KeyValue(key=f"k{i}", value=AnyValue(string_value="v")) for i in range(400))
+    wide.scope_metrics.add().metrics.extend(Metric(name=f"m{i}") for i in range(400))
+    data.resource_metrics.add().scope_metrics.add().metrics.add(name="other")
+    topic = new_topic()
+    _send(producer, topic, data.SerializeToString(), headers=(), key=None)
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "1")
+
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert (record["error"], record["metrics"]) == ("too-large", [])
 
 
 def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, new_topic, producer):

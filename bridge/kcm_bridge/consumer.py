@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import (CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError, diagnose_failure,
-                              advertised_brokers, rejected_message, step_past_unreadable, unreachable_advertised)
+from kcm_common.kafka import (ADVERTISED_PROBE_S, CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError,
+                              advertised_brokers, diagnose_failure, rejected_message, step_past_unreadable,
+                              unreachable_advertised)
 from kcm_common.librdkafka import librdkafka_config, message_headers
 from kcm_common.pacing import PacedLog
 
@@ -113,11 +114,6 @@ def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes | 
     return record.headers + [("kcm.dlq.reason", reason.encode()), ("kcm.dlq.topic", record.topic.encode()),
                              ("kcm.dlq.partition", str(record.partition).encode()),
                              ("kcm.dlq.offset", str(record.offset).encode())]
-
-
-# How long a failed check may spend connecting to the brokers Kafka's metadata names, to tell whether they are out of
-# reach from here (advertised.listeners set for another network), when its own time has run out.
-_PROBE_S = 2.0
 
 
 class ConfluentConsumer:
@@ -221,7 +217,7 @@ class ConfluentConsumer:
         # The bootstrap connection answers metadata; consuming needs the brokers it names (advertised.listeners).
         advertised = [f"{broker.host}:{broker.port}" for broker in metadata.brokers.values()]
         hint = unreachable_advertised(self._settings.bootstrap_servers, advertised,
-                                      max(_PROBE_S, deadline - time.monotonic()))
+                                      max(ADVERTISED_PROBE_S, deadline - time.monotonic()))
         self._misadvertised = hint and f"Kafka at {self._settings.bootstrap_servers} answers, but {hint}"
         if self._misadvertised:
             raise KafkaUnavailableError(self._misadvertised)
@@ -334,7 +330,7 @@ class KafkaPythonConsumer:
             problem = f"Kafka at {bootstrap} did not name the group's coordinator ({type(exc).__name__}: {exc})"
         if problem:
             # The bootstrap connection answers; the brokers it names (advertised.listeners) may be out of reach.
-            hint = unreachable_advertised(bootstrap, advertised_brokers(self._consumer), _PROBE_S)
+            hint = unreachable_advertised(bootstrap, advertised_brokers(self._consumer), ADVERTISED_PROBE_S)
             raise KafkaUnavailableError(f"Kafka at {bootstrap} answers, but {hint}" if hint else problem)
         self._coordinator_lost_since = None
 

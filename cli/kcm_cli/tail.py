@@ -68,6 +68,13 @@ def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
         return item, None
     # Plain OTLP (the Collector's Kafka exporter) may hold several resources: each metric carries its own, and the
     # record's holds what they all share, so that no metric is told another resource's client.
+    # Each metric carries a copy of its resource: those copies count against the same bound.
+    copies = sum((len(own) + len(decoded.attributes)) * sum(len(scope.metrics) for scope in rm.scope_metrics)
+                 for rm, own in zip(decoded.metrics.resource_metrics, resources))
+    if copies > MAX_ITEMS:
+        item["error"] = "too-large"
+        return item, (f"more than {MAX_ITEMS:,} resource attributes copied to the metrics of one record of "
+                      f"{len(resources)} resources")
     first, *others = resources
     item["resource"] = {**{key: value for key, value in first.items()
                            if all(key in other and other[key] == value for other in others)}, **decoded.attributes}

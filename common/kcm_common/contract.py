@@ -24,6 +24,9 @@ ENCODINGS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
 COMPRESSION_IDS: dict[int, str] = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 DEFAULT_MAX_DECOMPRESSED_BYTES = 16 * 1024 * 1024
 
+# Objects an OTLP/JSON value may hold (a real client's 1 MiB push has tens of thousands).
+MAX_JSON_OBJECTS = 200_000
+
 CONTENT_TYPE_HEADER = "content-type"
 CONTENT_ENCODING_HEADER = "content-encoding"
 
@@ -202,6 +205,10 @@ def _parse_protobuf(payload: bytes) -> MetricsData:
 
 
 def _parse_json(payload: bytes) -> MetricsData:
+    # Counted before parsing: protobuf's JSON reading is pure Python, and 16 MiB of `{}` (a 1.6 KB zstd record) is
+    # 5 million points to build, a minute and gigabytes later. A brace inside a string counts too: a bound, not a parse.
+    if payload.count(b"{") > MAX_JSON_OBJECTS:
+        raise DecodeError("too-large", f"OTLP/JSON value holds more than {MAX_JSON_OBJECTS:,} objects")
     try:
         document = json.loads(payload.decode("utf-8-sig"))
         if not isinstance(document, dict):

@@ -363,13 +363,14 @@ def diagnose_failure(settings: KafkaSettings, error: Exception,
                      advertised: Iterable[str] = ()) -> KafkaUnavailableError | KafkaConfigError:
     """A user-facing error for a client that could not bootstrap although the address answered the probe; a
     KafkaConfigError when kafka-python refused its own settings (it checks some only once it has bootstrapped).
-    `advertised`: the broker addresses Kafka's metadata named, when the client got that far."""
+    `advertised`: the broker addresses Kafka's metadata named, when the client got that far; when none of them (all
+    other than the bootstrap servers) accepts a connection, that is what the message says."""
     if isinstance(error, KafkaConfigurationError):
         reason = error.args[0] if error.args else error
         return KafkaConfigError(f"the Kafka client rejected its settings: {reason}; check --command-config")
     detail = str(error).strip()
     what = type(error).__name__ if detail in ("", type(error).__name__) else f"{type(error).__name__}: {detail}"
-    hint = advertised_elsewhere(settings.bootstrap_servers, advertised)
+    hint = unreachable_advertised(settings.bootstrap_servers, advertised, ADVERTISED_PROBE_S) if advertised else None
     if hint:
         return KafkaUnavailableError(f"Kafka at {settings.bootstrap_servers} answers, but {hint} ({what})")
     protocol = settings.security_protocol
@@ -392,6 +393,11 @@ def advertised_elsewhere(bootstrap_servers: str, advertised: Iterable[str]) -> s
         return None
     return (f"its brokers advertise {', '.join(elsewhere)}, which this client could not reach: run kcm where those "
             "addresses resolve and connect, or bootstrap from a listener whose advertised.listeners are reachable")
+
+
+# How long a failed client may spend connecting to the brokers Kafka's metadata names, to tell whether they are out of
+# reach from here (advertised.listeners set for another network) before saying so.
+ADVERTISED_PROBE_S = 2.0
 
 
 def unreachable_advertised(bootstrap_servers: str, advertised: Iterable[str], timeout_s: float) -> str | None:

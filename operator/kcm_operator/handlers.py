@@ -466,13 +466,14 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     desired = desired_from_spec(namespace, name, body.spec)
     config.mark_ready(body.metadata.uid, False)
     me = _claim(body, desired)
-    others = [claim for claim in claims.get(desired.name, []) if claim.ref != me.ref]
+    # A claim being deleted keeps nothing: it has handed the subscription over (to this one, perhaps) or removes it.
+    others = [claim for claim in claims.get(desired.name, []) if claim.ref != me.ref and not claim.deleting]
     same = [claim for claim in others if _same_cluster(config, me, claim)]  # as far as known without connecting
     keeper = oldest_first([*same, me])[0]
     if keeper.ref != me.ref:  # an older resource on the same cluster: no need to ask Kafka
         _say(logging.INFO, namespace, name, "deleted without touching %s, which %s manages", desired.name, keeper.ref)
         return
-    heirs = [claim for claim in oldest_first(same) if not claim.deleting]
+    heirs = oldest_first(same)
     if heirs:  # the subscription stays for them, whatever the deletion policy: the next one takes it over now
         _say(logging.INFO, namespace, name, "deleted; subscription %s is left in Kafka for %s, which names it too",
              desired.name, heirs[0].ref)
@@ -487,7 +488,11 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
         _say(logging.INFO, namespace, name, "deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
              desired.name)
         return
-    if not _ever_applied(body.status):
+    # An older resource on this cluster that applied it and is being deleted handed it to this one, which may have
+    # been deleted before it could reconcile (a namespace deleted, `kubectl delete -f dir/`): this one removes it.
+    inherited = any(claim.deleting and claim.cluster_id and claim.ref != me.ref and _same_cluster(config, me, claim)
+                    for claim in claims.get(desired.name, []))
+    if not _ever_applied(body.status) and not inherited:
         # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
         _say(logging.INFO, namespace, name, "deleted; it was never applied, so subscription %s is not touched",
              desired.name)

@@ -191,7 +191,7 @@ def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from kcm_common.kafka import advertised_brokers, advertised_elsewhere
+    from kcm_common.kafka import ADVERTISED_PROBE_S, advertised_brokers, unreachable_advertised
 
     starting = offset_spec("startingOffsets", options.starting, EARLIEST)
     ending = offset_spec("endingOffsets", options.ending, LATEST)
@@ -216,7 +216,8 @@ def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
         # Planning runs on the driver; a one-line error beats kafka-python's traceback inside Spark's.
         detail = str(exc).strip() or type(exc).__name__
         servers = ",".join(options.client_options.get("bootstrap_servers", ()))
-        hint = advertised_elsewhere(servers, advertised_brokers(consumer)) if consumer is not None else None
+        hint = (unreachable_advertised(servers, advertised_brokers(consumer), ADVERTISED_PROBE_S)
+                if consumer is not None else None)
         raise KafkaSourceError(f"cannot plan the offset ranges: Kafka at {servers} failed ({detail}); "
                                f"{hint or 'check --bootstrap-server and --command-config'}") from None
     for option, spec in (("startingOffsets", starting), ("endingOffsets", ending)):

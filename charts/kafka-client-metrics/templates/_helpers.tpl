@@ -217,7 +217,9 @@ its value. Call with (dict "root" . "component" "bridge").
 {{- range $i, $entry := (index .root.Values $component).env | default list -}}
 {{- if hasKey $entry "value" -}}
 {{- $names := regexMatch "(?i)(secret|passw|token|credential|jaas|signature|dsn|(^|_)(api_?)?key$|(^|_)sas(_|$))" $entry.name -}}
-{{- if or (and $names (not (regexMatch "(?i)(_ID|_FILE|_PATH)$" $entry.name))) (has $entry.name $read) -}}
+{{- /* what names a file, a directory or an id: a key file's path (GOOGLE_APPLICATION_CREDENTIALS), a token file */ -}}
+{{- $refers := regexMatch "(?i)((_ID|_FILE|_PATH|_LOCATION|_DIR)$|^GOOGLE_APPLICATION_CREDENTIALS$)" $entry.name -}}
+{{- if or (and $names (not $refers)) (has $entry.name $read) -}}
 {{- fail (printf "%s.env[%d] (%s) would put a credential into the %s's manifest in plain text: use valueFrom.secretKeyRef" $component $i $entry.name $component) -}}
 {{- end -}}
 {{- end -}}
