@@ -287,6 +287,12 @@ def test_headerless_protobuf_whose_first_bytes_read_as_newline_and_brace_is_prot
     assert decode(value).metrics == data
 
 
+def test_a_corrupt_headerless_protobuf_starting_with_newline_and_brace_is_invalid_protobuf() -> None:
+    data = MetricsData()
+    data.resource_metrics.add().resource.attributes.add(key="k").value.string_value = "v" * 112
+    assert reason_of(data.SerializeToString()[:-5]) == "invalid-protobuf"
+
+
 def test_headerless_otlp_json_with_camel_case_keys_decodes() -> None:
     value = (
         b'{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"x",'

@@ -97,6 +97,35 @@ def test_advertised_brokers_are_blamed_only_when_none_of_them_accepts_a_connecti
     assert f"its brokers advertise {closed}, which this client could not reach" in str(unreachable)
 
 
+def test_advertised_brokers_that_stay_silent_count_as_out_of_reach_however_many():
+    # Pod addresses seen from outside the cluster drop SYNs: probed one after another, six of them used up the time
+    # and the bridge's check passed.
+    from kcm_common.kafka import unreachable_advertised
+
+    held, silent = [], []
+    for _ in range(6):   # loopback listeners whose accept queue is full: a connect to them times out
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        held.append(server)
+        while True:
+            filler = socket.socket()
+            filler.settimeout(0.3)
+            try:
+                filler.connect(server.getsockname())
+            except OSError:
+                filler.close()
+                break
+            held.append(filler)
+        silent.append(f"127.0.0.1:{server.getsockname()[1]}")
+    try:
+        hint = unreachable_advertised("kafka-bootstrap.invalid:9092", silent, 1.0)
+    finally:
+        for sock in held:
+            sock.close()
+    assert hint is not None and "its brokers advertise" in hint   # silence is no answer, however many are silent
+
+
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
 def test_a_certificate_issued_for_other_host_names_points_at_the_host_not_the_ca(tls_listener_for_another_name,
                                                                                 host):

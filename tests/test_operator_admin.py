@@ -226,3 +226,15 @@ def test_tls_material_that_no_longer_loads_is_invalid_spec_naming_the_setting(tm
                 admin.list_names()
         finally:
             admin.close()
+
+
+def test_the_key_connections_share_a_probe_by_shows_no_tls_key_password():
+    from kcm_operator.admin import transport_key
+
+    settings = KafkaSettings("kafka:9093", {"security.protocol": "SSL", "ssl.key.password": "KEY-PASSW0RD",
+                                            "sasl.password": "other"})
+    key = transport_key(settings)
+    assert "KEY-PASSW0RD" not in key
+    assert key == transport_key(KafkaSettings("kafka:9093", {"security.protocol": "SSL",
+                                                             "ssl.key.password": "KEY-PASSW0RD"}))
+    assert key != transport_key(KafkaSettings("kafka:9093", {"security.protocol": "SSL"}))

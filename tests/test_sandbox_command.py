@@ -182,6 +182,12 @@ def test_a_clean_stop_removes_the_brokers_log_and_a_death_keeps_it():
     assert stat.S_IMODE(stopped.log_path.parent.stat().st_mode) == 0o700
     stopped.stop()
     assert not stopped.log_path.exists() and not stopped.log_path.parent.exists()
+    stopped.start()   # again, after a clean stop removed the directory
+    try:
+        assert stopped.log_path.exists()
+    finally:
+        stopped.stop()
+    assert not stopped.log_path.parent.exists()
 
     died = EmbeddedBroker()
     died.start()

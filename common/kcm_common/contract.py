@@ -119,19 +119,16 @@ def may_be_json(payload: bytes) -> bool:
 
 
 def _sniffed(payload: bytes) -> MetricsData:
-    """A headerless value: OTLP/JSON when it looks like a JSON object, else protobuf. One starting with "\n" may be
-    either: tried as protobuf when it is no JSON (the JSON error is reported if it is neither)."""
+    """A headerless value: OTLP/JSON when it looks like a JSON object, else protobuf. One starting with "\n" (field
+    1's tag in protobuf) may be either: tried as protobuf when it is no JSON, and reported as protobuf if neither."""
     if not may_be_json(payload):
         return _parse_protobuf(payload)
     try:
         return _parse_json(payload)
-    except DecodeError as json_error:
+    except DecodeError:
         if not payload.startswith(b"\n"):
             raise
-        try:
-            return _parse_protobuf(payload)
-        except DecodeError:
-            raise json_error from None
+    return _parse_protobuf(payload)
 
 
 def encode(

