@@ -12,7 +12,7 @@ from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_common.kafka_java import java_client_properties
 from kcm_rollups.job import kafka_options
 from kcm_rollups.source import SOURCE_NAME
-from kcm_sandbox.java_receiver import build_dir, ensure_built, runtime_classpath
+from kcm_sandbox.java_receiver import build_dir, ensure_built, java_config_env, runtime_classpath
 
 PASSWORD = 'pa"ss\\word-not-in-any-log'
 
@@ -109,9 +109,9 @@ def _java_producer(bootstrap: str, properties: dict[str, str]) -> str:
     extra = {"max.block.ms": "4000", **properties}
     done = subprocess.run(["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                            "-cp", runtime_classpath(build_dir() / "kcm-test-clients.jar"), "dev.kcm.clients.TestClient",
-                           "producer", bootstrap, "inventory", "kcm-java-check", "10",
-                           *(f"{key}={value}" for key, value in extra.items())],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                           "producer", bootstrap, "inventory", "kcm-java-check", "10"],
+                          env=java_config_env(extra), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
     assert done.returncode != 0, done.stdout
     return done.stdout + done.stderr
 
