@@ -440,7 +440,8 @@ def rejected_message(settings: KafkaSettings, reason: str) -> str:
     return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
 
 
-_X509_HOST_MISMATCH, _X509_IP_MISMATCH = 62, 64   # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH: a trusted certificate for other names.
+_X509_HOST_MISMATCH, _X509_IP_MISMATCH = 62, 64
 
 
 def _probe(settings: KafkaSettings, host: str, port: int, deadline: float) -> str | None:

@@ -79,9 +79,9 @@ class OperatorConfig:
     # uid → how many drift checks in a row found the subscription changed outside kcm (under the resource's lock).
     drift_streaks: dict[str, int] = field(default_factory=dict)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
-    # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the cluster's
-    # share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes when its last
-    # handler is done.
+    # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
+    # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
+    # when its last handler is done.
     cluster_slots: dict[Any, list[Any]] = field(default_factory=dict)
     # (namespace, connection) or None → the bootstrap servers its settings named last (`servers_key`): which share of
     # the threads its resources take. Many KafkaConnections (one per team namespace) may name one cluster.
