@@ -455,9 +455,7 @@ def _connection(cluster: Cluster, name: str, spec: dict) -> None:
 def test_a_cluster_that_never_answers_holds_up_only_its_own_resources(run_operator):
     # 150 resources on a cluster that accepts connections and never answers: their handlers wait for Kafka (15 s
     # each attempt), more of them than a batch, while a resource on the default cluster is created.
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(1024)
+    silent = socket.create_server(("127.0.0.1", 0), backlog=1024)  # accepts, never answers
     try:
         cluster = run_operator(kafka_timeout_s=15)
         _connection(cluster, "silent", {"bootstrapServers": f"127.0.0.1:{silent.getsockname()[1]}"})
@@ -548,9 +546,7 @@ def test_an_older_owner_whose_connection_breaks_still_owns_the_subscription(run_
 def test_a_resource_never_waits_for_the_cluster_of_another_resource_naming_its_subscription(run_operator):
     # An older resource naming the same subscription through a KafkaConnection to a cluster that never answers: what
     # this operator knows of that cluster (nothing: never reached, never applied) is all the healthy one may use.
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(64)
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts, never answers
     try:
         cluster = run_operator(kafka_timeout_s=5)
         _connection(cluster, "dead", {"bootstrapServers": f"127.0.0.1:{silent.getsockname()[1]}"})
@@ -574,9 +570,7 @@ def test_one_cluster_named_by_many_connections_holds_one_share_of_the_threads(ru
     # its resources hold one cluster's share (here 3 of 6 threads), not one share per KafkaConnection.
     monkeypatch.setattr(handlers, "HANDLER_THREADS", 6)
     monkeypatch.setattr(handlers, "CLUSTER_THREADS", 3)
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(256)
+    silent = socket.create_server(("127.0.0.1", 0), backlog=256)  # accepts, never answers
     try:
         cluster = run_operator(kafka_timeout_s=8)
         for team in range(8):
