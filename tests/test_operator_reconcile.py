@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -444,6 +445,27 @@ def test_two_operators_fighting_over_a_subscription_stop_and_say_contested(kube,
             runner.__exit__(None, None, None)
     for runner in runners:
         assert runner.exception is None, runner.output
+
+
+def test_checks_that_find_drift_every_other_time_are_a_fight_and_a_rare_edit_is_not():
+    # Two operators at the same pace can each find their own value at every other check (each one's check lands
+    # between the other's check and its revert): a count within a window sees that fight, a count in a row never did.
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"), 1)
+    ready = SimpleNamespace(ready_reason="Applied", was_ready=True)
+    drifted = Change("shared", "update", (Op("interval.ms", SET, "1000"),))
+    unchanged = Change("shared", "unchanged")
+    outcomes = {"fought": [], "edited now and then": []}
+    for check in range(40):
+        outcomes["fought"].append(handlers._contested(config, "fought", ready, drifted if check % 2 else unchanged,
+                                                      True))
+        outcomes["edited now and then"].append(handlers._contested(
+            config, "edited now and then", ready, drifted if check % 3 == 0 else unchanged, True))
+
+    assert outcomes["fought"].index(True) == 7  # the fourth drift within eight checks: three reverts, then it stops
+    assert not any(outcomes["edited now and then"])
+    # A spec change (not a drift check) starts the count afresh.
+    assert not handlers._contested(config, "fought", ready, drifted, False)
+    assert not any(handlers._contested(config, "fought", ready, drifted, True) for _ in range(3))
 
 
 def _connection(cluster: Cluster, name: str, spec: dict) -> None:

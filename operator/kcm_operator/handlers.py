@@ -8,6 +8,7 @@ a subscription owns it, and `kcm.dev/paused: "true"` stops reconciling.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import copy
@@ -53,7 +54,9 @@ KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 MAX_BACKOFF_S = 60.0
 LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
-CONTESTED_AFTER = 3  # drift checks in a row that found (and reverted) drift before kcm stops reverting
+CONTESTED_AFTER = 3  # reverts of drift, within the last CONTESTED_WINDOW drift checks, before kcm stops reverting
+# Not "in a row": two operators checking at the same pace can each find their own value at every other check.
+CONTESTED_WINDOW = 8
 HANDLER_THREADS = 2 * BATCH_SIZE  # threads for the handlers' blocking work, all clusters together
 CLUSTER_THREADS = BATCH_SIZE  # of which one cluster's resources may hold: enough to fill a batch
 
@@ -76,8 +79,9 @@ class OperatorConfig:
     cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
     # uid → the lock one resource's handlers take in turn: kopf runs its drift timer alongside its change handlers.
     resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
-    # uid → how many drift checks in a row found the subscription changed outside kcm (under the resource's lock).
-    drift_streaks: dict[str, int] = field(default_factory=dict)
+    # uid → whether each of its latest drift checks (CONTESTED_WINDOW at most) found the subscription changed outside
+    # kcm (under the resource's lock).
+    drift_history: dict[str, collections.deque[bool]] = field(default_factory=dict)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
     # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
     # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
@@ -140,7 +144,7 @@ class OperatorConfig:
     def forget(self, uid: str) -> None:
         with self.lock:
             self.resource_locks.pop(uid, None)
-            self.drift_streaks.pop(uid, None)
+            self.drift_history.pop(uid, None)
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -391,8 +395,9 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         metrics.record(started, "failed", "Failed")
         raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
     if contested:
-        message = (f"subscription {desired.name} was changed outside kcm again after each of {CONTESTED_AFTER} "
-                   "reverts in a row: something else manages it too (another kcm operator watching other "
+        message = (f"subscription {desired.name} was changed outside kcm again after {CONTESTED_AFTER} reverts "
+                   f"within {CONTESTED_WINDOW} drift checks: something else manages it too (another kcm operator "
+                   "watching other "
                    "namespaces, a script), so kcm stopped reverting it. Let one operator manage each subscription; "
                    "kcm applies this resource again when its spec changes or the operator restarts")
         status.set("Ready", "False", "Contested", message)
@@ -446,19 +451,20 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
 
 
 def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change, drift_check: bool) -> bool:
-    """Whether to leave the subscription as it is: each of the last CONTESTED_AFTER drift checks found it changed
-    outside kcm (and reverted it), so something else keeps changing it back, and reverting again would only go on
-    fighting it. Kafka as specified, a spec change or a restart (resume) ends it."""
-    if not drift_check or not change.ops:
-        config.drift_streaks.pop(uid, None)
+    """Whether to leave the subscription as it is: after CONTESTED_AFTER reverts within the last CONTESTED_WINDOW
+    drift checks it was found changed outside kcm again, so something else keeps changing it back, and reverting again
+    would only go on fighting it. Kafka as specified, a spec change or a restart (resume) ends it."""
+    if not drift_check or (not change.ops and status.ready_reason == "Contested"):
+        config.drift_history.pop(uid, None)
         return False
     if status.ready_reason == "Contested":
         return True
-    if not status.was_ready:  # a takeover or a recovery, not someone else's edit: applied, and counted afresh
-        config.drift_streaks.pop(uid, None)
+    if change.ops and not status.was_ready:  # a takeover or a recovery, not someone else's edit: counted afresh
+        config.drift_history.pop(uid, None)
         return False
-    config.drift_streaks[uid] = streak = config.drift_streaks.get(uid, 0) + 1
-    return streak > CONTESTED_AFTER
+    history = config.drift_history.setdefault(uid, collections.deque(maxlen=CONTESTED_WINDOW))
+    history.append(bool(change.ops))
+    return bool(change.ops) and sum(history) > CONTESTED_AFTER
 
 
 def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
