@@ -15,10 +15,11 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 from kcm_bridge.consumer import Record
 from kcm_bridge.offsets import Ticket
-from kcm_common import contract
+from kcm_common import contract, points
 from fake_collector import FakeCollector
-from test_bridge_pipeline import (BACKENDS, _client_ids, _committed, _config, _FlakyDeadLetters, _PausingConsumer,
-                                  _produce, _push, _unstarted_bridge, _wait, running_bridge)
+from payloads import client_metrics
+from test_bridge_pipeline import (BACKENDS, _client_ids, _committed, _config, _FlakyDeadLetters, _one_lane,
+                                  _PausingConsumer, _produce, _push, _unstarted_bridge, _wait, running_bridge)
 
 
 class _NotUtf8(str):
@@ -111,6 +112,49 @@ def test_batches_exported_behind_a_dead_letter_the_topic_keeps_refusing_are_not_
         assert bridge._tracker.to_commit() == {("metrics", 0): batches + 1} and bridge._inflight_bytes() == 0
 
 
+@pytest.mark.parametrize("delta_to_cumulative", [False, True])
+def test_each_client_instance_reaches_the_collector_in_the_order_read_after_a_failed_export_too(
+        tmp_path, collector, delta_to_cumulative):
+    """With two export threads per endpoint (the default), a batch retried after UNAVAILABLE arrived after later
+    batches of the same clients: back ends refuse a sample older than one they have (Prometheus' out-of-order
+    samples), and a cumulative sum arriving older than the last looks like a counter reset."""
+    import grpc
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("retry", "initial_backoff_s"): 0.5, ("retry", "max_backoff_s"): 0.5,
+                      ("temporality", "delta_to_cumulative"): delta_to_cumulative})
+    assert config.endpoints[0].concurrency == 2
+    clients, rounds, start = [f"client-{i}" for i in range(8)], 20, 1_700_000_000_000_000_000
+    with _unstarted_bridge(config) as bridge:
+        collector.fail_next(grpc.StatusCode.UNAVAILABLE)   # the first request to arrive: retried after 0.5 s
+        offset = 0
+        for push in range(rounds):   # one batch per round, every client in each
+            records = []
+            for number, client in enumerate(clients):
+                value, headers = contract.encode(
+                    client_metrics(client, t_ns=start + push * 10**9), content_encoding="zstd",
+                    attributes={"client_id": client, "client_instance_id": f"00000000-0000-0000-0000-{number:012d}"})
+                records.append(Record("metrics", 0, offset, None, value, headers))
+                offset += 1
+            bridge._add(records)
+            bridge._flush()
+        _wait(lambda: bridge._inflight_bytes() == 0, 30, "every batch exported")
+    assert collector.pending_faults() == 0   # the failure was answered, and its batch retried
+
+    arrived: dict[str, list[tuple[int, float]]] = {client: [] for client in clients}
+    for export in collector.exports:
+        for resource_metrics in export.request.resource_metrics:
+            client = str(points.attributes(resource_metrics.resource.attributes)["client_id"])
+            for metric in resource_metrics.scope_metrics[0].metrics:
+                if metric.HasField("sum"):
+                    (point,) = metric.sum.data_points
+                    arrived[client].append((point.time_unix_nano, point.as_int))
+    for client, seen in arrived.items():
+        assert [time_ns for time_ns, _ in seen] == [start + push * 10**9 for push in range(rounds)], client
+        if delta_to_cumulative:   # each push's delta of 42 added up, in order: never a drop that looks like a reset
+            assert [value for _, value in seen] == [42 * (push + 1) for push in range(rounds)], client
+
+
 def _large_push(client_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     """A push of 5 MiB decompressed (the contract allows 16), over the collector's 4 MiB gRPC limit; a few KiB in
     Kafka."""
@@ -129,8 +173,8 @@ def test_a_record_over_the_collectors_size_limit_is_dead_lettered_and_the_rest_o
         tmp_path, collector, caplog):
     """The collector refuses the request as RESOURCE_EXHAUSTED without a retry delay (its message limit): the batch
     was dropped and committed whole, dead-letter topic or not."""
-    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
-                     {("delivery", "dead_letter_topic"): "metrics-dlq", ("batch", "max_bytes"): 64 * 2**20})
+    config = _one_lane(_config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                               {("delivery", "dead_letter_topic"): "metrics-dlq", ("batch", "max_bytes"): 64 * 2**20}))
     pushes = [_push("before", "00000000-0000-0000-0000-000000000001"), _large_push("large"),
               _push("after", "00000000-0000-0000-0000-000000000002")]
     with _unstarted_bridge(config) as bridge, caplog.at_level(logging.ERROR, logger="kcm.bridge"):

@@ -79,12 +79,14 @@ class Preparer:
         self._enricher = enricher
         self._converter = converter
         self._facts: dict[tuple[tuple[str, bytes | None], ...], _HeaderFacts] = {}
+        self.last_instance: str | None = None   # the client_instance_id header of the record prepared last
 
     def __call__(self, record: Record) -> tuple[bytes, int]:
         key = tuple(record.headers)
         facts = self._facts.get(key)
         if facts is None:
             facts = self._read_headers(key)
+        self.last_instance = facts.instance
         value = record.value
         if not value:
             raise contract.DecodeError("empty", "record has no value; expected an OTLP MetricsData payload")
@@ -102,12 +104,6 @@ class Preparer:
         # The wire walk and the point count raise ValueError on a broken message; AnyValue parsing its own error.
         except Exception as err:
             raise contract.DecodeError("invalid-protobuf", f"value is not an OTLP MetricsData protobuf: {err}") from err
-
-    def instance(self, record: Record) -> str | None:
-        """The record's client_instance_id header, None when absent (read when it was prepared: a cache hit)."""
-        key = tuple(record.headers)
-        facts = self._facts.get(key)
-        return (facts or self._read_headers(key)).instance
 
     def _read_headers(self, raw: tuple[tuple[str, bytes | None], ...]) -> _HeaderFacts:
         headers, size = {}, 0
@@ -213,10 +209,14 @@ class Bridge:
         self._drain_deadline = float("inf")
         self._endpoints = [open_endpoint(e, config.retry, self._give_up, functools.partial(self._failed, e.endpoint))
                            for e in config.endpoints]
-        # One pool per endpoint, of its concurrency: an endpoint down (its exports retrying) never takes the
-        # workers another endpoint's exports need.
-        self._pools = {id(endpoint): ThreadPoolExecutor(max_workers=e.concurrency,
-                                                        thread_name_prefix=f"kcm-bridge-export-{index}")
+        # Per endpoint, its `concurrency` export lanes of one thread each: an endpoint down (its exports retrying)
+        # never takes the threads another endpoint's exports need, and each client instance's records always take
+        # the same lane, so they reach the collector in the order they were read, after an outage too (back ends
+        # such as Prometheus refuse a sample older than one they have, and a cumulative sum arriving older than the
+        # last looks like a counter reset).
+        self._lanes = {id(endpoint): [ThreadPoolExecutor(max_workers=1,
+                                                         thread_name_prefix=f"kcm-bridge-export-{index}.{lane}")
+                                      for lane in range(e.concurrency)]
                        for index, (endpoint, e) in enumerate(zip(self._endpoints, config.endpoints))}
         self._tracker = OffsetTracker()
         self._batch = _Batch()
@@ -226,6 +226,8 @@ class Bridge:
         self._inflight_lock = threading.Lock()   # tickets finish on export and producer threads
         # Hash routing: each client instance's endpoint, worked out once (bounded like the header cache).
         self._hashing = config.routing == "hash" and len(self._endpoints) > 1
+        # Records carry their client instance for hash routing and for choosing a lane.
+        self._keyed = self._hashing or any(e.concurrency > 1 for e in config.endpoints)
         self._routes: dict[str | bytes, Endpoint] = {}
         # Dead letters to write from the consuming thread: failed writes to retry (appended from producer threads)
         # and records a collector refused (appended from export threads).
@@ -342,7 +344,7 @@ class Bridge:
         it keeps what it uses in locals."""
         prepare, track = self._prepare, self._tracker.add
         keep = self._dead_letters is not None
-        hashing = self._hashing
+        keyed = self._keyed
         max_points, max_bytes = self.config.batch.max_points, self.config.batch.max_bytes
         batch, consumed, added = self._batch, 0, 0
         room = self.config.delivery.max_inflight_bytes - self._inflight_bytes()
@@ -372,7 +374,7 @@ class Bridge:
                 batch = self._batch
             if not batch.parts:
                 batch.opened = time.monotonic()
-            instance = (self._prepare.instance(record) or record.key or b"") if hashing else b""
+            instance = (prepare.last_instance or record.key or b"") if keyed else b""
             batch.parts.append((payload, points, instance, record if keep else None))
             batch.points += points
             batch.size += size
@@ -458,11 +460,21 @@ class Bridge:
             work = list(groups.values())
         else:
             work = [(endpoint, batch.parts) for endpoint in self._endpoints]
-        batch.ticket.size = batch.size + batch.kept
-        batch.ticket.set_parts(len(work))
-        self._hold(batch.ticket)
+        requests = []
         for endpoint, parts in work:
-            future = self._pools[id(endpoint)].submit(self._export, endpoint, parts, batch.ticket)
+            lanes = self._lanes[id(endpoint)]
+            if len(lanes) == 1:
+                requests.append((lanes[0], endpoint, parts))
+                continue
+            by_lane: dict[int, list[Part]] = {}
+            for part in parts:   # records with neither client instance nor key share one lane, in order
+                by_lane.setdefault(hash(part[2]) % len(lanes), []).append(part)
+            requests.extend((lanes[lane], endpoint, lane_parts) for lane, lane_parts in by_lane.items())
+        batch.ticket.size = batch.size + batch.kept
+        batch.ticket.set_parts(len(requests))
+        self._hold(batch.ticket)
+        for lane, endpoint, parts in requests:
+            future = lane.submit(self._export, endpoint, parts, batch.ticket)
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
 
     def _export(self, endpoint: Endpoint, records: list[Part], ticket: Ticket) -> Outcome:
@@ -680,12 +692,13 @@ class Bridge:
         if self._dead_letters is not None:
             self._dead_letters.close(max(0.0, self._drain_deadline - time.monotonic()))
         # Closing the channels ends exports still running past the deadline; they give up rather than retry.
-        for pool in self._pools.values():
-            pool.shutdown(wait=False, cancel_futures=True)
+        lanes = [lane for endpoint_lanes in self._lanes.values() for lane in endpoint_lanes]
+        for lane in lanes:
+            lane.shutdown(wait=False, cancel_futures=True)
         for endpoint in self._endpoints:
             endpoint.close()
-        for pool in self._pools.values():
-            pool.shutdown(wait=True)
+        for lane in lanes:
+            lane.shutdown(wait=True)
         log.info("bridge stopped")
 
 
