@@ -82,6 +82,9 @@ class OperatorConfig:
     # uid → whether each of its latest drift checks (CONTESTED_WINDOW at most) found the subscription changed outside
     # kcm (under the resource's lock).
     drift_history: dict[str, collections.deque[bool]] = field(default_factory=dict)
+    # uids kcm stopped reverting (Contested): remembered here, not read back from the status, which a drift check
+    # may see before the watch has brought the last patch (each stale check would post the event again).
+    contested: set[str] = field(default_factory=set)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
     # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
     # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
@@ -145,6 +148,7 @@ class OperatorConfig:
         with self.lock:
             self.resource_locks.pop(uid, None)
             self.drift_history.pop(uid, None)
+            self.contested.discard(uid)
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -394,7 +398,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             kopf.event(body, type="Warning", reason="Failed", message=message)
         metrics.record(started, "failed", "Failed")
         raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
-    if contested:
+    if contested is not None:
         message = (f"subscription {desired.name} was changed outside kcm again after {CONTESTED_AFTER} reverts "
                    f"within {CONTESTED_WINDOW} drift checks: something else manages it too (another kcm operator "
                    "watching other "
@@ -402,7 +406,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
                    "kcm applies this resource again when its spec changes or the operator restarts")
         status.set("Ready", "False", "Contested", message)
         config.mark_ready(body.metadata.uid, False)
-        if status.ready_changed:
+        if contested == "new" and status.ready_changed:
             _say(logging.WARNING, namespace, name, "%s", message)
             kopf.event(body, type="Warning", reason="Contested", message=message)
         metrics.record(started, "failed", "Contested")
@@ -450,21 +454,27 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
     return None
 
 
-def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change, drift_check: bool) -> bool:
+def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change, drift_check: bool) -> str | None:
     """Whether to leave the subscription as it is: after CONTESTED_AFTER reverts within the last CONTESTED_WINDOW
     drift checks it was found changed outside kcm again, so something else keeps changing it back, and reverting again
-    would only go on fighting it. Kafka as specified, a spec change or a restart (resume) ends it."""
-    if not drift_check or (not change.ops and status.ready_reason == "Contested"):
+    would only go on fighting it. "new" for the check that finds that, "held" for the checks after it, None to apply.
+    Kafka as specified, a spec change or a restart (resume) ends it."""
+    held = uid in config.contested
+    if not drift_check or (not change.ops and held):
         config.drift_history.pop(uid, None)
-        return False
-    if status.ready_reason == "Contested":
-        return True
+        config.contested.discard(uid)
+        return None
+    if held:
+        return "held"
     if change.ops and not status.was_ready:  # a takeover or a recovery, not someone else's edit: counted afresh
         config.drift_history.pop(uid, None)
-        return False
+        return None
     history = config.drift_history.setdefault(uid, collections.deque(maxlen=CONTESTED_WINDOW))
     history.append(bool(change.ops))
-    return bool(change.ops) and sum(history) > CONTESTED_AFTER
+    if change.ops and sum(history) > CONTESTED_AFTER:
+        config.contested.add(uid)
+        return "new"
+    return None
 
 
 def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
