@@ -65,8 +65,10 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
             wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka", 30)
 
             assert wait_for(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, "liveness")
-            metrics = wait_for(lambda: _get(f"http://127.0.0.1:{metrics_port}/metrics")[1], "metrics")
-            assert 'kcm_operator_reconciliations_total{reason="Applied",result="applied"} 1.0' in metrics
+            # Counted once Kafka has answered, so a moment after the subscription is there.
+            applied = 'kcm_operator_reconciliations_total{reason="Applied",result="applied"} 1.0'
+            metrics = wait_for(lambda: (page := _get(f"http://127.0.0.1:{metrics_port}/metrics")[1]) and applied in page
+                               and page, "the reconciliation counted in the metrics")
             assert "kcm_operator_managed_subscriptions 1.0" in metrics
         finally:
             process.send_signal(signal.SIGTERM)

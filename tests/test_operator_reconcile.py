@@ -93,6 +93,12 @@ class Cluster:
     def events(self, reason: str) -> list[dict]:
         return [event for event in self.kube.objects("events", NS).values() if event.get("reason") == reason]
 
+    def wait_events(self, reason: str, count: int = 1) -> list[dict]:
+        """The events of `reason` once at least `count` are there: kopf posts events from a queue of its own, not in
+        step with the status patch a test has waited for."""
+        wait_for(lambda: len(self.events(reason)) >= count, f"{count} {reason} event(s)")
+        return self.events(reason)
+
 
 @pytest.fixture(autouse=True)
 def operator_logs(caplog):
@@ -156,7 +162,7 @@ def test_create_puts_the_subscription_in_kafka_exactly_and_reports_ready(run_ope
     assert status["subscriptionName"] == "team.payments"
     assert status["observedGeneration"] == 1 and ready["observedGeneration"] == 1
     assert status["lastAppliedTime"]
-    assert [event["type"] for event in cluster.events("Applied")] == ["Normal"]
+    assert [event["type"] for event in cluster.wait_events("Applied")] == ["Normal"]
     assert "kcm.dev/subscription" in cluster.get("payments")["metadata"]["finalizers"]
 
 
@@ -171,7 +177,7 @@ def test_update_applies_only_the_difference_and_a_removed_match_is_deleted(run_o
              "the update in Kafka")
     wait_for(lambda: cluster.get("payments")["status"].get("observedGeneration") == 2, "observedGeneration 2")
     assert cluster.wait_condition("payments", "True", "Applied")["observedGeneration"] == 2
-    applied = sorted(event["message"] for event in cluster.events("Applied"))
+    applied = sorted(event["message"] for event in cluster.wait_events("Applied", 2))
     assert applied[-1] == "subscription team.payments: update (interval.ms=5000, -match)"
 
 
@@ -246,7 +252,7 @@ def test_a_regex_kafka_refuses_is_invalid_spec_and_kafka_is_untouched(run_operat
     ready = cluster.wait_condition("bad", "False", "InvalidSpec")
     assert "payments-(" in ready["message"]
     assert cluster.sandbox.store.names() == []
-    assert [event["type"] for event in cluster.events("InvalidSpec")] == ["Warning"]
+    assert [event["type"] for event in cluster.wait_events("InvalidSpec")] == ["Warning"]
 
 
 def test_pause_stops_reconciling_and_says_so(run_operator):
@@ -336,7 +342,7 @@ def test_a_removal_kafka_refuses_is_tried_three_times_then_let_go_saying_so(run_
     cluster.delete("payments")
 
     wait_for(lambda: cluster.get("payments") is None, "the resource to go")
-    [event] = cluster.events("NotRemoved")
+    [event] = cluster.wait_events("NotRemoved")
     assert "subscription team.payments was not removed" in event["message"] and "not now" in event["message"]
     assert cluster.kafka("team.payments") == IN_KAFKA
 
@@ -401,7 +407,7 @@ def test_an_unexpected_fault_is_ready_false_failed_and_retried_until_it_passes(r
 
     cluster.wait_condition("payments", "True", "Applied")
     assert "ZeroDivisionError" in failed["message"] and "a bug" not in failed["message"]
-    assert [event["message"] for event in cluster.events("Failed")] == [failed["message"]]
+    assert [event["message"] for event in cluster.wait_events("Failed")] == [failed["message"]]
     assert cluster.kafka("team.payments") == IN_KAFKA
 
 
@@ -677,7 +683,8 @@ def test_a_connection_pointed_at_another_cluster_moves_its_subscriptions_without
     assert other.store.configs("team.payments") == IN_KAFKA
     assert cluster.events("Drift") == []
     assert (REGISTRY.get_sample_value("kcm_operator_drift_corrections_total") or 0) == corrections
-    moved = [event for event in cluster.events("Applied") if "moved to Kafka cluster" in event["message"]]
+    moved = wait_for(lambda: [e for e in cluster.events("Applied") if "moved to Kafka cluster" in e["message"]],
+                     "the Applied event saying it moved")
     assert [event["type"] for event in moved] == ["Normal"]
     assert other.broker.cluster_id in moved[0]["message"]
 
@@ -704,7 +711,7 @@ def test_deleting_a_subscription_whose_connection_is_gone_uses_its_last_good_set
     if not cluster_down:
         assert other.store.names() == [] and cluster.events("NotRemoved") == []
         return
-    (event,) = cluster.events("NotRemoved")
+    (event,) = cluster.wait_events("NotRemoved")
     assert event["type"] == "Warning"
     assert event["message"].startswith("subscription team.payments was not removed from Kafka")
     assert "KafkaConnection team/analytics does not exist" in event["message"]
