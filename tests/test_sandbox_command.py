@@ -66,7 +66,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    status = Path(f"/proc/{pid}/status").read_text()
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:   # reaped since the signal check
+        return False
     return "State:\tZ" not in status
 
 
