@@ -61,6 +61,8 @@ class FakeCollector(OtlpCollector):
         self._faults: deque[_Fault] = deque()
         self._refuse: tuple[Callable[[ExportMetricsServiceRequest], bool], grpc.StatusCode, str] | None = None
         self.rejected_calls = 0
+        self._in_progress = 0
+        self.most_in_progress = 0   # the most Export calls it was answering at once
 
     # Fault injection: each queued fault answers one Export call, in order.
     def fail_next(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, times: int = 1,
@@ -119,6 +121,17 @@ class FakeCollector(OtlpCollector):
             return True
 
     def Export(self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext) -> ExportMetricsServiceResponse:  # noqa: N802 (gRPC name)
+        with self._lock:
+            self._in_progress += 1
+            self.most_in_progress = max(self.most_in_progress, self._in_progress)
+        try:
+            return self._answer(request, context)
+        finally:
+            with self._lock:
+                self._in_progress -= 1
+
+    def _answer(self, request: ExportMetricsServiceRequest,
+                context: grpc.ServicerContext) -> ExportMetricsServiceResponse:
         with self._lock:
             fault = self._faults.popleft() if self._faults else None
             if fault is None and self._refuse is not None and self._refuse[0](request):

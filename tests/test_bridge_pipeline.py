@@ -83,11 +83,6 @@ def _config(tmp_path, bootstrap: str, topic: str, endpoint: str | list[str], bac
     return bridge_config.load(env={}, overrides=values, endpoints=endpoints, insecure=True)
 
 
-def _one_lane(config: bridge_config.BridgeConfig) -> bridge_config.BridgeConfig:
-    """`config` with one export thread for its endpoint: a batch is one request (with two, one per lane)."""
-    return dataclasses.replace(config, endpoints=[dataclasses.replace(config.endpoints[0], concurrency=1)])
-
-
 @contextmanager
 def running_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
     bridge = Bridge(config)
@@ -110,9 +105,8 @@ def _unstarted_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
     try:
         yield bridge
     finally:
-        for lanes in bridge._lanes.values():
-            for lane in lanes:
-                lane.shutdown()
+        for pool in bridge._pools.values():
+            pool.shutdown()
         for endpoint in bridge._endpoints:
             endpoint.close()
 
@@ -182,8 +176,8 @@ def test_records_the_collector_calls_invalid_cost_only_themselves_not_their_batc
     refused = {client for client in clients if client.startswith("poison")}
     collector.refuse_when(lambda request: not refused.isdisjoint(_request_client_ids(request)),
                           message="invalid metric name")
-    config = _one_lane(_config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
-                               {("batch", "linger_ms"): 3000}))   # the eight records make one batch, one request
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
+                     {("batch", "linger_ms"): 3000})   # the eight records make one batch
     with caplog.at_level(logging.ERROR, logger="kcm.bridge"), running_bridge(config) as bridge:
         _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 30, "commit past all eight")
     delivered = sorted(_client_ids(collector.exports))
@@ -210,8 +204,8 @@ def test_records_the_collector_calls_invalid_go_to_the_dead_letter_topic_as_they
     _produce(broker.bootstrap, topic, records)
     collector.refuse_when(lambda request: any(c.startswith("poison") for c in _request_client_ids(request)),
                           message="invalid metric name")
-    config = _one_lane(_config(tmp_path, broker.bootstrap, topic, collector.endpoint, backend,
-                               {("batch", "linger_ms"): 3000, ("delivery", "dead_letter_topic"): dead_letters}))
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, backend,
+                     {("batch", "linger_ms"): 3000, ("delivery", "dead_letter_topic"): dead_letters})
     with caplog.at_level(logging.ERROR, logger="kcm.bridge"), running_bridge(config) as bridge:
         _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 30, "commit past all eight")
     assert sorted(_client_ids(collector.exports)) == [c for c in sorted(clients) if c.startswith("client")]

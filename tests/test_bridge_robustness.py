@@ -8,6 +8,7 @@ import gc
 import logging
 import subprocess
 import sys
+import uuid
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -18,8 +19,8 @@ from kcm_bridge.offsets import Ticket
 from kcm_common import contract, points
 from fake_collector import FakeCollector
 from payloads import client_metrics
-from test_bridge_pipeline import (BACKENDS, _client_ids, _committed, _config, _FlakyDeadLetters, _one_lane,
-                                  _PausingConsumer, _produce, _push, _unstarted_bridge, _wait, running_bridge)
+from test_bridge_pipeline import (BACKENDS, _client_ids, _committed, _config, _FlakyDeadLetters, _PausingConsumer,
+                                  _produce, _request_client_ids, _push, _unstarted_bridge, _wait, running_bridge)
 
 
 class _NotUtf8(str):
@@ -112,6 +113,33 @@ def test_batches_exported_behind_a_dead_letter_the_topic_keeps_refusing_are_not_
         assert bridge._tracker.to_commit() == {("metrics", 0): batches + 1} and bridge._inflight_bytes() == 0
 
 
+_START = 1_700_000_000_000_000_000
+
+
+def _pushes(clients: list[str], push: int, first_offset: int) -> list[Record]:
+    """A push of each client (its client_instance_id derived from its name), stamped `push` seconds after _START."""
+    records = []
+    for offset, client in enumerate(clients, first_offset):
+        value, headers = contract.encode(
+            client_metrics(client, t_ns=_START + push * 10**9), content_encoding="zstd",
+            attributes={"client_id": client, "client_instance_id": str(uuid.uuid5(uuid.NAMESPACE_OID, client))})
+        records.append(Record("metrics", 0, offset, None, value, headers))
+    return records
+
+
+def _arrivals(collector: FakeCollector) -> dict[str, list[tuple[int, int]]]:
+    """Per client, (push, value of its sum) in the order they reached the collector."""
+    seen: dict[str, list[tuple[int, int]]] = {}
+    for export in collector.exports:
+        for resource_metrics in export.request.resource_metrics:
+            client = str(points.attributes(resource_metrics.resource.attributes)["client_id"])
+            for metric in resource_metrics.scope_metrics[0].metrics:
+                if metric.HasField("sum"):
+                    (point,) = metric.sum.data_points
+                    seen.setdefault(client, []).append(((point.time_unix_nano - _START) // 10**9, point.as_int))
+    return seen
+
+
 @pytest.mark.parametrize("delta_to_cumulative", [False, True])
 def test_each_client_instance_reaches_the_collector_in_the_order_read_after_a_failed_export_too(
         tmp_path, collector, delta_to_cumulative):
@@ -124,35 +152,82 @@ def test_each_client_instance_reaches_the_collector_in_the_order_read_after_a_fa
                      {("retry", "initial_backoff_s"): 0.5, ("retry", "max_backoff_s"): 0.5,
                       ("temporality", "delta_to_cumulative"): delta_to_cumulative})
     assert config.endpoints[0].concurrency == 2
-    clients, rounds, start = [f"client-{i}" for i in range(8)], 20, 1_700_000_000_000_000_000
+    clients, rounds = [f"client-{i}" for i in range(8)], 20
     with _unstarted_bridge(config) as bridge:
         collector.fail_next(grpc.StatusCode.UNAVAILABLE)   # the first request to arrive: retried after 0.5 s
-        offset = 0
         for push in range(rounds):   # one batch per round, every client in each
-            records = []
-            for number, client in enumerate(clients):
-                value, headers = contract.encode(
-                    client_metrics(client, t_ns=start + push * 10**9), content_encoding="zstd",
-                    attributes={"client_id": client, "client_instance_id": f"00000000-0000-0000-0000-{number:012d}"})
-                records.append(Record("metrics", 0, offset, None, value, headers))
-                offset += 1
-            bridge._add(records)
+            bridge._add(_pushes(clients, push, push * len(clients)))
             bridge._flush()
         _wait(lambda: bridge._inflight_bytes() == 0, 30, "every batch exported")
     assert collector.pending_faults() == 0   # the failure was answered, and its batch retried
 
-    arrived: dict[str, list[tuple[int, float]]] = {client: [] for client in clients}
-    for export in collector.exports:
-        for resource_metrics in export.request.resource_metrics:
-            client = str(points.attributes(resource_metrics.resource.attributes)["client_id"])
-            for metric in resource_metrics.scope_metrics[0].metrics:
-                if metric.HasField("sum"):
-                    (point,) = metric.sum.data_points
-                    arrived[client].append((point.time_unix_nano, point.as_int))
+    arrived = _arrivals(collector)
+    assert sorted(arrived) == clients
     for client, seen in arrived.items():
-        assert [time_ns for time_ns, _ in seen] == [start + push * 10**9 for push in range(rounds)], client
+        assert [push for push, _ in seen] == list(range(rounds)), client
         if delta_to_cumulative:   # each push's delta of 42 added up, in order: never a drop that looks like a reset
             assert [value for _, value in seen] == [42 * (push + 1) for push in range(rounds)], client
+
+
+def test_exports_of_different_clients_go_side_by_side_and_of_one_client_one_after_the_other(tmp_path, collector):
+    """An endpoint's export threads (`concurrency`, 2 by default) send batches side by side, unless a batch holds
+    records of a client instance an earlier export still out holds too: then it waits for that one."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
+    assert config.endpoints[0].concurrency == 2
+    with _unstarted_bridge(config) as bridge:
+        collector.stall_next(0.5, times=2)
+        for offset, clients in ((0, ["a", "b"]), (2, ["c", "d"])):
+            bridge._add(_pushes(clients, 0, offset))
+            bridge._flush()
+        _wait(lambda: bridge._inflight_bytes() == 0, 30, "both batches exported")
+        side_by_side, collector.most_in_progress = collector.most_in_progress, 0
+
+        collector.stall_next(0.5, times=2)
+        for offset, push, clients in ((4, 1, ["a", "e"]), (6, 2, ["f", "a"])):   # a in both
+            bridge._add(_pushes(clients, push, offset))
+            bridge._flush()
+        _wait(lambda: bridge._inflight_bytes() == 0, 30, "both batches exported")
+    assert side_by_side == 2
+    assert collector.most_in_progress == 1
+    assert [push for push, _ in _arrivals(collector)["a"]] == [0, 1, 2]
+
+
+def test_records_a_collector_refuses_are_split_out_without_reordering_the_rest(tmp_path, collector):
+    """The halves of a refused batch are settled one after the other: a client's records on both sides of the
+    refused one still arrive in the order read."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
+    collector.refuse_when(lambda request: "poison" in _request_client_ids(request), message="invalid metric name")
+    with _unstarted_bridge(config) as bridge:
+        bridge._add(_pushes(["x"], 0, 0) + _pushes(["poison"], 0, 1) + _pushes(["x"], 1, 2) + _pushes(["x"], 2, 3))
+        bridge._flush()
+        _wait(lambda: bridge._inflight_bytes() == 0, 30, "the batch settled")
+    assert [push for push, _ in _arrivals(collector)["x"]] == [0, 1, 2]
+    assert sorted(_arrivals(collector)) == ["x"]
+    assert collector.rejected_calls == 3   # the batch, the half holding the poison, then the poison on its own
+
+
+def test_an_export_waiting_for_a_thread_when_the_shutdown_deadline_passes_is_never_sent(tmp_path, collector):
+    """Its records stay uncommitted for the next owner of the partition, which sends them after the exports given up
+    at the deadline: sent now, they would arrive before those."""
+    import grpc
+
+    seen: set[str] = set()
+
+    def unavailable(request) -> bool:
+        seen.update(_request_client_ids(request))
+        return True
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("retry", "initial_backoff_s"): 0.05, ("retry", "max_backoff_s"): 0.1})
+    collector.refuse_when(unavailable, code=grpc.StatusCode.UNAVAILABLE)
+    with _unstarted_bridge(config) as bridge:
+        for offset, client in enumerate(["a", "b", "c"]):   # c waits for one of the two export threads
+            bridge._add(_pushes([client], 0, offset))
+            bridge._flush()
+        _wait(lambda: {"a", "b"} <= seen, 30, "both threads retrying")
+        bridge.stop(at_once=True)
+    assert seen == {"a", "b"}
+    assert bridge._tracker.to_commit() == {("metrics", 0): 0}   # nothing past what was exported: nothing
 
 
 def _large_push(client_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
@@ -173,8 +248,8 @@ def test_a_record_over_the_collectors_size_limit_is_dead_lettered_and_the_rest_o
         tmp_path, collector, caplog):
     """The collector refuses the request as RESOURCE_EXHAUSTED without a retry delay (its message limit): the batch
     was dropped and committed whole, dead-letter topic or not."""
-    config = _one_lane(_config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
-                               {("delivery", "dead_letter_topic"): "metrics-dlq", ("batch", "max_bytes"): 64 * 2**20}))
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq", ("batch", "max_bytes"): 64 * 2**20})
     pushes = [_push("before", "00000000-0000-0000-0000-000000000001"), _large_push("large"),
               _push("after", "00000000-0000-0000-0000-000000000002")]
     with _unstarted_bridge(config) as bridge, caplog.at_level(logging.ERROR, logger="kcm.bridge"):

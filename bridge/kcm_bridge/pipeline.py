@@ -183,6 +183,43 @@ class _DeadLetter:
     due: float = 0.0
 
 
+class _Turn:
+    """One export handed to an endpoint's threads, and the earlier ones still out that hold records of any of its
+    client instances (it waits for them)."""
+
+    __slots__ = ("instances", "after", "done")
+
+    def __init__(self, instances: frozenset[str | bytes], after: list[_Turn]) -> None:
+        self.instances, self.after, self.done = instances, after, threading.Event()
+
+
+class _InOrder:
+    """An endpoint's exports handed over and not ended. An export holding records of a client instance that an
+    earlier one still out holds too waits for that one to end, so each instance's records reach the collector in the
+    order they were read, after a failed and retried export too; exports of other clients go side by side,
+    `concurrency` at a time. (Back ends refuse a sample older than one they have, and a cumulative sum arriving older
+    than the last looks like a counter reset.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._out: list[_Turn] = []
+
+    def take(self, parts: list[Part]) -> _Turn:
+        """The turn of an export of `parts` (records without a client instance or key are not ordered): from the
+        consuming thread, in the order exports are handed over."""
+        instances = frozenset(part[2] for part in parts if part[2])
+        with self._lock:
+            turn = _Turn(instances, [t for t in self._out if not instances.isdisjoint(t.instances)])
+            self._out.append(turn)
+        return turn
+
+    def end(self, turn: _Turn) -> None:
+        turn.done.set()
+        turn.after = []   # nothing keeps a chain of ended turns alive
+        with self._lock:
+            self._out.remove(turn)
+
+
 @dataclass
 class _Batch:
     ticket: Ticket = field(default_factory=Ticket)
@@ -209,15 +246,14 @@ class Bridge:
         self._drain_deadline = float("inf")
         self._endpoints = [open_endpoint(e, config.retry, self._give_up, functools.partial(self._failed, e.endpoint))
                            for e in config.endpoints]
-        # Per endpoint, its `concurrency` export lanes of one thread each: an endpoint down (its exports retrying)
-        # never takes the threads another endpoint's exports need, and each client instance's records always take
-        # the same lane, so they reach the collector in the order they were read, after an outage too (back ends
-        # such as Prometheus refuse a sample older than one they have, and a cumulative sum arriving older than the
-        # last looks like a counter reset).
-        self._lanes = {id(endpoint): [ThreadPoolExecutor(max_workers=1,
-                                                         thread_name_prefix=f"kcm-bridge-export-{index}.{lane}")
-                                      for lane in range(e.concurrency)]
+        # One pool per endpoint, of its concurrency: an endpoint down (its exports retrying) never takes the
+        # workers another endpoint's exports need. With more than one worker, exports sharing a client instance
+        # take turns (_InOrder); one worker sends in order anyway.
+        self._pools = {id(endpoint): ThreadPoolExecutor(max_workers=e.concurrency,
+                                                        thread_name_prefix=f"kcm-bridge-export-{index}")
                        for index, (endpoint, e) in enumerate(zip(self._endpoints, config.endpoints))}
+        self._order = {id(endpoint): _InOrder()
+                       for endpoint, e in zip(self._endpoints, config.endpoints) if e.concurrency > 1}
         self._tracker = OffsetTracker()
         self._batch = _Batch()
         # Bytes of flushed batches and waiting dead letters whose tickets have not finished: kept as a sum, not
@@ -226,7 +262,7 @@ class Bridge:
         self._inflight_lock = threading.Lock()   # tickets finish on export and producer threads
         # Hash routing: each client instance's endpoint, worked out once (bounded like the header cache).
         self._hashing = config.routing == "hash" and len(self._endpoints) > 1
-        # Records carry their client instance for hash routing and for choosing a lane.
+        # Records carry their client instance for hash routing and for keeping each instance's exports in order.
         self._keyed = self._hashing or any(e.concurrency > 1 for e in config.endpoints)
         self._routes: dict[str | bytes, Endpoint] = {}
         # Dead letters to write from the consuming thread: failed writes to retry (appended from producer threads)
@@ -374,7 +410,7 @@ class Bridge:
                 batch = self._batch
             if not batch.parts:
                 batch.opened = time.monotonic()
-            instance = (prepare.last_instance or record.key or b"") if keyed else b""
+            instance = (prepare.last_instance or record.key or b"") if keyed else b""   # b"": not ordered
             batch.parts.append((payload, points, instance, record if keep else None))
             batch.points += points
             batch.size += size
@@ -460,56 +496,65 @@ class Bridge:
             work = list(groups.values())
         else:
             work = [(endpoint, batch.parts) for endpoint in self._endpoints]
-        requests = []
-        for endpoint, parts in work:
-            lanes = self._lanes[id(endpoint)]
-            if len(lanes) == 1:
-                requests.append((lanes[0], endpoint, parts))
-                continue
-            by_lane: dict[int, list[Part]] = {}
-            for part in parts:   # records with neither client instance nor key share one lane, in order
-                by_lane.setdefault(hash(part[2]) % len(lanes), []).append(part)
-            requests.extend((lanes[lane], endpoint, lane_parts) for lane, lane_parts in by_lane.items())
         batch.ticket.size = batch.size + batch.kept
-        batch.ticket.set_parts(len(requests))
+        batch.ticket.set_parts(len(work))
         self._hold(batch.ticket)
-        for lane, endpoint, parts in requests:
-            future = lane.submit(self._export, endpoint, parts, batch.ticket)
+        for endpoint, parts in work:
+            order = self._order.get(id(endpoint))
+            if order is None:
+                future = self._pools[id(endpoint)].submit(self._export, endpoint, parts, batch.ticket)
+            else:
+                future = self._pools[id(endpoint)].submit(self._export_in_turn, endpoint, parts, batch.ticket,
+                                                          order, order.take(parts))
             future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
+
+    def _export_in_turn(self, endpoint: Endpoint, records: list[Part], ticket: Ticket, order: _InOrder,
+                        turn: _Turn) -> Outcome:
+        """`_export`, once the earlier exports holding records of the same client instances have ended. They were
+        handed to the pool first, so they are running or done: waiting for them cannot deadlock."""
+        try:
+            for earlier in turn.after:
+                while not earlier.done.wait(0.1):
+                    if self._give_up():
+                        return Outcome(False, 0, abandoned=True)
+            return self._export(endpoint, records, ticket)
+        finally:
+            order.end(turn)
 
     def _export(self, endpoint: Endpoint, records: list[Part], ticket: Ticket) -> Outcome:
         """Export a batch's records as one request. A batch the collector refuses as invalid (INVALID_ARGUMENT) or
-        too large (RESOURCE_EXHAUSTED without a retry delay) is split in halves, each exported on its own, down to the
-        records it refuses: one bad or oversized record must not cost every other client in its batch its data. The
-        splitting is bounded (4·log2(records) extra requests), so a collector refusing everything costs a few requests
-        per batch, not one per record. The records refused in the end go to the dead-letter topic when there is one,
-        and `ticket` waits for those writes too."""
+        too large (RESOURCE_EXHAUSTED without a retry delay) is split in halves, down to the records it refuses: one
+        bad or oversized record must not cost every other client in its batch its data. The halves go in order, each
+        settled (split again as needed) before the next is sent, so the records taken still arrive in the order read.
+        The splitting is bounded (4·log2(records) extra requests), so a collector refusing everything costs a few
+        requests per batch, not one per record. The records refused in the end go to the dead-letter topic when there
+        is one, and `ticket` waits for those writes too."""
+        if self._give_up():   # the shutdown deadline passed while this waited: the next owner reads it again
+            return Outcome(False, 0, abandoned=True)
         outcome = self._send(endpoint, records)
         if outcome.error not in _SPLIT_CODES or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
-        budget, sent = 4 * len(records).bit_length(), 1
-        refused = [(outcome, records)]   # chunks refused as a whole, with their refusal: to split, or dropped
+        budget, sent = 4 * len(records).bit_length() - 2, 1   # each split takes two requests of it
         # Records refused for good by their gRPC code, with the (first) outcome of that code: each reason decides
         # for its own records (invalid ones may be dead-lettered, those refused for credentials never are).
         dropped: dict[str | None, tuple[Outcome, list[Part]]] = {}
-        while refused:
-            why, chunk = refused.pop()
-            if len(chunk) == 1 or budget < 2:
-                dropped.setdefault(why.error, (why, []))[1].extend(chunk)
+        half = len(records) // 2
+        unsent = [records[half:], records[:half]]   # a stack: the first half on top
+        while unsent:
+            chunk = unsent.pop()
+            sent += 1
+            result = self._send(endpoint, chunk)
+            if result.abandoned:
+                return result
+            if result.delivered:
                 continue
-            half = len(chunk) // 2
-            for part in (chunk[:half], chunk[half:]):
-                budget, sent = budget - 1, sent + 1
-                result = self._send(endpoint, part)
-                if result.abandoned:
-                    return result
-                if result.delivered:
-                    continue
-                if result.error in _SPLIT_CODES:
-                    refused.append((result, part))
-                else:
-                    dropped.setdefault(result.error, (result, []))[1].extend(part)
+            if result.error in _SPLIT_CODES and len(chunk) > 1 and budget >= 2:
+                budget -= 2
+                half = len(chunk) // 2
+                unsent += [chunk[half:], chunk[:half]]
+            else:
+                dropped.setdefault(result.error, (result, []))[1].extend(chunk)
         for why, parts in dropped.values():
             self._refused(endpoint, why, parts, len(records), ticket)
         if not dropped:   # refused as a whole, every part taken (a collector limiting request size this way)
@@ -692,13 +737,12 @@ class Bridge:
         if self._dead_letters is not None:
             self._dead_letters.close(max(0.0, self._drain_deadline - time.monotonic()))
         # Closing the channels ends exports still running past the deadline; they give up rather than retry.
-        lanes = [lane for endpoint_lanes in self._lanes.values() for lane in endpoint_lanes]
-        for lane in lanes:
-            lane.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
         for endpoint in self._endpoints:
             endpoint.close()
-        for lane in lanes:
-            lane.shutdown(wait=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
         log.info("bridge stopped")
 
 
