@@ -384,32 +384,24 @@ def diagnose_failure(settings: KafkaSettings, error: Exception,
     return KafkaUnavailableError(f"cannot reach Kafka at {settings.bootstrap_servers} ({what}); {hint}")
 
 
-def advertised_elsewhere(bootstrap_servers: str, advertised: Iterable[str]) -> str | None:
-    """What to say when a client that bootstrapped failed and its metadata named brokers other than the bootstrap
-    servers (`advertised`, as host:port): the classic set-up mistake, brokers advertising in-cluster names or pod
-    addresses that cannot be reached from where kcm runs. None when they are the bootstrap servers themselves."""
-    bootstrap = {f"{host}:{port}" for host, port in parse_bootstrap(bootstrap_servers)}
-    elsewhere = sorted(set(advertised) - bootstrap)
-    if not elsewhere:
-        return None
-    return (f"its brokers advertise {', '.join(elsewhere)}, which this client could not reach: run kcm where those "
-            "addresses resolve and connect, or bootstrap from a listener whose advertised.listeners are reachable")
-
-
 # How long a failed client may spend connecting to the brokers Kafka's metadata names, to tell whether they are out of
 # reach from here (advertised.listeners set for another network) before saying so.
 ADVERTISED_PROBE_S = 2.0
 
 
 def unreachable_advertised(bootstrap_servers: str, advertised: Iterable[str], timeout_s: float) -> str | None:
-    """`advertised_elsewhere`'s hint when Kafka's metadata names only brokers other than the bootstrap servers and
-    none of them (the first _PROBES_AT_ONCE, tried side by side) accepts a TCP connection within `timeout_s`; None
-    when one does. A broker that stays silent the whole time counts as out of reach."""
-    hint = advertised_elsewhere(bootstrap_servers, advertised)
+    """What to say when a client that bootstrapped failed and Kafka's metadata names only brokers other than the
+    bootstrap servers (`advertised`, as host:port), none of which (the first _PROBES_AT_ONCE, tried side by side)
+    accepts a TCP connection within `timeout_s`: the classic set-up mistake, brokers advertising in-cluster names or
+    pod addresses that cannot be reached from where kcm runs. None when one does, or when they include the bootstrap
+    servers. A broker that stays silent the whole time counts as out of reach."""
     bootstrap = {f"{host}:{port}" for host, port in parse_bootstrap(bootstrap_servers)}
-    if hint is None or bootstrap & set(advertised):
+    elsewhere = sorted(set(advertised) - bootstrap)
+    if not elsewhere or bootstrap & set(advertised):
         return None
-    addresses = sorted(set(advertised))[:_PROBES_AT_ONCE]
+    hint = (f"its brokers advertise {', '.join(elsewhere)}, which this client could not reach: run kcm where those "
+            "addresses resolve and connect, or bootstrap from a listener whose advertised.listeners are reachable")
+    addresses = elsewhere[:_PROBES_AT_ONCE]
 
     def connects(address: str) -> bool:
         try:
