@@ -127,16 +127,24 @@ def _pushes(clients: list[str], push: int, first_offset: int) -> list[Record]:
     return records
 
 
+def _request_pushes(request) -> list[tuple[str, int, int]]:
+    """(client, push, value of its sum) of each push in an export request, in order."""
+    found = []
+    for resource_metrics in request.resource_metrics:
+        client = str(points.attributes(resource_metrics.resource.attributes)["client_id"])
+        for metric in resource_metrics.scope_metrics[0].metrics:
+            if metric.HasField("sum"):
+                (point,) = metric.sum.data_points
+                found.append((client, (point.time_unix_nano - _START) // 10**9, point.as_int))
+    return found
+
+
 def _arrivals(collector: FakeCollector) -> dict[str, list[tuple[int, int]]]:
     """Per client, (push, value of its sum) in the order they reached the collector."""
     seen: dict[str, list[tuple[int, int]]] = {}
     for export in collector.exports:
-        for resource_metrics in export.request.resource_metrics:
-            client = str(points.attributes(resource_metrics.resource.attributes)["client_id"])
-            for metric in resource_metrics.scope_metrics[0].metrics:
-                if metric.HasField("sum"):
-                    (point,) = metric.sum.data_points
-                    seen.setdefault(client, []).append(((point.time_unix_nano - _START) // 10**9, point.as_int))
+        for client, push, value in _request_pushes(export.request):
+            seen.setdefault(client, []).append((push, value))
     return seen
 
 
@@ -192,6 +200,31 @@ def test_exports_of_different_clients_go_side_by_side_and_of_one_client_one_afte
     assert [push for push, _ in _arrivals(collector)["a"]] == [0, 1, 2]
 
 
+def test_a_request_retried_for_a_long_time_holds_back_only_its_own_clients(tmp_path, collector):
+    """The collector fails the first push of client `stuck` (UNAVAILABLE: retried). stuck's next pushes, one batch
+    each, wait for it without taking an export thread; the other clients' batches keep going."""
+    import grpc
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("retry", "initial_backoff_s"): 0.05, ("retry", "max_backoff_s"): 0.1})
+    collector.refuse_when(lambda request: ("stuck", 0) in [(c, p) for c, p, _ in _request_pushes(request)],
+                          code=grpc.StatusCode.UNAVAILABLE)
+    others = [f"client-{i}" for i in range(16)]
+    with _unstarted_bridge(config) as bridge:
+        try:
+            for offset in (0, 1, 2, 3):   # more than the endpoint's two threads
+                bridge._add(_pushes(["stuck"], offset, offset))
+                bridge._flush()
+            for push in range(8):
+                bridge._add(_pushes(others, push, 4 + push * len(others)))
+                bridge._flush()
+            _wait(lambda: all(len(_arrivals(collector).get(client, [])) == 8 for client in others), 30,
+                  "every push of the other clients")
+            assert "stuck" not in _arrivals(collector)   # its later pushes wait for the first, still retried
+        finally:
+            bridge.stop(at_once=True)   # the retrying export gives up, so the threads can be shut down
+
+
 def test_records_a_collector_refuses_are_split_out_without_reordering_the_rest(tmp_path, collector):
     """The halves of a refused batch are settled one after the other: a client's records on both sides of the
     refused one still arrive in the order read."""
@@ -228,6 +261,25 @@ def test_an_export_waiting_for_a_thread_when_the_shutdown_deadline_passes_is_nev
         bridge.stop(at_once=True)
     assert seen == {"a", "b"}
     assert bridge._tracker.to_commit() == {("metrics", 0): 0}   # nothing past what was exported: nothing
+
+
+def test_a_refused_batch_being_split_when_the_shutdown_deadline_passes_sends_nothing_more(tmp_path, collector):
+    from kcm_common.otlp_export import Outcome
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
+    with _unstarted_bridge(config) as bridge:
+        sent: list[int] = []
+
+        def refuse(endpoint, records) -> Outcome:   # the collector refuses every request as invalid
+            sent.append(len(records))
+            if len(sent) == 2:
+                bridge.stop(at_once=True)   # a second Ctrl-C while the first half is out
+            return Outcome(False, 1, error="INVALID_ARGUMENT", detail="nope")
+
+        bridge._send = refuse
+        parts = [(b"", 12, f"instance-{i}", None) for i in range(650)]
+        outcome = bridge._export(bridge._endpoints[0], parts, Ticket())
+    assert outcome.abandoned and sent == [650, 325]
 
 
 def _large_push(client_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:

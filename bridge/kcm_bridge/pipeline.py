@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -184,40 +185,56 @@ class _DeadLetter:
 
 
 class _Turn:
-    """One export handed to an endpoint's threads, and the earlier ones still out that hold records of any of its
-    client instances (it waits for them)."""
+    """One export for an endpoint: started (handed to its threads) once the earlier ones it waits for have ended."""
 
-    __slots__ = ("instances", "after", "done")
+    __slots__ = ("instances", "start", "waiting_for", "then")
 
-    def __init__(self, instances: frozenset[str | bytes], after: list[_Turn]) -> None:
-        self.instances, self.after, self.done = instances, after, threading.Event()
+    def __init__(self, instances: frozenset[str | bytes], start: Callable[[_Turn], None]) -> None:
+        self.instances, self.start = instances, start
+        self.waiting_for = 0            # earlier exports not ended yet that hold one of its client instances
+        self.then: list[_Turn] = []     # later exports waiting for this one
 
 
 class _InOrder:
-    """An endpoint's exports handed over and not ended. An export holding records of a client instance that an
-    earlier one still out holds too waits for that one to end, so each instance's records reach the collector in the
-    order they were read, after a failed and retried export too; exports of other clients go side by side,
-    `concurrency` at a time. (Back ends refuse a sample older than one they have, and a cumulative sum arriving older
-    than the last looks like a counter reset.)"""
+    """Keeps each client instance's records in the order they were read on their way to one endpoint, after a
+    failed and retried export too: an export holding records of a client instance that an earlier export not yet
+    ended holds is started only once that one ends. Exports of other clients go side by side, `concurrency` at a
+    time, and one that waits takes no thread meanwhile, so a request retried for a long time holds back only the
+    exports of its own clients. (Back ends refuse a sample older than one they have, and a cumulative sum arriving
+    older than the last looks like a counter reset.) Records with neither client instance nor key are not ordered."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._out: list[_Turn] = []
+        self._latest: dict[str | bytes, _Turn] = {}   # each client instance's last export not ended
 
-    def take(self, parts: list[Part]) -> _Turn:
-        """The turn of an export of `parts` (records without a client instance or key are not ordered): from the
-        consuming thread, in the order exports are handed over."""
-        instances = frozenset(part[2] for part in parts if part[2])
+    def take(self, parts: list[Part], start: Callable[[_Turn], None]) -> None:
+        """Start an export of `parts` with `start(turn)`, now or when the exports it waits for have ended (`end(turn)`
+        when it ends); from the consuming thread, in the order exports are handed over."""
+        turn = _Turn(frozenset(part[2] for part in parts if part[2]), start)
         with self._lock:
-            turn = _Turn(instances, [t for t in self._out if not instances.isdisjoint(t.instances)])
-            self._out.append(turn)
-        return turn
+            earlier = {id(t): t for t in map(self._latest.get, turn.instances) if t is not None}
+            for waited in earlier.values():
+                waited.then.append(turn)
+            turn.waiting_for = len(earlier)
+            for instance in turn.instances:
+                self._latest[instance] = turn
+        if not earlier:
+            start(turn)
 
     def end(self, turn: _Turn) -> None:
-        turn.done.set()
-        turn.after = []   # nothing keeps a chain of ended turns alive
+        """The export ended (delivered, refused or given up): start the ones that waited for it alone."""
         with self._lock:
-            self._out.remove(turn)
+            for instance in turn.instances:
+                if self._latest.get(instance) is turn:
+                    del self._latest[instance]
+            due = []
+            for later in turn.then:
+                later.waiting_for -= 1
+                if later.waiting_for == 0:
+                    due.append(later)
+            turn.then = []
+        for later in due:
+            later.start(later)
 
 
 @dataclass
@@ -502,31 +519,34 @@ class Bridge:
         for endpoint, parts in work:
             order = self._order.get(id(endpoint))
             if order is None:
-                future = self._pools[id(endpoint)].submit(self._export, endpoint, parts, batch.ticket)
+                self._start(endpoint, parts, batch.ticket, None, None)
             else:
-                future = self._pools[id(endpoint)].submit(self._export_in_turn, endpoint, parts, batch.ticket,
-                                                          order, order.take(parts))
-            future.add_done_callback(lambda f, t=batch.ticket: self._exported(f, t))
+                order.take(parts, functools.partial(self._start, endpoint, parts, batch.ticket, order))
 
-    def _export_in_turn(self, endpoint: Endpoint, records: list[Part], ticket: Ticket, order: _InOrder,
-                        turn: _Turn) -> Outcome:
-        """`_export`, once the earlier exports holding records of the same client instances have ended. They were
-        handed to the pool first, so they are running or done: waiting for them cannot deadlock."""
+    def _start(self, endpoint: Endpoint, parts: list[Part], ticket: Ticket, order: _InOrder | None,
+               turn: _Turn | None) -> None:
+        """Hand an export to the endpoint's threads (from the consuming thread, or the export thread whose end let
+        this one start)."""
         try:
-            for earlier in turn.after:
-                while not earlier.done.wait(0.1):
-                    if self._give_up():
-                        return Outcome(False, 0, abandoned=True)
+            future = self._pools[id(endpoint)].submit(self._export_in_turn, endpoint, parts, ticket, order, turn)
+        except RuntimeError:   # the threads were shut down (the drain's deadline): left uncommitted, read again
+            return
+        future.add_done_callback(lambda f: self._exported(f, ticket))
+
+    def _export_in_turn(self, endpoint: Endpoint, records: list[Part], ticket: Ticket, order: _InOrder | None,
+                        turn: _Turn | None) -> Outcome:
+        try:
             return self._export(endpoint, records, ticket)
         finally:
-            order.end(turn)
+            if order is not None and turn is not None:
+                order.end(turn)
 
     def _export(self, endpoint: Endpoint, records: list[Part], ticket: Ticket) -> Outcome:
         """Export a batch's records as one request. A batch the collector refuses as invalid (INVALID_ARGUMENT) or
         too large (RESOURCE_EXHAUSTED without a retry delay) is split in halves, down to the records it refuses: one
         bad or oversized record must not cost every other client in its batch its data. The halves go in order, each
         settled (split again as needed) before the next is sent, so the records taken still arrive in the order read.
-        The splitting is bounded (4·log2(records) extra requests), so a collector refusing everything costs a few
+        The splitting is bounded (4·bit_length(records) extra requests), so a collector refusing everything costs a few
         requests per batch, not one per record. The records refused in the end go to the dead-letter topic when there
         is one, and `ticket` waits for those writes too."""
         if self._give_up():   # the shutdown deadline passed while this waited: the next owner reads it again
@@ -542,6 +562,8 @@ class Bridge:
         half = len(records) // 2
         unsent = [records[half:], records[:half]]   # a stack: the first half on top
         while unsent:
+            if self._give_up():   # the shutdown deadline: uncommitted, the next owner sends all of it again
+                return Outcome(False, sent, abandoned=True)
             chunk = unsent.pop()
             sent += 1
             result = self._send(endpoint, chunk)
