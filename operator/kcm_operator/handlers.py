@@ -401,9 +401,8 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     if contested is not None:
         message = (f"subscription {desired.name} was changed outside kcm again after {CONTESTED_AFTER} reverts "
                    f"within {CONTESTED_WINDOW} drift checks: something else manages it too (another kcm operator "
-                   "watching other "
-                   "namespaces, a script), so kcm stopped reverting it. Let one operator manage each subscription; "
-                   "kcm applies this resource again when its spec changes or the operator restarts")
+                   "watching other namespaces, a script), so kcm stopped reverting it. Let one operator manage each "
+                   "subscription; kcm applies this resource again when its spec changes or the operator restarts")
         status.set("Ready", "False", "Contested", message)
         config.mark_ready(body.metadata.uid, False)
         if contested == "new" and status.ready_changed:
