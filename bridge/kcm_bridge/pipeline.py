@@ -185,41 +185,58 @@ class _DeadLetter:
 
 
 class _Turn:
-    """One export for an endpoint: started (handed to its threads) once the earlier ones it waits for have ended."""
+    """Records of one batch for an endpoint, sent as one request once the earlier exports it waits for have ended."""
 
-    __slots__ = ("instances", "start", "waiting_for", "then")
+    __slots__ = ("instances", "parts", "start", "waiting_for", "then")
 
-    def __init__(self, instances: frozenset[str | bytes], start: Callable[[_Turn], None]) -> None:
-        self.instances, self.start = instances, start
+    def __init__(self, parts: list[Part], start: Callable[[_Turn], None]) -> None:
+        self.instances = frozenset(part[2] for part in parts if part[2])
+        self.parts, self.start = parts, start
         self.waiting_for = 0            # earlier exports not ended yet that hold one of its client instances
         self.then: list[_Turn] = []     # later exports waiting for this one
 
 
 class _InOrder:
     """Keeps each client instance's records in the order they were read on their way to one endpoint, after a
-    failed and retried export too: an export holding records of a client instance that an earlier export not yet
-    ended holds is started only once that one ends. Exports of other clients go side by side, `concurrency` at a
-    time, and one that waits takes no thread meanwhile, so a request retried for a long time holds back only the
-    exports of its own clients. (Back ends refuse a sample older than one they have, and a cumulative sum arriving
-    older than the last looks like a counter reset.) Records with neither client instance nor key are not ordered."""
+    failed and retried export too: a batch's records of client instances that an earlier export not yet ended holds
+    are sent (as requests of their own) only once that one ends; its other records go at once. Exports go side by
+    side, `concurrency` at a time, and records that wait take no thread meanwhile, so a request retried for a long
+    time holds back only the later records of its own clients. (Back ends refuse a sample older than one they have,
+    and a cumulative sum arriving older than the last looks like a counter reset.) Records with neither client
+    instance nor key are not ordered."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str | bytes, _Turn] = {}   # each client instance's last export not ended
 
-    def take(self, parts: list[Part], start: Callable[[_Turn], None]) -> None:
-        """Start an export of `parts` with `start(turn)`, now or when the exports it waits for have ended (`end(turn)`
-        when it ends); from the consuming thread, in the order exports are handed over."""
-        turn = _Turn(frozenset(part[2] for part in parts if part[2]), start)
+    def take(self, parts: list[Part], ticket: Ticket, start: Callable[[_Turn], None]) -> None:
+        """Send `parts` with `start(turn)`: at once those of instances with no earlier export out, the others each
+        when the export they wait for has ended, as one request per such export (so records waiting for a healthy
+        export never wait for a stuck one too; `ticket` waits for each request). From the consuming thread, in the
+        order batches are handed over; `end(turn)` when each turn's export ends."""
+        now: _Turn | None = None
         with self._lock:
-            earlier = {id(t): t for t in map(self._latest.get, turn.instances) if t is not None}
-            for waited in earlier.values():
-                waited.then.append(turn)
-            turn.waiting_for = len(earlier)
-            for instance in turn.instances:
-                self._latest[instance] = turn
-        if not earlier:
-            start(turn)
+            latest = self._latest
+            free: list[Part] = []
+            held: dict[int, tuple[_Turn, list[Part]]] = {}   # by the export they wait for
+            for part in parts:
+                waited = latest.get(part[2]) if part[2] else None
+                if waited is None:
+                    free.append(part)
+                else:
+                    held.setdefault(id(waited), (waited, []))[1].append(part)
+            for waited, group in held.values():
+                later = _Turn(group, start)
+                later.waiting_for = 1
+                waited.then.append(later)
+                latest.update(dict.fromkeys(later.instances, later))
+            if free:
+                now = _Turn(free, start)
+                latest.update(dict.fromkeys(now.instances, now))
+            if len(held) + (now is not None) > 1:
+                ticket.add_parts(len(held) + (now is not None) - 1)
+        if now is not None:
+            start(now)
 
     def end(self, turn: _Turn) -> None:
         """The export ended (delivered, refused or given up): start the ones that waited for it alone."""
@@ -234,7 +251,10 @@ class _InOrder:
                     due.append(later)
             turn.then = []
         for later in due:
-            later.start(later)
+            try:
+                later.start(later)
+            except Exception:   # its records stay uncommitted (read again by the next owner); the others go on
+                log.exception("handing a waiting export to the export threads failed; its records stay uncommitted")
 
 
 @dataclass
@@ -521,7 +541,7 @@ class Bridge:
             if order is None:
                 self._start(endpoint, parts, batch.ticket, None, None)
             else:
-                order.take(parts, functools.partial(self._start, endpoint, parts, batch.ticket, order))
+                order.take(parts, batch.ticket, functools.partial(self._start_turn, endpoint, batch.ticket, order))
 
     def _start(self, endpoint: Endpoint, parts: list[Part], ticket: Ticket, order: _InOrder | None,
                turn: _Turn | None) -> None:
@@ -529,9 +549,14 @@ class Bridge:
         this one start)."""
         try:
             future = self._pools[id(endpoint)].submit(self._export_in_turn, endpoint, parts, ticket, order, turn)
-        except RuntimeError:   # the threads were shut down (the drain's deadline): left uncommitted, read again
-            return
+        except RuntimeError:
+            if self._stopping.is_set():   # the threads were shut down (the drain's deadline): read again later
+                return
+            raise
         future.add_done_callback(lambda f: self._exported(f, ticket))
+
+    def _start_turn(self, endpoint: Endpoint, ticket: Ticket, order: _InOrder, turn: _Turn) -> None:
+        self._start(endpoint, turn.parts, ticket, order, turn)
 
     def _export_in_turn(self, endpoint: Endpoint, records: list[Part], ticket: Ticket, order: _InOrder | None,
                         turn: _Turn | None) -> Outcome:
