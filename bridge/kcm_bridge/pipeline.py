@@ -198,45 +198,29 @@ class _Turn:
 
 class _InOrder:
     """Keeps each client instance's records in the order they were read on their way to one endpoint, after a
-    failed and retried export too: a batch's records of client instances that an earlier export not yet ended holds
-    are sent (as requests of their own) only once that one ends; its other records go at once. Exports go side by
-    side, `concurrency` at a time, and records that wait take no thread meanwhile, so a request retried for a long
-    time holds back only the later records of its own clients. (Back ends refuse a sample older than one they have,
-    and a cumulative sum arriving older than the last looks like a counter reset.) Records with neither client
-    instance nor key are not ordered."""
+    failed and retried export too: a batch holding records of a client instance that an earlier export not yet ended
+    holds is sent only once that one ends. Exports go side by side, `concurrency` at a time, and one that waits takes
+    no thread meanwhile. (Back ends refuse a sample older than one they have, and a cumulative sum arriving older than
+    the last looks like a counter reset.) Records with neither client instance nor key are not ordered."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str | bytes, _Turn] = {}   # each client instance's last export not ended
 
-    def take(self, parts: list[Part], ticket: Ticket, start: Callable[[_Turn], None]) -> None:
-        """Send `parts` with `start(turn)`: at once those of instances with no earlier export out, the others each
-        when the export they wait for has ended, as one request per such export (so records waiting for a healthy
-        export never wait for a stuck one too; `ticket` waits for each request). From the consuming thread, in the
-        order batches are handed over; `end(turn)` when each turn's export ends."""
-        now: _Turn | None = None
+    def take(self, parts: list[Part], start: Callable[[_Turn], None]) -> None:
+        """Send `parts` with `start(turn)`, now or when the exports it waits for have ended; from the consuming
+        thread, in the order batches are handed over; `end(turn)` when its export ends. (Sending only a batch's records
+        that must wait later, and the rest at once, cut batches into ever smaller requests while a backlog of a
+        fleet of some thousand clients is read.)"""
+        turn = _Turn(parts, start)
         with self._lock:
-            latest = self._latest
-            free: list[Part] = []
-            held: dict[int, tuple[_Turn, list[Part]]] = {}   # by the export they wait for
-            for part in parts:
-                waited = latest.get(part[2]) if part[2] else None
-                if waited is None:
-                    free.append(part)
-                else:
-                    held.setdefault(id(waited), (waited, []))[1].append(part)
-            for waited, group in held.values():
-                later = _Turn(group, start)
-                later.waiting_for = 1
-                waited.then.append(later)
-                latest.update(dict.fromkeys(later.instances, later))
-            if free:
-                now = _Turn(free, start)
-                latest.update(dict.fromkeys(now.instances, now))
-            if len(held) + (now is not None) > 1:
-                ticket.add_parts(len(held) + (now is not None) - 1)
-        if now is not None:
-            start(now)
+            earlier = {id(t): t for t in map(self._latest.get, turn.instances) if t is not None}
+            for waited in earlier.values():
+                waited.then.append(turn)
+            turn.waiting_for = len(earlier)
+            self._latest.update(dict.fromkeys(turn.instances, turn))
+        if not earlier:
+            start(turn)
 
     def end(self, turn: _Turn) -> None:
         """The export ended (delivered, refused or given up): start the ones that waited for it alone."""
@@ -541,7 +525,7 @@ class Bridge:
             if order is None:
                 self._start(endpoint, parts, batch.ticket, None, None)
             else:
-                order.take(parts, batch.ticket, functools.partial(self._start_turn, endpoint, batch.ticket, order))
+                order.take(parts, functools.partial(self._start_turn, endpoint, batch.ticket, order))
 
     def _start(self, endpoint: Endpoint, parts: list[Part], ticket: Ticket, order: _InOrder | None,
                turn: _Turn | None) -> None:
