@@ -22,8 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
 
 from kcm_bridge import config as bridge_config
-from kcm_bridge.offsets import Ticket
-from kcm_bridge.pipeline import Bridge
+from kcm_bridge.pipeline import Bridge, _BatchTicket
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
@@ -235,7 +234,6 @@ def test_records_split_out_of_a_refused_batch_are_each_judged_by_their_own_refus
     import grpc
 
     from kcm_bridge.consumer import Record
-    from kcm_bridge.offsets import Ticket
 
     config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
                      {("delivery", "dead_letter_topic"): "metrics-dlq"})
@@ -243,12 +241,12 @@ def test_records_split_out_of_a_refused_batch_are_each_judged_by_their_own_refus
         parts = []
         for offset, client in enumerate(("first", "second")):
             record = Record("metrics", 0, offset, *_push(client, f"00000000-0000-0000-0000-00000000000{offset}"))
-            parts.append((*bridge._prepare(record), record.key, record))
+            parts.append((*bridge._prepare(record), record.key, record, ("metrics", 0)))
         refusals = [(grpc.StatusCode.INVALID_ARGUMENT, "bad metric"), (grpc.StatusCode.UNAUTHENTICATED, "token")]
         collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="the batch")
         for code, message in (refusals if first_invalid else refusals[::-1]):
             collector.fail_next(code, message=message)
-        bridge._export(bridge._endpoints[0], parts, Ticket())
+        bridge._export(bridge._endpoints[0], parts, _BatchTicket())
         invalid = "first" if first_invalid else "second"
         assert [(letter.record.offset, letter.reason) for letter in bridge._letters_due] == [
             (0 if first_invalid else 1, "refused-by-collector")], invalid
@@ -793,9 +791,9 @@ def test_a_batch_refused_as_a_whole_whose_parts_are_all_taken_is_delivered_and_n
         for index in range(3):
             payload = _push(f"app-{index}", f"00000000-0000-0000-0000-00000000000{index}")[1]
             request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
-            records.append((request, 2, b"", None))
+            records.append((request, 2, b"", None, ("metrics", 0)))
         collector.fail_next(grpc.StatusCode.INVALID_ARGUMENT, message="request too large")
-        assert bridge._export(bridge._endpoints[0], records, Ticket()).delivered
+        assert bridge._export(bridge._endpoints[0], records, _BatchTicket()).delivered
     exports = collector.exports
     assert len(exports) == 2 and [len(e.request.resource_metrics) for e in exports] in ([1, 2], [2, 1])
     assert [r.levelno for r in caplog.records if r.name == "kcm.bridge"] == [logging.WARNING]
@@ -812,9 +810,10 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
         payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
         request = contract.decode(payload, [("content-encoding", b"zstd")]).metrics.SerializeToString()
         collector.reject_partially_next(10**6)
-        assert bridge._export(bridge._endpoints[0], [(request, 12, b"", None)], Ticket()).delivered
+        part = (request, 12, b"", None, ("metrics", 0))
+        assert bridge._export(bridge._endpoints[0], [part], _BatchTicket()).delivered
         collector.reject_partially_next(-5)
-        assert bridge._export(bridge._endpoints[0], [(request, 12, b"", None)], Ticket()).rejected_points == 0
+        assert bridge._export(bridge._endpoints[0], [part], _BatchTicket()).rejected_points == 0
         assert bridge.metrics.value(bridge.metrics.rejected) == 12
         assert bridge.metrics.value(bridge.metrics.points) == 12
 

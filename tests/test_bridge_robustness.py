@@ -8,6 +8,8 @@ import gc
 import logging
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
 import pytest
@@ -16,6 +18,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 from kcm_bridge.consumer import Record
 from kcm_bridge.offsets import Ticket
+from kcm_bridge.pipeline import _BatchTicket
 from kcm_common import contract, points
 from fake_collector import FakeCollector
 from payloads import client_metrics
@@ -105,7 +108,7 @@ def test_batches_exported_behind_a_dead_letter_the_topic_keeps_refusing_are_not_
         assert len(collector.exports) == batches
         assert bridge._tracker.to_commit() == {("metrics", 0): 0}   # not past the letter
         gc.collect()
-        tickets = [o for o in gc.get_objects() if type(o) is Ticket]
+        tickets = [o for o in gc.get_objects() if isinstance(o, Ticket)]
         assert len(tickets) < 10, f"{len(tickets)} tickets held for {batches} exported batches"
 
         dead_letters.failures = 0   # the topic is fixed
@@ -116,14 +119,14 @@ def test_batches_exported_behind_a_dead_letter_the_topic_keeps_refusing_are_not_
 _START = 1_700_000_000_000_000_000
 
 
-def _pushes(clients: list[str], push: int, first_offset: int) -> list[Record]:
+def _pushes(clients: list[str], push: int, first_offset: int, partition: int = 0) -> list[Record]:
     """A push of each client (its client_instance_id derived from its name), stamped `push` seconds after _START."""
     records = []
     for offset, client in enumerate(clients, first_offset):
         value, headers = contract.encode(
             client_metrics(client, t_ns=_START + push * 10**9), content_encoding="zstd",
             attributes={"client_id": client, "client_instance_id": str(uuid.uuid5(uuid.NAMESPACE_OID, client))})
-        records.append(Record("metrics", 0, offset, None, value, headers))
+        records.append(Record("metrics", partition, offset, None, value, headers))
     return records
 
 
@@ -269,16 +272,188 @@ def test_a_refused_batch_being_split_when_the_shutdown_deadline_passes_sends_not
     with _unstarted_bridge(config) as bridge:
         sent: list[int] = []
 
-        def refuse(endpoint, records) -> Outcome:   # the collector refuses every request as invalid
+        def refuse(endpoint, records, ticket) -> Outcome:   # the collector refuses every request as invalid
             sent.append(len(records))
             if len(sent) == 2:
                 bridge.stop(at_once=True)   # a second Ctrl-C while the first half is out
             return Outcome(False, 1, error="INVALID_ARGUMENT", detail="nope")
 
         bridge._send = refuse
-        parts = [(b"", 12, f"instance-{i}", None) for i in range(650)]
-        outcome = bridge._export(bridge._endpoints[0], parts, Ticket())
+        parts = [(b"", 12, f"instance-{i}", None, ("metrics", 0)) for i in range(650)]
+        outcome = bridge._export(bridge._endpoints[0], parts, _BatchTicket())
     assert outcome.abandoned and sent == [650, 325]
+
+
+class _CommittingConsumer(_PausingConsumer):
+    def __init__(self, assignment):
+        super().__init__(assignment)
+        self.commits = []
+
+    def commit(self, positions):
+        self.commits.append(dict(positions))
+
+    def close(self):
+        pass
+
+
+def test_a_partition_revoked_before_its_exports_ended_is_not_sent_by_them_any_more(tmp_path, collector, caplog):
+    """The revoke waits `revoke_timeout_s`, then leaves the partition to its next owner, which reads and sends its
+    records again. The export being retried and the one waiting behind it used to go on, reaching the collector after
+    the next owner's newer records (and keeping their bytes counted); now they stop, and the records of partitions
+    still owned in the same batch are still sent."""
+    import grpc
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "revoke_timeout_s"): 0.3, ("retry", "initial_backoff_s"): 0.05,
+                      ("retry", "max_backoff_s"): 0.1})
+    down = threading.Event()
+    down.set()
+    collector.refuse_when(lambda request: down.is_set() and "a" in _request_client_ids(request),
+                          code=grpc.StatusCode.UNAVAILABLE)
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([("metrics", 0), ("metrics", 1)])
+        try:
+            bridge._add(_pushes(["a"], 0, 0))   # retried while the collector refuses a
+            bridge._flush()
+            bridge._add(_pushes(["a"], 1, 1) + _pushes(["b"], 1, 0, partition=1))   # waits for the one before
+            bridge._flush()
+            _wait(lambda: collector.rejected_calls >= 2, 10, "the first export retried")
+            with caplog.at_level(logging.WARNING, logger="kcm.bridge"):
+                bridge._on_revoke([("metrics", 0)])
+            assert "2 batches of the revoked partitions were not exported within revoke_timeout_s" in caplog.text
+            _wait(lambda: bridge._inflight_bytes() == 0, 10, "both batches settled")
+            down.clear()   # were they still retried or waiting, a's pushes would now arrive, after the next owner's
+            time.sleep(0.5)
+        finally:
+            bridge.stop(at_once=True)
+    assert _arrivals(collector) == {"b": [(1, 42)]}
+    assert bridge._tracker.to_commit() == {("metrics", 1): 1}
+
+
+def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_stops_the_bridge(
+        tmp_path, monkeypatch):
+    """`submit` failing (can't start new thread) for an export that waited left it registered as its clients' last:
+    every later batch of them, and of the clients batched with those, waited for ever. It ends there now, the ones
+    waiting for it go, and the consuming loop stops the bridge, as when that happens on its own thread."""
+    from kcm_bridge import pipeline
+
+    order, started = pipeline._InOrder(), []
+
+    def start(turn):
+        started.append(turn.parts[0][0])
+
+    def refuse(turn):
+        raise RuntimeError("can't start new thread")
+
+    order.take([(b"x", 1, "a", None, ("metrics", 0))], start)
+    x = started and order._latest["a"]
+    order.take([(b"t", 1, "a", None, ("metrics", 0)), (b"t", 1, "b", None, ("metrics", 0))], refuse)
+    order.take([(b"u", 1, "b", None, ("metrics", 0)), (b"u", 1, "c", None, ("metrics", 0))], start)
+    assert started == [b"x"]
+    order.end(x)   # t's hand-over fails: u, which waited for it alone, goes
+    assert started == [b"x", b"u"] and isinstance(order.failure, RuntimeError)
+    order.end(order._latest["b"])
+    assert order._latest == {}
+    with pytest.raises(RuntimeError):   # on the consuming thread: raised, and not left as the clients' last
+        order.take([(b"v", 1, "d", None, ("metrics", 0))], refuse)
+    order.take([(b"w", 1, "d", None, ("metrics", 0))], start)
+    assert started[-1] == b"w"
+
+    class IdleConsumer(_CommittingConsumer):
+        def poll(self, timeout_s, max_records):
+            time.sleep(min(timeout_s, 0.05))
+            return []
+
+        def check(self, timeout_s):
+            pass
+
+        def high_watermarks(self, partitions, ask_s=0.0):
+            return {}
+
+    monkeypatch.setattr(pipeline, "open_consumer", lambda *args: IdleConsumer([]))
+    monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("delivery", "shutdown_timeout_s"): 1})
+    bridge = pipeline.Bridge(config)
+    (bridge_order,) = bridge._order.values()
+    bridge_order.failure = RuntimeError("can't start new thread")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            bridge.run()
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        bridge.stop(at_once=True)
+        thread.join(10)
+    assert raised and "could not be handed to the export threads" in str(raised[0])
+
+
+def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector, caplog):
+    """An export still retried when nothing tracked is pending (its partition left to another member) was closed
+    under by the drain, and retried as "failed unexpectedly" on the closed channel until the shutdown deadline."""
+    import grpc
+
+    from kcm_bridge import pipeline
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "shutdown_timeout_s"): 4, ("retry", "initial_backoff_s"): 0.05,
+                      ("retry", "max_backoff_s"): 0.1})
+    collector.refuse_when(lambda request: True, code=grpc.StatusCode.UNAVAILABLE)
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([])
+        (endpoint,) = bridge._endpoints
+        ticket = pipeline._BatchTicket()
+        ticket.exports = 1
+        payload, points_ = bridge._prepare(_pushes(["a"], 0, 0)[0])
+        bridge._start(endpoint, [(payload, points_, "a", None, ("metrics", 0))], ticket, None, None)
+        _wait(lambda: collector.rejected_calls >= 2, 10, "the export retried")
+        started = time.monotonic()
+        with caplog.at_level(logging.ERROR, logger="kcm"):
+            bridge._drain()
+        took = time.monotonic() - started
+    assert took < 2, f"the drain waited {took:.1f} s for an export nobody waits for"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_refused_record_waiting_for_the_dead_letter_topic_holds_its_own_bytes_not_its_batchs(
+        tmp_path, collector, monkeypatch):
+    """Letters of records a collector refused shared their batch's ticket, so with a dead-letter topic that keeps
+    refusing each kept its whole batch counted in flight: one bad client paused every partition within a few batches.
+    Once a batch's exports have ended it counts only its letters, as a letter of an undecodable record does."""
+    from kcm_bridge import pipeline
+    from kcm_common.retry import RetryPolicy
+
+    monkeypatch.setattr(pipeline, "KAFKA_RETRY", RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05,
+                                                            multiplier=2.0, jitter=0.0))
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq"})
+    collector.refuse_when(lambda request: "bad" in _request_client_ids(request), message="invalid metric name")
+    good = [f"good-{i}" for i in range(20)]
+    with _unstarted_bridge(config) as bridge:
+        dead_letters = bridge._dead_letters = _FlakyDeadLetters(failures=10**9)
+        bridge._consumer = _CommittingConsumer([("metrics", 0)])
+        for push in range(5):
+            bridge._add(_pushes(good + ["bad"], push, push * 21))
+            bridge._flush()
+        _wait(lambda: sum(map(len, _arrivals(collector).values())) == 5 * 20, 30, "every good push delivered")
+
+        def letters_only() -> bool:
+            bridge._serve_dead_letters(0)
+            letters = list(bridge._letters_due)
+            return len(letters) == 5 and bridge._inflight_bytes() == sum(
+                pipeline._held_size(letter.record) for letter in letters)
+        _wait(letters_only, 10, "only the letters counted in flight")
+        assert bridge._tracker.to_commit() == {("metrics", 0): 0}   # not past the first letter's batch
+
+        dead_letters.failures = 0
+        _wait(lambda: (bridge._serve_dead_letters(0), len(dead_letters.written))[1] == 5, 10, "the letters written")
+        assert bridge._inflight_bytes() == 0 and bridge._tracker.to_commit() == {("metrics", 0): 105}
 
 
 def _large_push(client_id: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:

@@ -102,13 +102,17 @@ class OffsetTracker:
     def committed(self, positions: dict[Partition, int]) -> None:
         self._committed.update(positions)
 
-    def forget(self, partitions: list[Partition]) -> None:
-        """Drop the state of partitions this member no longer owns."""
+    def forget(self, partitions: list[Partition]) -> list[Ticket]:
+        """Drop the state of partitions this member no longer owns; the tickets of their records not finished."""
+        unfinished: dict[int, Ticket] = {}
         for partition in partitions:
-            self._spans.pop(partition, None)
+            for span in self._spans.pop(partition, ()):
+                if not span.ticket.done:
+                    unfinished[id(span.ticket)] = span.ticket
             self._sweep_at.pop(partition, None)
             self._consumed.pop(partition, None)
             self._committed.pop(partition, None)
+        return list(unfinished.values())
 
     def holds(self, partition: Partition, ticket: Ticket) -> bool:
         """Whether `ticket` still finishes records of `partition` (the partition was not forgotten since)."""

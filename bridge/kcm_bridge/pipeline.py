@@ -170,9 +170,10 @@ def _to_cumulative(payload: bytes, converter: DeltaToCumulative, record: Record,
 
 
 # One record in a batch: its enriched MetricsData bytes, its data points, the client instance it comes from when hash
-# routing needs it (its client_instance_id header, else its key), and the record itself when a dead-letter topic is
-# configured (a record the collector refuses is written there as it was read).
-Part = tuple[bytes, int, str | bytes, Record | None]
+# routing or ordering needs it (its client_instance_id header, else its key; b"": not ordered), the record itself when
+# a dead-letter topic is configured (a record the collector refuses is written there as it was read), and its
+# partition (a revoke may take it from under the batch).
+Part = tuple[bytes, int, str | bytes, Record | None, Partition]
 
 
 @dataclass
@@ -206,6 +207,9 @@ class _InOrder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str | bytes, _Turn] = {}   # each client instance's last export not ended
+        # An export that could not be handed to the threads (can't start new thread): for the consuming thread to
+        # raise, as it does when that happens to it; meanwhile the exports waiting for that one are not held up.
+        self.failure: BaseException | None = None
 
     def take(self, parts: list[Part], start: Callable[[_Turn], None]) -> None:
         """Send `parts` with `start(turn)`, now or when the exports it waits for have ended; from the consuming
@@ -220,10 +224,27 @@ class _InOrder:
             turn.waiting_for = len(earlier)
             self._latest.update(dict.fromkeys(turn.instances, turn))
         if not earlier:
-            start(turn)
+            try:
+                start(turn)
+            except BaseException:
+                self.end(turn)   # never sent: later batches of its clients must not wait for it
+                raise
 
     def end(self, turn: _Turn) -> None:
         """The export ended (delivered, refused or given up): start the ones that waited for it alone."""
+        ended = [turn]
+        while ended:
+            for later in self._ended(ended.pop()):
+                try:
+                    later.start(later)
+                except Exception as error:   # never sent, so it ends here: the exports waiting for it go on
+                    log.exception("handing a waiting export to the export threads failed; its records stay "
+                                  "uncommitted")
+                    self.failure = self.failure or error
+                    ended.append(later)
+
+    def _ended(self, turn: _Turn) -> list[_Turn]:
+        """Forget `turn`; the exports that were waiting for it alone."""
         with self._lock:
             for instance in turn.instances:
                 if self._latest.get(instance) is turn:
@@ -234,16 +255,33 @@ class _InOrder:
                 if later.waiting_for == 0:
                     due.append(later)
             turn.then = []
-        for later in due:
-            try:
-                later.start(later)
-            except Exception:   # its records stay uncommitted (read again by the next owner); the others go on
-                log.exception("handing a waiting export to the export threads failed; its records stay uncommitted")
+        return due
+
+
+class _BatchTicket(Ticket):
+    """A batch's ticket: a part per export of it (one per endpoint it goes to) and per record a collector refused that
+    goes to the dead-letter topic. Its bytes count against the in-flight budget until its exports have ended, then
+    only its letters' own: a dead-letter topic that keeps refusing must not pin whole batches. `revoked`: partitions
+    a revoke could not wait for, whose records it no longer sends (the next owner reads and sends them again)."""
+
+    __slots__ = ("exports", "letters", "revoked")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports = 0
+        self.letters = 0
+        self.revoked: frozenset[Partition] = frozenset()
+
+
+def _owned(parts: list[Part], ticket: _BatchTicket) -> list[Part]:
+    """`parts` but the records of partitions revoked from under their batch."""
+    gone = ticket.revoked
+    return [part for part in parts if part[4] not in gone] if gone else parts
 
 
 @dataclass
 class _Batch:
-    ticket: Ticket = field(default_factory=Ticket)
+    ticket: _BatchTicket = field(default_factory=_BatchTicket)
     parts: list[Part] = field(default_factory=list)
     points: int = 0
     size: int = 0              # enriched bytes: what the request carries
@@ -353,6 +391,10 @@ class Bridge:
                     self._flush()
                 self._backpressure()
                 self._serve_dead_letters(0)
+                for order in self._order.values():
+                    if order.failure is not None:   # as when handing an export over fails on this thread
+                        raise RuntimeError(f"an export could not be handed to the export threads ({order.failure}); "
+                                           "stopping: a restart reads its records again") from order.failure
                 if time.monotonic() - last_commit >= config.delivery.commit_interval_s:
                     self._commit()
                     self._report_lag()
@@ -432,7 +474,8 @@ class Bridge:
             if not batch.parts:
                 batch.opened = time.monotonic()
             instance = (prepare.last_instance or record.key or b"") if keyed else b""   # b"": not ordered
-            batch.parts.append((payload, points, instance, record if keep else None))
+            partition = (record.topic, record.partition)
+            batch.parts.append((payload, points, instance, record if keep else None, partition))
             batch.points += points
             batch.size += size
             added += size
@@ -440,7 +483,7 @@ class Bridge:
                 kept = len(record.value or b"")
                 batch.kept += kept
                 added += kept
-            track((record.topic, record.partition), record.offset, batch.ticket)
+            track(partition, record.offset, batch.ticket)
         self.metrics.records.inc(len(records))
         self.metrics.bytes.inc(consumed)
         if added and records:
@@ -519,6 +562,7 @@ class Bridge:
             work = [(endpoint, batch.parts) for endpoint in self._endpoints]
         batch.ticket.size = batch.size + batch.kept
         batch.ticket.set_parts(len(work))
+        batch.ticket.exports = len(work)
         self._hold(batch.ticket)
         for endpoint, parts in work:
             order = self._order.get(id(endpoint))
@@ -527,7 +571,7 @@ class Bridge:
             else:
                 order.take(parts, functools.partial(self._start_turn, endpoint, batch.ticket, order))
 
-    def _start(self, endpoint: Endpoint, parts: list[Part], ticket: Ticket, order: _InOrder | None,
+    def _start(self, endpoint: Endpoint, parts: list[Part], ticket: _BatchTicket, order: _InOrder | None,
                turn: _Turn | None) -> None:
         """Hand an export to the endpoint's threads (from the consuming thread, or the export thread whose end let
         this one start)."""
@@ -539,10 +583,10 @@ class Bridge:
             raise
         future.add_done_callback(lambda f: self._exported(f, ticket))
 
-    def _start_turn(self, endpoint: Endpoint, ticket: Ticket, order: _InOrder, turn: _Turn) -> None:
+    def _start_turn(self, endpoint: Endpoint, ticket: _BatchTicket, order: _InOrder, turn: _Turn) -> None:
         self._start(endpoint, turn.parts, ticket, order, turn)
 
-    def _export_in_turn(self, endpoint: Endpoint, records: list[Part], ticket: Ticket, order: _InOrder | None,
+    def _export_in_turn(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket, order: _InOrder | None,
                         turn: _Turn | None) -> Outcome:
         try:
             return self._export(endpoint, records, ticket)
@@ -550,17 +594,26 @@ class Bridge:
             if order is not None and turn is not None:
                 order.end(turn)
 
-    def _export(self, endpoint: Endpoint, records: list[Part], ticket: Ticket) -> Outcome:
+    def _export(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket) -> Outcome:
         """Export a batch's records as one request. A batch the collector refuses as invalid (INVALID_ARGUMENT) or
         too large (RESOURCE_EXHAUSTED without a retry delay) is split in halves, down to the records it refuses: one
         bad or oversized record must not cost every other client in its batch its data. The halves go in order, each
         settled (split again as needed) before the next is sent, so the records taken still arrive in the order read.
         The splitting is bounded (4·bit_length(records) extra requests), so a collector refusing everything costs a few
         requests per batch, not one per record. The records refused in the end go to the dead-letter topic when there
-        is one, and `ticket` waits for those writes too."""
+        is one, and `ticket` waits for those writes too. Records of partitions revoked from under the batch (a revoke
+        that could not wait for it) are no longer sent, nor retried: their next owner sends them, and copies sent later
+        would reach the collector after its newer records."""
         if self._give_up():   # the shutdown deadline passed while this waited: the next owner reads it again
             return Outcome(False, 0, abandoned=True)
-        outcome = self._send(endpoint, records)
+        attempts = 0
+        while records := _owned(records, ticket):
+            outcome = self._send(endpoint, records, ticket)
+            attempts += outcome.attempts
+            if not outcome.abandoned or self._give_up():
+                break   # else a revoke took some of its records meanwhile: the rest go again
+        if not records:   # every record's partition was revoked: settled, their next owner sends them
+            return Outcome(True, attempts)
         if outcome.error not in _SPLIT_CODES or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
@@ -573,11 +626,16 @@ class Bridge:
         while unsent:
             if self._give_up():   # the shutdown deadline: uncommitted, the next owner sends all of it again
                 return Outcome(False, sent, abandoned=True)
-            chunk = unsent.pop()
+            chunk = _owned(unsent.pop(), ticket)
+            if not chunk:
+                continue
             sent += 1
-            result = self._send(endpoint, chunk)
+            result = self._send(endpoint, chunk, ticket)
             if result.abandoned:
-                return result
+                if self._give_up():
+                    return result
+                unsent.append(chunk)   # a revoke took some of its records meanwhile: the rest go again
+                continue
             if result.delivered:
                 continue
             if result.error in _SPLIT_CODES and len(chunk) > 1 and budget >= 2:
@@ -588,15 +646,17 @@ class Bridge:
                 dropped.setdefault(result.error, (result, []))[1].extend(chunk)
         for why, parts in dropped.values():
             self._refused(endpoint, why, parts, len(records), ticket)
-        if not dropped:   # refused as a whole, every part taken (a collector limiting request size this way)
+        if not dropped and not ticket.revoked:   # refused as a whole, every part taken (a collector limiting size so)
             log.warning("export to %s rejected with %s: %s; the batch of %d records was delivered in %d smaller "
                         "requests", endpoint.name, outcome.error, outcome.detail, len(records), sent - 1)
         return Outcome(True, sent)   # what the collector takes was delivered
 
-    def _send(self, endpoint: Endpoint, records: list[Part]) -> Outcome:
+    def _send(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket) -> Outcome:
         started = time.monotonic()
-        # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest.
-        outcome = endpoint.export(b"".join(record[0] for record in records))
+        # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest; retried until delivered,
+        # refused, the shutdown deadline, or a revoke taking one of its records' partitions.
+        outcome = endpoint.export(b"".join(record[0] for record in records), give_up=lambda: bool(
+            ticket.revoked) and not ticket.revoked.isdisjoint(record[4] for record in records))
         labels = {"endpoint": endpoint.name}
         self.metrics.export_seconds.labels(**labels).observe(time.monotonic() - started)
         if outcome.delivered:
@@ -623,6 +683,8 @@ class Bridge:
                   outcome.detail, action, refusal_hint(outcome.error), outcome.note)
         if letters:
             ticket.add_parts(len(letters))   # before this export's own part ends, so the ticket cannot end first
+            with self._inflight_lock:   # what the batch counts once its exports have ended
+                ticket.letters += sum(_held_size(letter.record) for letter in letters)
             self._letters_due.extend(letters)
 
     def _failed(self, endpoint: str, code: str, retrying: bool) -> None:
@@ -631,7 +693,7 @@ class Bridge:
         if retrying:
             self.metrics.retries.labels(endpoint=endpoint).inc()
 
-    def _exported(self, future: Future[Outcome], ticket: Ticket) -> None:
+    def _exported(self, future: Future[Outcome], ticket: _BatchTicket) -> None:
         try:
             outcome = future.result()
         except CancelledError:   # never started: the shutdown deadline passed first
@@ -643,6 +705,11 @@ class Bridge:
             return
         # An abandoned export (shutdown deadline) leaves its records uncommitted for the next owner.
         if not outcome.abandoned:
+            with self._inflight_lock:
+                ticket.exports -= 1
+                if ticket.exports == 0:   # from now on the batch holds only its letters (undelivered as yet)
+                    self._inflight -= ticket.size - ticket.letters
+                    ticket.size = ticket.letters
             self._finish(ticket)
 
     def _hold(self, ticket: Ticket) -> None:
@@ -732,7 +799,16 @@ class Bridge:
             self._serve_dead_letters(0.05)
             time.sleep(0.02)
         self._commit(only=partitions)
-        self._tracker.forget(partitions)
+        late = [ticket for ticket in self._tracker.forget(partitions) if isinstance(ticket, _BatchTicket)]
+        if late:
+            # Not sent any more (waiting exports skip them, retried ones stop): the next owner reads them again, and
+            # copies sent later would reach the collector after its newer records (or this member's, if it gets
+            # the partitions back).
+            gone = frozenset(partitions)
+            for ticket in late:
+                ticket.revoked |= gone
+            log.warning("%d batches of the revoked partitions were not exported within revoke_timeout_s (%gs): "
+                        "their records are left to the next owner", len(late), self.config.delivery.revoke_timeout_s)
         for topic, partition in partitions:  # the next owner reports them
             for gauge in (self.metrics.lag, self.metrics.committed):
                 try:
@@ -767,7 +843,9 @@ class Bridge:
             self._consumer.close()
         if self._dead_letters is not None:
             self._dead_letters.close(max(0.0, self._drain_deadline - time.monotonic()))
-        # Closing the channels ends exports still running past the deadline; they give up rather than retry.
+        # Exports still running (past the deadline, or of partitions revoked earlier) give up rather than retry on
+        # the channels closed under them.
+        self._drain_deadline = min(self._drain_deadline, time.monotonic())
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
         for endpoint in self._endpoints:

@@ -221,9 +221,14 @@ class Endpoint:
         self._metadata = list(metadata() if callable(metadata) else metadata)
         self._compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
 
-    def export(self, request: bytes) -> Outcome:
-        """Send a serialised ExportMetricsServiceRequest until delivered, refused for good, or given up on."""
+    def export(self, request: bytes, give_up: Callable[[], bool] | None = None) -> Outcome:
+        """Send a serialised ExportMetricsServiceRequest until delivered, refused for good, or given up on: when the
+        endpoint's `give_up()` or this call's own `give_up()` says so (the request's records are no longer wanted)."""
         attempt, traced = 0, False
+
+        def gave_up() -> bool:
+            return self._give_up() or (give_up is not None and give_up())
+
         while True:
             attempt += 1
             try:
@@ -238,7 +243,7 @@ class Endpoint:
                     # What a refusal means is the caller's to say: the bridge drops the batch, the rollup stops.
                     note = self._reread_metadata() if code in AUTH_REFUSALS else ""
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", note=note)
-                if self._give_up():  # the caller has stopped waiting (a shutdown closed the channel): no retry to log
+                if gave_up():  # the caller has stopped waiting (a shutdown closed the channel): no retry to log
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 # RetryInfo says how long to wait at least: a delay of 0 must not make a throttling collector a
                 # target of back-to-back retries, so the backoff stays the floor.
@@ -250,18 +255,18 @@ class Endpoint:
                     why = f"{refusal_hint(code.name)}{self._reread_metadata()}"
                 log.warning("export to %s failed with %s%s (attempt %d); retrying in %.2fs",
                             self.name, code.name, why, attempt, wait)
-                if self._wait(wait):
+                if self._wait(wait, gave_up):
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 continue
             except Exception as error:  # not the server's answer: a closed channel at shutdown, or a bug
-                if self._give_up():
+                if gave_up():
                     return Outcome(False, attempt, error="UNEXPECTED", detail=str(error), abandoned=True)
                 self._on_failure("UNEXPECTED", True)
                 wait = backoff_s(attempt, self._retry, self._rng)
                 log.error("export to %s failed unexpectedly (attempt %d); retrying in %.2fs", self.name, attempt,
                           wait, exc_info=not traced)  # the traceback once, not at every retry
                 traced = True
-                if self._wait(wait):
+                if self._wait(wait, gave_up):
                     return Outcome(False, attempt, error="UNEXPECTED", detail=str(error), abandoned=True)
                 continue
             # A count below zero is the server's error; it must not turn into points delivered twice.
@@ -283,14 +288,15 @@ class Endpoint:
         self._metadata = metadata
         return "; the headers were read again and have changed" if changed else "; the headers were read again"
 
-    def _wait(self, seconds: float) -> bool:
+    @staticmethod
+    def _wait(seconds: float, gave_up: Callable[[], bool]) -> bool:
         """Sleep `seconds` in short steps; True when the caller gave up on pending work meanwhile."""
         end = time.monotonic() + seconds
         while (remaining := end - time.monotonic()) > 0:
-            if self._give_up():
+            if gave_up():
                 return True
             time.sleep(min(remaining, 0.1))
-        return self._give_up()
+        return gave_up()
 
     def close(self) -> None:
         self._channel.close()
