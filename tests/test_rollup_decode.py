@@ -270,3 +270,15 @@ def test_a_record_without_a_timestamp_is_one_row_with_its_reason_not_a_1969_wind
     assert [(r["client_instance_id"], r["error"]) for r in rows] == [
         ("k0", "invalid-timestamp"), ("k1", None), ("k1", None)]
     assert "1970-01-01" in rows[0]["error_message"]
+
+
+def test_attribute_lists_whose_pairs_join_to_the_same_bytes_keep_their_own_text():
+    """proto3 leaves empty fields out, so [{a: no value}, {"": "x"}] joined is the bytes of [{a: "x"}]: memoised on
+    the joined bytes, whichever came first gave the other its text (its grouping, and for resources its stream)."""
+    from kcm_rollups.decode import _AttributesText
+
+    split = [KeyValue(key="a"), KeyValue(key="", value=AnyValue(string_value="x"))]
+    whole = [KeyValue(key="a", value=AnyValue(string_value="x"))]
+    assert b"".join(p.SerializeToString() for p in split) == whole[0].SerializeToString()
+    text = _AttributesText()
+    assert text(split) != text(whole) == _AttributesText()(whole) == '{"a":"x"}'

@@ -29,7 +29,7 @@ from kcm_common.kafka import KafkaSettings
 from kcm_rollups.aggregate import rollup
 from kcm_rollups.decode import decode_points
 from kcm_rollups.job import (RollupOptions, default_master, read_points, read_records, read_state, run,
-                             state_of_records)
+                             state_of_records, top_rows, write_rollups)
 from kcm_rollups.partial import merge_batches
 from kcm_rollups.otlp import STATISTICS, OtlpTarget
 from kcm_rollups.source import kafka_schema
@@ -467,12 +467,106 @@ def test_the_rows_written_are_also_exported_as_otlp_gauges_once_their_windows_en
     assert sum(len(m.gauge.data_points) for m in received) == statistics
     assert f"exported {statistics} OTLP data points to {collector.endpoint}" in result.summary_lines()
     # Just after the last record, not the real time: an hour starting since the telemetry was pushed would have
-    # ended every window.
-    now = run(spark, options_for(telemetry, tmp_path / "now", otlp=OtlpTarget(collector.endpoint)),
-              now=_last_record_time(telemetry) + timedelta(milliseconds=1))
+    # ended every window. Minutes of an hour still open wait for the run that finds the hour ended.
+    moment = _last_record_time(telemetry) + timedelta(milliseconds=1)
+    now = run(spark, options_for(telemetry, tmp_path / "now", otlp=OtlpTarget(collector.endpoint)), now=moment)
     rows = [r.asDict() for r in spark.read.parquet(str(tmp_path / "now")).collect()]
-    ended = sum(1 for r in rows if not r["partial"] for name in STATISTICS if r[name] is not None and r[name] == r[name])
+    hour_ended = moment.replace(tzinfo=None, minute=0, second=0, microsecond=0)
+    ended = sum(1 for r in rows if not r["partial"] and r["window_start"] < hour_ended
+                for name in STATISTICS if r[name] is not None and r[name] == r[name])
     assert any(r["partial"] for r in rows) and now.exported == (collector.endpoint, ended, 0)
+
+
+def test_the_minutes_of_an_hour_still_open_are_exported_by_the_run_that_finds_it_ended_only(spark, kafka, new_topic,
+                                                                                           tmp_path, collector):
+    """A scheduled run (hourly, over the last 70 minutes) exported the minutes of the hour it ran in that had ended,
+    and the next run the same minutes again, with the records that came late: a backend keeps the first sample of a
+    timestamp and refuses the second. Only the run that finds their hour ended exports them now."""
+    from kcm_rollups.otlp import RESOLUTION_ATTRIBUTE
+
+    topic = new_topic()
+    hour = (datetime.now(timezone.utc) - timedelta(hours=5)).replace(minute=0, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+    for at in (hour + timedelta(minutes=10), hour + timedelta(hours=1, minutes=10)):   # a minute in each of two hours
+        producer.send(topic, value=client_metrics("app").SerializeToString(), key=b"i",
+                      timestamp_ms=int(at.timestamp() * 1000)).get(timeout=10)
+    producer.close()
+
+    def exported(now: datetime) -> set[tuple[str, datetime]]:
+        before = len(collector.exports)
+        run(spark, RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                                 resolutions=parse_resolutions("1m,1h"), start=hour, end=now,
+                                 otlp=OtlpTarget(collector.endpoint)), now=now)
+        sent = set()
+        for export in collector.exports[before:]:
+            for rm in export.request.resource_metrics:
+                for metric in (m for sm in rm.scope_metrics for m in sm.metrics):
+                    for point in metric.gauge.data_points:
+                        label = next(a.value.string_value for a in point.attributes if a.key == RESOLUTION_ATTRIBUTE)
+                        sent.add((label, datetime.fromtimestamp(point.start_time_unix_nano / 1e9, timezone.utc)))
+        return sent
+
+    # Half past the second hour: its minute ten has ended, but its hour has not.
+    assert exported(hour + timedelta(hours=1, minutes=30)) == {("1m", hour + timedelta(minutes=10)), ("1h", hour)}
+    assert exported(hour + timedelta(hours=2, minutes=10)) == {
+        ("1m", hour + timedelta(minutes=10)), ("1h", hour),
+        ("1m", hour + timedelta(hours=1, minutes=10)), ("1h", hour + timedelta(hours=1))}
+
+
+def _rollup_rows(spark, points: list[dict], dimensions: tuple[str, ...]) -> Any:
+    """Rows as `run` writes them, of decoded points (tests/test_rollup_math.py's `point`)."""
+    from kcm_rollups.decode import POINTS_SCHEMA
+
+    rows = rollup(spark.createDataFrame(points, POINTS_SCHEMA), parse_resolutions("1m,1h"), dimensions)
+    return rows.withColumn("partial", F.lit(False)).withColumn(
+        "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint()
+
+
+def test_a_run_rewrites_the_rows_it_keeps_with_the_dimension_columns_earlier_runs_gave_them(spark, tmp_path):
+    """Spark reads Parquet with one file's columns: rows an earlier run wrote with another --group-by (principal
+    here) lost that column when a later run rewrote their partition, alice's and bob's rows becoming alike."""
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
+    from test_rollup_math import T0, point
+
+    output, day, both = str(tmp_path / "out"), 86400, ("1m", "1h")
+    write_rollups(spark, _rollup_rows(spark, [point("g", 10 - day, value=1.0)], DEFAULT_DIMENSIONS), output,
+                  (T0 - day, T0 - day + 3600), both)
+    write_rollups(spark, _rollup_rows(spark, [point("g", 10, value=1.0, principal="User:alice"),
+                                              point("g", 20, value=5.0, principal="User:bob")],
+                                      DEFAULT_DIMENSIONS + ("principal",)), output, (T0, T0 + 3600), both)
+    write_rollups(spark, _rollup_rows(spark, [point("g", 3610, value=2.0)], DEFAULT_DIMENSIONS), output,
+                  (T0 + 3600, T0 + 7200), both)
+    rows = spark.read.option("mergeSchema", "true").parquet(output).filter(
+        F.col("window_start") == datetime.fromtimestamp(T0, timezone.utc))
+    assert sorted((r["resolution"], r["principal"], r["max"]) for r in rows.collect()) == [
+        ("1h", "User:alice", 1.0), ("1h", "User:bob", 5.0), ("1m", "User:alice", 1.0), ("1m", "User:bob", 5.0)]
+
+
+@pytest.mark.parametrize("name", ["out-[a]", "out-{a}", "out-a?"])
+def test_an_output_named_with_a_glob_character_is_found_again_by_the_next_run(spark, tmp_path, name):
+    """The existing rows were read back through Spark, which takes `[a]`, `{a}` and `?` as a pattern: the second run
+    found nothing there (or a neighbour) and refused the output an earlier run wrote as "not kcm rollups"."""
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
+    from test_rollup_math import T0, point
+
+    import pyarrow.parquet
+
+    # Another output beside it, which `out-a?` would match too.
+    write_rollups(spark, _rollup_rows(spark, [point("foreign", 20, value=9.0)], DEFAULT_DIMENSIONS),
+                  str(tmp_path / "out-ab"), (T0, T0 + 3600), ("1m", "1h"))
+    output = str(tmp_path / name)
+    for hour in (0, 1):
+        write_rollups(spark, _rollup_rows(spark, [point("g", 3600 * hour + 10, value=1.0)], DEFAULT_DIMENSIONS),
+                      output, (T0 + 3600 * hour, T0 + 3600 * (hour + 1)), ("1m", "1h"))
+    assert pyarrow.parquet.read_table(output).column("metric").to_pylist() == ["g"] * 4   # two windows of each
+
+
+def test_the_top_rows_say_whether_their_window_is_still_open(spark):
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
+    from test_rollup_math import point
+
+    rows = _rollup_rows(spark, [point("g", 10, value=1.0)], DEFAULT_DIMENSIONS)
+    assert [row["partial"] for row in top_rows(rows.withColumn("partial", F.lit(True)), "1h", 5)] == [True]
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -681,3 +775,7 @@ def test_windows_an_offset_cuts_in_one_partition_of_several_are_marked_partial_u
     # Offsets at a partition's first record and its end cut nothing.
     assert partial(starting_offsets=json.dumps({topic: {"0": 0}}), ending_offsets=json.dumps({topic: {"1": 4}})) == {
         0: False, 1: False, 2: False, 3: False}
+    # Nothing read of a partition, ending at its first record or starting at its end (a traceback after both passes,
+    # and no window cut): every window lacks its records.
+    assert partial(ending_offsets=json.dumps({topic: {"0": 0}})) == {0: True, 1: True, 2: True, 3: True}
+    assert partial(starting_offsets=json.dumps({topic: {"1": 4}})) == {0: True, 1: True, 2: True, 3: True}

@@ -296,13 +296,14 @@ class _AttributesText:
     sent them in; memoised on the serialised pairs, since the same few sets repeat in every push."""
 
     def __init__(self) -> None:
-        self._known: dict[bytes, str] = {}
+        self._known: dict[bytes | tuple[bytes, ...], str] = {}
 
     def __call__(self, pairs: Any) -> str:
         if not pairs:
             return "{}"
-        # The same bytes either way; one pair (most points) spares building a list.
-        key = pairs[0].SerializeToString() if len(pairs) == 1 else b"".join([p.SerializeToString() for p in pairs])
+        # Each pair's bytes apart: joined, [{a: no value}, {"": "x"}] would be the bytes of [{a: "x"}] (proto3 leaves
+        # empty fields out). One pair (most points) spares building a tuple.
+        key = pairs[0].SerializeToString() if len(pairs) == 1 else tuple(p.SerializeToString() for p in pairs)
         text = self._known.get(key)
         if text is None:
             text = json.dumps(points.attributes(pairs), sort_keys=True, separators=(",", ":"), default=str)

@@ -32,8 +32,8 @@ DEFAULT_LOOKBACK_SECONDS = 300
 # The masters Spark starts with: SparkContext's local forms, and the cluster managers spark-submit knows.
 _MASTER_URL = re.compile(r"local(\[([1-9][0-9]*|\*)(\s*,\s*[0-9]+)?\])?"
                          r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]|(spark|k8s)://.+|yarn")
-TOP_COLUMNS = ("resolution", "window_start", "client_id", "metric", "type", "instances", "count", "avg", "p99",
-               "last", "increase", "rate")
+TOP_COLUMNS = ("resolution", "window_start", "partial", "client_id", "metric", "type", "instances", "count", "avg",
+               "p99", "last", "increase", "rate")
 
 
 @dataclass(frozen=True)
@@ -309,16 +309,23 @@ def _cut_record_times(options: RollupOptions, timeout_s: float = 10.0) -> tuple[
                      if offset >= 0}  # -2 and -1 are earliest and latest: no cut
             if not named:
                 continue
-            bounds = consumer.beginning_offsets(list(named)) if is_start else consumer.end_offsets(list(named))
+            first, end = consumer.beginning_offsets(list(named)), consumer.end_offsets(list(named))
             for tp, offset in named.items():
-                if (offset <= bounds[tp]) if is_start else (offset >= bounds[tp]):
+                if (offset <= first[tp]) if is_start else (offset >= end[tp]):
                     continue  # at the partition's first record (or end): nothing cut off
+                if (offset >= end[tp]) if is_start else (offset <= first[tp]):
+                    # Nothing read there: every window lacks its records (before the start, or from the end on).
+                    found.append(_EVERY_WINDOW if is_start else -_EVERY_WINDOW)
+                    continue
                 record = _record_from(consumer, tp, offset if is_start else offset - 1, timeout_s)
                 if record is not None and (is_start or record.offset < offset) and record.timestamp >= 0:
                     found.append(record.timestamp * 1000)
     finally:
         consumer.close()
     return (max(firsts) if firsts else None), (min(lasts) if lasts else None)
+
+
+_EVERY_WINDOW = 1 << 62   # microseconds, beyond every window's start and end: a partition cutting every window
 
 
 def _record_from(consumer: Any, tp: Any, offset: int, timeout_s: float) -> Any:
@@ -440,9 +447,13 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
         from kcm_rollups.otlp import export_rows
 
         # Windows still open are left out: their values are incomplete and their end lies in the future, where
-        # backends drop samples; the run that finds them ended exports them.
-        exported = (options.otlp.endpoint, *export_rows(rows.filter(~F.col("partial")), options.otlp,
-                                                        options.dimensions))
+        # backends drop samples. So are the finer windows of a coarsest window still open: the run that finds it
+        # ended (the next scheduled one, with its lateness margin) exports them all, once, with its late records
+        # (a backend keeps the first sample of a timestamp and refuses the second).
+        coarsest = options.resolutions[-1].seconds
+        closes = (F.floor(F.unix_seconds("window_start") / coarsest) + 1) * coarsest
+        ended = ~F.col("partial") & (closes <= F.lit(int(now.timestamp())))
+        exported = (options.otlp.endpoint, *export_rows(rows.filter(ended), options.otlp, options.dimensions))
         finished("OTLP export")
     top = top_rows(rows, options.resolutions[-1].label, options.top)
     finished("summary")
@@ -592,17 +603,22 @@ def _in_partitions(frame: Any, partitions: set[tuple[str, str]]) -> Any:
 
 def _read_partitioned_as_text(spark: Any, path: str) -> Any:
     """The Parquet under `path` with its partition columns as strings: Spark would otherwise guess their types, and
-    `resolution=1d` reads as the number 1.0 (Java parses "1d" as a double)."""
+    `resolution=1d` reads as the number 1.0 (Java parses "1d" as a double). With every file's columns (Spark takes
+    one file's by default, and rows an earlier run wrote with other --group-by dimensions would lose theirs when
+    rewritten), and `path` taken as it is, not as a pattern (`[a]` or `{a}` in a directory name)."""
     key = "spark.sql.sources.partitionColumnTypeInference.enabled"
     before = spark.conf.get(key, None)
     spark.conf.set(key, "false")
     try:
-        return spark.read.parquet(path)
+        return spark.read.option("mergeSchema", "true").parquet(_GLOB_CHARACTERS.sub(r"\\\g<0>", path))
     finally:
         if before is None:
             spark.conf.unset(key)
         else:
             spark.conf.set(key, before)
+
+
+_GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")   # what Hadoop's glob patterns give a meaning: each escaped
 
 
 def _first_line(error: Any) -> str:
