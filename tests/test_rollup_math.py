@@ -234,6 +234,25 @@ def test_a_cumulative_point_delivered_after_a_newer_one_is_taken_in_its_own_time
     assert rows[("1m", 0, "c", ())]["increase"] == 120.0 - 100.0
 
 
+def test_a_point_delivered_after_a_newer_one_across_two_runs_ranges_is_counted_once(spark):
+    """The run of the first hour counts the stream up to A; the next run reads A in its lookback and B, older than A
+    but received after the hour, in its range: B's span (P to B) lies inside what the first run counted."""
+    def at(received_s: int, value: float, point_s: int | None = None) -> dict:
+        return point("c", received_s, "i1", value=value, start_ns=1, time_ns=(T0 + (point_s or received_s)) * 10**9,
+                     **CUMULATIVE)
+
+    points = [at(3360, 100.0), at(3540, 300.0), at(3660, 200.0, point_s=3480), at(3900, 350.0)]   # P, A, B, Q
+
+    def increase(since_s: int, until_s: int, lookback_s: int = 300) -> float:
+        read = [p for p in points if T0 + since_s - lookback_s <= p["record_micros"] / 1e6 < T0 + until_s]
+        rows = rows_of(spark, read, resolutions=(HOUR,), since_micros=(T0 + since_s) * 10**6,
+                       read_from_micros=(T0 + since_s - lookback_s) * 10**6)
+        return sum(r["increase"] for r in rows.values())
+
+    assert increase(0, 7200) == 350.0 - 100.0   # one run over both hours
+    assert increase(0, 3600) + increase(3600, 7200) == 350.0 - 100.0
+
+
 def test_a_histogram_window_holding_points_without_a_sum_has_an_unknown_sum_and_avg(spark):
     """OTLP's histogram sum is optional: 10 observations with sum 100 and 10 without one, all in (5, 20], gave avg 5.
     Such a window's sum and avg are NaN (unknown) through every merge; windows whose points all have sums keep

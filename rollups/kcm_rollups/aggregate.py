@@ -51,12 +51,13 @@ def needs_previous() -> Column:
                       F.lit(False))
 
 
-def with_increases(points: DataFrame, read_from_micros: int | None = None) -> DataFrame:
+def with_increases(points: DataFrame, read_from_micros: int | None = None,
+                   since_micros: int | None = None) -> DataFrame:
     """Add `increase` to sum points and `d_count/d_sum/d_buckets` to histogram points: deltas as they are, cumulative
     points as the difference to their stream's previous point, or the new value after a reset (drop, new start)."""
     # Only cumulative points need their stream's previous point: the rest skip the shuffle and sort of the window.
     return with_direct_increases(points.filter(~needs_previous())).unionByName(
-        with_cumulative_increases(points.filter(needs_previous()), read_from_micros))
+        with_cumulative_increases(points.filter(needs_previous()), read_from_micros, since_micros))
 
 
 def with_direct_increases(points: DataFrame) -> DataFrame:
@@ -75,10 +76,13 @@ def _known_sum(count: Column, total: Column) -> Column:
     return F.when(count.isNotNull(), F.coalesce(total, F.lit(float("nan"))))
 
 
-def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = None) -> DataFrame:
+def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = None,
+                              since_micros: int | None = None) -> DataFrame:
     """with_increases for points that need their predecessor: each stream's points in order, through a window.
     A stream's first point adds its whole value if it started at or after `read_from_micros` (the start of what was
-    read, so the counter began from zero inside it), else nothing (the job reads a lookback for its predecessor)."""
+    read, so the counter began from zero inside it), else nothing (the job reads a lookback for its predecessor).
+    A point received from `since_micros` on (the range) but older than one received before it (the lookback) adds
+    nothing: the run before counted its stream up to that newer point, so its span would be counted twice."""
     counter = _counter() & ~F.isnan("value")
     histogram = F.col("type").isin(*_HISTOGRAM_TYPES)
     # Without an instance id (other writers), the resource tells one client's stream from another's; OTLP's metric
@@ -87,6 +91,12 @@ def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = 
     stream = Window.partitionBy("client_instance_id", "resource", "scope", "metric", "attributes").orderBy(
         "time_ns", "record_micros", "partition", "offset")
     started_inside = _started_since(read_from_micros)
+    stale = F.lit(False)
+    if since_micros is not None:
+        newest_before = F.max(F.when(F.col("record_micros") < F.lit(since_micros), F.col("time_ns"))).over(
+            Window.partitionBy("client_instance_id", "resource", "scope", "metric", "attributes"))
+        stale = F.coalesce((F.col("record_micros") >= F.lit(since_micros)) & (F.col("time_ns") < newest_before),
+                           F.lit(False))
     prev_value, prev_start = F.lag("value").over(stream), F.lag("start_ns").over(stream)
     reset = (F.col("value") < prev_value) | (F.col("start_ns") != prev_start)
     prev_count, prev_sum = F.lag("count").over(stream), F.lag("sum").over(stream)
@@ -96,18 +106,19 @@ def with_cumulative_increases(points: DataFrame, read_from_micros: int | None = 
                | F.exists(F.zip_with("bucket_counts", prev_buckets, lambda a, b: a < b), lambda less: less))
     h_first = prev_count.isNull()
 
-    def h_delta(column: str, difference: Column) -> Column:
-        return F.when(histogram, F.when(h_first, F.when(started_inside, F.col(column))).when(h_reset, F.col(column))
-                      .otherwise(difference))
+    def h_delta(column: str, difference: Column, nothing: Column) -> Column:
+        return F.when(histogram, F.when(stale, nothing).when(h_first, F.when(started_inside, F.col(column)))
+                      .when(h_reset, F.col(column)).otherwise(difference))
 
-    d_count = h_delta("count", F.col("count") - prev_count)
+    d_count = h_delta("count", F.col("count") - prev_count, F.lit(0).cast("long"))
     return points.select(
         "*",
-        F.when(counter, F.when(prev_value.isNull(), F.when(started_inside, F.col("value"))).when(reset, F.col("value"))
-               .otherwise(F.col("value") - prev_value)).alias("increase"),
+        F.when(counter, F.when(stale, F.lit(0.0)).when(prev_value.isNull(), F.when(started_inside, F.col("value")))
+               .when(reset, F.col("value")).otherwise(F.col("value") - prev_value)).alias("increase"),
         d_count.alias("d_count"),
-        _known_sum(d_count, h_delta("sum", F.col("sum") - prev_sum)).alias("d_sum"),
-        h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b)).alias("d_buckets"))
+        _known_sum(d_count, h_delta("sum", F.col("sum") - prev_sum, F.lit(0.0))).alias("d_sum"),
+        h_delta("bucket_counts", F.zip_with("bucket_counts", prev_buckets, lambda a, b: a - b),
+                F.transform("bucket_counts", lambda _: F.lit(0).cast("long"))).alias("d_buckets"))
 
 
 def _started_since(read_from_micros: int | None) -> Column:
@@ -238,7 +249,8 @@ def rollup(points: DataFrame, resolutions: Sequence[Resolution], dimensions: Seq
     """Rows of every resolution for decoded `points` (errors dropped): the finest from points, each coarser merged
     from the one before. Points before `since_micros` serve only as predecessors of cumulative points;
     `read_from_micros` is where what was read starts (see with_cumulative_increases)."""
-    points = with_increases(points.filter(F.col("error").isNull() & F.col("metric").isNotNull()), read_from_micros)
+    points = with_increases(points.filter(F.col("error").isNull() & F.col("metric").isNotNull()), read_from_micros,
+                            since_micros)
     if since_micros is not None:
         points = points.filter(F.col("record_micros") >= F.lit(since_micros))
     # Materialised once: the finest rows and every coarser merge read it, instead of each recomputing it from points.

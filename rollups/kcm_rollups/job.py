@@ -505,7 +505,8 @@ def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros
 
     finest = options.resolutions[0].seconds
     cumulative = with_cumulative_increases(
-        points.filter(F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()), read_from_micros)
+        points.filter(F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()), read_from_micros,
+        since_micros)
     if since_micros is not None:
         cumulative = cumulative.filter(F.col("record_micros") >= F.lit(since_micros))
     # Only a stream's first point can be left without an increase (counters) or a count (histograms, summaries).
