@@ -403,7 +403,7 @@ def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> Non
         assert all(m["readOnly"] for m in pod["containers"][0]["volumeMounts"] if m["name"].startswith("kafka-"))
     secrets = one(manifests, "Role", "-operator-secrets")
     assert secrets["metadata"]["namespace"] == "payments"
-    assert secrets["rules"][0]["resourceNames"] == ["analytics-kafka-credentials", "analytics-kafka-cluster-ca"]
+    assert secrets["rules"][0]["resourceNames"] == ["analytics-kafka-credentials", "analytics-kafka-cluster-ca-cert"]
     # No secret material is rendered into the manifests: only references.
     assert not find(manifests, "Secret")
 

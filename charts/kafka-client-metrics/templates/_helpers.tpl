@@ -249,7 +249,7 @@ its value. Call with (dict "root" . "component" "bridge").
 {{- fail (printf "bridge.config.endpoints[%d].headers.%s would put a credential into a ConfigMap: use headers_from_files with a Secret in bridge.secretMounts, or headers_from_env with bridge.env valueFrom.secretKeyRef" $i $name) -}}
 {{- end -}}
 {{- if not (kindIs "string" $value) -}}
-{{- fail (printf "bridge.config.endpoints[%d].headers.%s must be a quoted string (the bridge refuses a number or true/false there)" $i $name) -}}
+{{- fail (printf "bridge.config.endpoints[%d].headers.%s must be a quoted string (Helm reads an unquoted one as a number or true/false, and renders it re-typed)" $i $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
