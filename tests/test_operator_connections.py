@@ -310,3 +310,29 @@ def test_a_certificate_for_another_host_name_points_at_the_host_not_the_ca(tmp_p
     assert "mismatch" in str(err.value)
     assert "tls.verifyHostname: false" in str(err.value) and "bootstrapServers" in str(err.value)
     assert "caSecretRef" not in str(err.value)
+
+
+def test_a_resolve_reads_each_secret_once_however_many_of_its_keys_it_uses(tmp_path):
+    """Username and password lived in one Secret read twice per resolve, and every reconcile and drift check of every
+    resource resolves its KafkaConnection: the API server's load grew with the keys as well as the resources."""
+    reads = []
+
+    class Custom:
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
+            return {"apiVersion": "kcm.dev/v1alpha1", "kind": "KafkaConnection", "metadata": {"name": name},
+                    "spec": {"bootstrapServers": "kafka:9092", "securityProtocol": "SASL_PLAINTEXT",
+                             "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "creds"}}}}
+
+    class Core:
+        def read_namespaced_secret(self, name, namespace, **_):
+            reads.append(name)
+            return types.SimpleNamespace(data={"username": base64.b64encode(b"kcm").decode(),
+                                         "password": base64.b64encode(b"p4ss").decode()})
+
+    resolver = ConnectionResolver(None, tmp_path)
+    resolver._custom, resolver._core = Custom(), Core()
+    options = resolver.resolve("team", "analytics").client_options()
+    assert (options["sasl_plain_username"], options["sasl_plain_password"]) == ("kcm", "p4ss")
+    assert reads == ["creds"]
+    resolver.resolve("team", "analytics")   # a Secret rotated meanwhile is read again at the next resolve
+    assert reads == ["creds", "creds"]

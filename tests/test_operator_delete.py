@@ -15,10 +15,11 @@ SPEC = {"subscriptionName": "payments", "metrics": ["org.apache.kafka.producer."
 OLDER, NEWER = "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z"
 
 
-def _body(name: str, created: str, cluster_id: str | None) -> kopf.Body:
+def _body(name: str, created: str, cluster_id: str | None, annotations: dict | None = None,
+          spec: dict = SPEC) -> kopf.Body:
     meta = {"namespace": "team", "name": name, "uid": f"uid-{name}", "creationTimestamp": created,
-            "annotations": {}, "generation": 1, "deletionTimestamp": "2026-01-01T00:00:10Z"}
-    return kopf.Body({"metadata": meta, "spec": SPEC, "status": {"clusterId": cluster_id, "conditions": [
+            "annotations": annotations or {}, "generation": 1, "deletionTimestamp": "2026-01-01T00:00:10Z"}
+    return kopf.Body({"metadata": meta, "spec": spec, "status": {"clusterId": cluster_id, "conditions": [
         {"type": "Ready", "status": "True" if cluster_id else "False"}]}})
 
 
@@ -41,9 +42,43 @@ def test_an_heir_deleted_before_the_owner_has_left_the_index_removes_the_subscri
             _claim("a", OLDER, cluster, True), _claim("b", NEWER, None, False)]}, 0)
         assert woken == ["team/b"] and sandbox.store.configs("payments")
 
-        # b is deleted too, while a's claim (being deleted) is still in kopf's index: b removes it.
-        handlers._delete(config, _body("b", NEWER, None), kopf.Patch(), {"payments": [
+        # b is deleted too, while a's claim (being deleted) is still in kopf's index: b, marked by a's hand-over (the
+        # annotation `wake` writes), removes it.
+        handed = {handlers.OWNER_DELETED_ANNOTATION: "team/a at 2026-01-01T00:00:10Z"}
+        handlers._delete(config, _body("b", NEWER, None, handed), kopf.Patch(), {"payments": [
             _claim("a", OLDER, cluster, True), _claim("b", NEWER, None, True)]}, 0)
         assert sandbox.store.configs("payments") == {}
     finally:
         config.close()
+
+
+def test_a_resource_deleted_with_an_owner_that_retains_the_subscription_leaves_it(sandbox):
+    """The owner says Retain; a newer resource naming the subscription (Conflict, Delete) deleted at the same time
+    (`kubectl delete -f dir/`, a namespace) took the owner being deleted for a hand-over and removed it."""
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+    config.wake = lambda heir, owner: None
+    retain = {**SPEC, "deletionPolicy": "Retain"}
+    try:
+        admin = config.admin("team", None)
+        desired = desired_from_spec("team", "a", retain)
+        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
+        cluster = admin.cluster_id()
+        both = {"payments": [_claim("a", OLDER, cluster, True), _claim("b", NEWER, None, True)]}
+        handlers._delete(config, _body("a", OLDER, cluster, spec=retain), kopf.Patch(), both, 0)
+        handlers._delete(config, _body("b", NEWER, None), kopf.Patch(), both, 0)
+        assert sandbox.store.configs("payments")
+    finally:
+        config.close()
+
+
+def test_the_claims_a_handler_thread_reads_are_a_copy_kopfs_loop_may_change_meanwhile():
+    live = {"team/a": _claim("a", OLDER, None, False)}
+
+    class Index:   # as kopf's: the live values of a dict the event loop updates
+        def get(self, key, default=None):
+            return live.values() if key == "payments" else default
+
+    claims = handlers._claims_of(Index(), "payments")
+    live["team/b"] = _claim("b", NEWER, None, False)
+    assert [claim.ref for claim in claims] == ["team/a"]
+    assert handlers._claims_of(Index(), "other") == []

@@ -79,14 +79,18 @@ class ConnectionResolver:
             raise KubernetesApiError(f"reading KafkaConnection {namespace}/{name} failed: {_transport(exc)}") from None
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
-        settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key),
+        read: dict[str, Mapping[str, str]] = {}   # each Secret once per resolve, however many of its keys are used
+        settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key, read),
                                       self._material_dir, self._validated)
         self.material.named((namespace, name), settings)
         return settings
 
-    def _secret_value(self, namespace: str, secret: str, key: str) -> bytes:
+    def _secret_value(self, namespace: str, secret: str, key: str, read: dict[str, Mapping[str, str]]) -> bytes:
         try:
-            data = self._core.read_namespaced_secret(secret, namespace, _request_timeout=API_TIMEOUT_S).data or {}
+            data = read.get(secret)
+            if data is None:
+                data = read[secret] = self._core.read_namespaced_secret(
+                    secret, namespace, _request_timeout=API_TIMEOUT_S).data or {}
         except ApiException as exc:
             if exc.status == 404:
                 raise MissingReferenceError(f"Secret {namespace}/{secret} does not exist") from None

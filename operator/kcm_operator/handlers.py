@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import kopf
@@ -239,7 +239,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         # By subscription name only: resources naming different KafkaConnections (or one and the default cluster)
         # may still reach one cluster; `_older_owner` compares the clusters themselves.
         desired = desired_from_spec(namespace, name, spec)
-        return {desired.name: Claim(namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "",
+        return {_applied_name(status, desired): Claim(namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "",
                                     desired.connection, status.get("clusterId"), bool(meta.get("deletionTimestamp")))}
 
     @kopf.on.resume(**resource, id="reconcile")
@@ -337,7 +337,8 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     started = time.monotonic()
     namespace, name = body.metadata.namespace, body.metadata.name
     desired = desired_from_spec(namespace, name, body.spec)
-    status = _Status(body, patch, desired.name)
+    applied_as = _applied_name(body.status, desired)
+    status = _Status(body, patch, applied_as)
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true":
         status.set("Paused", "True", "Paused", f"annotation {PAUSED_ANNOTATION} is \"true\": Kafka is not reconciled")
         if status.ready_generation not in (None, status.generation):
@@ -350,9 +351,13 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     status.set("Paused", "False", "Reconciling", "")
     me = _claim(body, desired)
     try:
+        if applied_as != desired.name:   # the CRD refuses the edit where the API server checks its rules
+            raise InvalidSpecError(f"spec.subscriptionName cannot change: this resource applied subscription "
+                                   f"{applied_as}; set it back (deleting the resource then removes {applied_as}), "
+                                   f"or create another resource for {desired.name}")
         admin = config.admin(namespace, desired.connection)
         # A resource being deleted hands its subscription over (see `_delete`): the next one takes it now.
-        live = [claim for claim in claims.get(desired.name, []) if not claim.deleting]
+        live = [claim for claim in _claims_of(claims, desired.name) if not claim.deleting]
         first = _older_owner(config, admin, me, live)
         if first is not None:
             message = f"subscription {desired.name} is managed by the older resource {first.ref}"
@@ -457,9 +462,10 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
     """Whether to leave the subscription as it is: after CONTESTED_AFTER reverts within the last CONTESTED_WINDOW
     drift checks it was found changed outside kcm again, so something else keeps changing it back, and reverting again
     would only go on fighting it. "new" for the check that finds that, "held" for the checks after it, None to apply.
-    Kafka as specified, a spec change or a restart (resume) ends it."""
+    Kafka as specified, the subscription gone from Kafka (the other side let go of it), a spec change or a restart
+    (resume) ends it."""
     held = uid in config.contested
-    if not drift_check or (not change.ops and held):
+    if not drift_check or (held and (not change.ops or change.action == "create")):
         config.drift_history.pop(uid, None)
         config.contested.discard(uid)
         return None
@@ -479,10 +485,11 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
 def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
     namespace, name = body.metadata.namespace, body.metadata.name
     desired = desired_from_spec(namespace, name, body.spec)
+    desired = replace(desired, name=_applied_name(body.status, desired))   # what it applied, if renamed since
     config.mark_ready(body.metadata.uid, False)
     me = _claim(body, desired)
     # A claim being deleted keeps nothing: it has handed the subscription over (to this one, perhaps) or removes it.
-    others = [claim for claim in claims.get(desired.name, []) if claim.ref != me.ref and not claim.deleting]
+    others = [claim for claim in _claims_of(claims, desired.name) if claim.ref != me.ref and not claim.deleting]
     same = [claim for claim in others if _same_cluster(config, me, claim)]  # as far as known without connecting
     keeper = oldest_first([*same, me])[0]
     if keeper.ref != me.ref:  # an older resource on the same cluster: no need to ask Kafka
@@ -503,10 +510,12 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
         _say(logging.INFO, namespace, name, "deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
              desired.name)
         return
-    # An older resource on this cluster that applied it and is being deleted handed it to this one, which may have
-    # been deleted before it could reconcile (a namespace deleted, `kubectl delete -f dir/`): this one removes it.
-    inherited = any(claim.deleting and claim.cluster_id and claim.ref != me.ref and _same_cluster(config, me, claim)
-                    for claim in claims.get(desired.name, []))
+    # An older resource on this cluster that applied it and is being deleted handed it to this one (and marked it so,
+    # see `wake`), which may have been deleted before it could reconcile (a namespace deleted, `kubectl delete -f
+    # dir/`): this one removes it. One deleted with the owner was handed nothing: the owner's own policy decides.
+    handed = OWNER_DELETED_ANNOTATION in body.metadata.annotations
+    inherited = handed and any(claim.deleting and claim.cluster_id and claim.ref != me.ref
+                               and _same_cluster(config, me, claim) for claim in _claims_of(claims, desired.name))
     if not _ever_applied(body.status) and not inherited:
         # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
         _say(logging.INFO, namespace, name, "deleted; it was never applied, so subscription %s is not touched",
@@ -565,13 +574,27 @@ def _hold_deletion(body: kopf.Body, patch: kopf.Patch, desired: Desired, retry: 
     condition, and a Warning event when that changes."""
     reason = reason_of(error)
     message = (f"deletionPolicy Delete: subscription {desired.name} is not removed from Kafka yet, so the resource is "
-               f"held and the removal retried with backoff: {error}")
+               f"held and the removal retried with backoff (set spec.deletionPolicy: Retain, or annotate "
+               f"{PAUSED_ANNOTATION}=true, to let it go and leave the subscription in Kafka): {error}")
     status = _Status(body, patch, desired.name)
     status.set("Ready", "False", reason, message)
     if status.ready_changed:
         _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
         kopf.event(body, type="Warning", reason=reason, message=message)
     raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
+
+
+def _claims_of(claims: kopf.Index, subscription: str) -> list[Claim]:
+    """The claims on `subscription`, copied at once: handlers run on threads, and kopf's event loop changes its index
+    meanwhile (iterating the live one can fail with "dictionary changed size during iteration")."""
+    return list(claims.get(subscription, ()))
+
+
+def _applied_name(status: Mapping[str, Any], desired: Desired) -> str:
+    """The subscription a resource stands for: the one it applied, when its spec has been renamed since (an API
+    server that does not check the CRD's rules lets that edit through), else the one its spec names."""
+    before = status.get("subscriptionName")
+    return before if before and before != desired.name and _ever_applied(status) else desired.name
 
 
 def _ever_applied(status: Mapping[str, Any]) -> bool:
