@@ -336,3 +336,30 @@ def test_a_resolve_reads_each_secret_once_however_many_of_its_keys_it_uses(tmp_p
     assert reads == ["creds"]
     resolver.resolve("team", "analytics")   # a Secret rotated meanwhile is read again at the next resolve
     assert reads == ["creds", "creds"]
+
+
+def test_the_default_clusters_command_config_is_read_again_once_its_file_changes(tmp_path):
+    """A KafkaConnection's Secrets are read at each reconcile, but the default cluster's --command-config (mounted from
+    a Secret by the chart) was read once: after a rotation the operator went on with the old password."""
+    from kcm_operator.connections import command_config_reader
+
+    path = tmp_path / "client.properties"
+    sasl = "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=kcm\nsasl.password={}\n"
+    path.write_text(sasl.format("old-s3cret"))
+    settings = KafkaSettings.from_cli("127.0.0.1:9092", path)
+    config = OperatorConfig(settings, reload=command_config_reader("127.0.0.1:9092", path, settings))
+    try:
+        first = config.admin("team", None)
+        assert config.admin("team", None) is first   # the file as it was: the same client
+        rotated = tmp_path / "rotated"   # as a projected Secret rotates: a new file swapped in
+        rotated.write_text(sasl.format("new-s3cret"))
+        rotated.replace(path)
+        second = config.admin("team", None)
+        assert second is not first and config.settings.properties["sasl.password"] == "new-s3cret"
+        path.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=NOPE\n")
+        with pytest.raises(InvalidSpecError, match="^the default cluster: ") as refused:
+            config.admin("team", None)
+        assert "s3cret" not in str(refused.value)
+    finally:
+        config.close()
+    assert command_config_reader("127.0.0.1:9092", None, settings) is None

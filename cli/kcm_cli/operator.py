@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import config as kube_config
 
     from kcm_common.kafka import KafkaSettings
-    from kcm_operator.connections import ConnectionResolver
+    from kcm_operator.connections import ConnectionResolver, command_config_reader
     from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
     from kcm_common.logs import use_json
 
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("the kubeconfig's cluster server is not an https:// URL of the Kubernetes API; "
                         "check its current context")
     operator_config = OperatorConfig(settings, args.drift_interval,
-                                     resolve=ConnectionResolver(client.ApiClient()).resolve)
+                                     resolve=ConnectionResolver(client.ApiClient()).resolve,
+                                     reload=command_config_reader(args.bootstrap_server, args.command_config, settings))
     if args.liveness_port:
         # kopf binds it later, where a failure is a traceback
         _check_free("--liveness-port", address, args.liveness_port)

@@ -222,3 +222,31 @@ def _api_error(what: str, error: ApiException) -> KubernetesApiError:
     # The status and reason only: an API error's body may echo what was asked for.
     hint = ": the operator's service account needs get on it (see the chart's RBAC)" if error.status == 403 else ""
     return KubernetesApiError(f"{what} failed: {error.status} {error.reason}{hint}")
+
+
+def command_config_reader(bootstrap_servers: str, path: str | Path | None,
+                          settings: KafkaSettings) -> Callable[[], KafkaSettings] | None:
+    """The default cluster's settings, read again from the `--command-config` file at `path` once it changed (a
+    mounted Secret rotated: a new password, new TLS paths); `settings` as read at start until then. None without a
+    file. Raises KafkaConfigError, naming the file, while the new content is unreadable or invalid (asked again at
+    every call)."""
+    if not path:
+        return None
+    seen = {"stat": _stat(path), "settings": settings}
+
+    def current() -> KafkaSettings:
+        now = _stat(path)
+        if now != seen["stat"]:
+            seen["settings"] = KafkaSettings.from_cli(bootstrap_servers, path)
+            seen["stat"] = now
+        return seen["settings"]
+
+    return current
+
+
+def _stat(path: str | Path) -> tuple[int, int, int] | None:
+    try:
+        info = Path(path).stat()   # through the symlinks a projected Secret swaps when it rotates
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size

@@ -70,6 +70,9 @@ class OperatorConfig:
     settings: KafkaSettings
     drift_interval_s: float = 60.0
     resolve: Callable[[str, str], KafkaSettings] | None = None  # (namespace, connection name) → settings
+    # The default cluster's settings as they are now (`--command-config` read again once its file changed: a Secret
+    # rotated under it); None: `settings` for good. Raises KafkaConfigError.
+    reload: Callable[[], KafkaSettings] | None = None
     kafka_timeout_s: float = 10.0
     # (namespace, connection) or None for the default cluster → (settings fingerprint, admin)
     admins: dict[tuple[str, str] | None, tuple[str, BatchedAdmin]] = field(default_factory=dict)
@@ -163,7 +166,10 @@ class OperatorConfig:
         ref = cluster_ref(namespace, connection)
         retired = None
         try:
-            settings = self.resolve(namespace, connection) if connection else self.settings
+            if connection:
+                settings = self.resolve(namespace, connection)
+            else:
+                settings = self.settings = self.reload() if self.reload is not None else self.settings
             key = settings.fingerprint()
             with self.lock:
                 cached = self.admins.get(ref)
