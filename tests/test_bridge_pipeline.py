@@ -110,6 +110,25 @@ def _unstarted_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
             endpoint.close()
 
 
+def outcome_of_run(bridge: Bridge, timeout: float) -> object:
+    """What `bridge.run()` returned or raised within `timeout` seconds (None if it had not ended: stopped at once)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(bridge.run())
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        bridge.stop(at_once=True)
+        thread.join(30)
+    return outcome[0] if outcome else None
+
+
 def _closed_port() -> int:
     """A loopback port a collector just left: exports to it fail until one starts there again."""
     down = FakeCollector()
@@ -728,23 +747,9 @@ def test_kafka_python_refusing_its_settings_stops_the_bridge_with_one_line_not_e
     # kafka-python checks some settings only once it has bootstrapped, when the bridge's first check builds it.
     config = _config(tmp_path, broker.bootstrap, new_topic(), "127.0.0.1:9", "kafka-python")
     (tmp_path / "consumer.properties").write_text("session.timeout.ms=1000\nheartbeat.interval.ms=2000\n")
-    bridge, outcome = Bridge(config), []
-
-    def run() -> None:
-        try:
-            outcome.append(bridge.run())
-        except UserError as error:
-            outcome.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(60)
-    if thread.is_alive():
-        bridge.stop(at_once=True)
-        thread.join(30)
-    (error,) = outcome
-    assert str(error).startswith("the Kafka client rejected its settings: Heartbeat interval must be lower than the "
-                                 "session timeout"), error
+    error = outcome_of_run(Bridge(config), 60)
+    assert isinstance(error, UserError) and str(error).startswith(
+        "the Kafka client rejected its settings: Heartbeat interval must be lower than the session timeout"), error
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

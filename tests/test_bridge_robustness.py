@@ -23,7 +23,8 @@ from kcm_common import contract, points
 from fake_collector import FakeCollector
 from payloads import client_metrics
 from test_bridge_pipeline import (BACKENDS, _client_ids, _committed, _config, _FlakyDeadLetters, _PausingConsumer,
-                                  _produce, _request_client_ids, _push, _unstarted_bridge, _wait, running_bridge)
+                                  _produce, _request_client_ids, _push, _unstarted_bridge, _wait, outcome_of_run,
+                                  running_bridge)
 
 
 class _NotUtf8(str):
@@ -377,21 +378,8 @@ def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_
     bridge = pipeline.Bridge(config)
     (bridge_order,) = bridge._order.values()
     bridge_order.failure = RuntimeError("can't start new thread")
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            bridge.run()
-        except BaseException as error:
-            raised.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(10)
-    if thread.is_alive():
-        bridge.stop(at_once=True)
-        thread.join(10)
-    assert raised and "could not be handed to the export threads" in str(raised[0])
+    raised = outcome_of_run(bridge, 10)
+    assert isinstance(raised, RuntimeError) and "could not be handed to the export threads" in str(raised)
 
 
 def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector, caplog):
