@@ -535,3 +535,26 @@ def test_hash_routing_spreads_records_without_a_key_by_their_client_instance_id(
     with FakeCollector() as first, FakeCollector() as second:
         routes = _routes(tmp_path, [first, second], _instances(200, keyed=False))
     assert len(routes) == 200 and set(routes.values()) == {first.endpoint, second.endpoint}
+
+
+def test_a_revoke_waiting_only_for_dead_letter_writes_says_no_batch_was_left_unexported(tmp_path, collector, caplog,
+                                                                                         monkeypatch):
+    from kcm_bridge import pipeline
+    from kcm_common.retry import RetryPolicy
+
+    monkeypatch.setattr(pipeline, "KAFKA_RETRY", RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05,
+                                                            multiplier=2.0, jitter=0.0))
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "dead_letter_topic"): "metrics-dlq", ("delivery", "revoke_timeout_s"): 0.2})
+    collector.refuse_when(lambda request: "bad" in _request_client_ids(request), message="invalid metric name")
+    with _unstarted_bridge(config) as bridge:
+        bridge._dead_letters = _FlakyDeadLetters(failures=10**9)
+        bridge._consumer = _CommittingConsumer([("metrics", 0)])
+        bridge._add(_pushes(["good", "bad"], 0, 0))
+        bridge._flush()
+        _wait(lambda: (bridge._serve_dead_letters(0), len(bridge._letters_due))[1] == 1, 10, "the letter waiting")
+        with caplog.at_level(logging.INFO, logger="kcm.bridge"):
+            bridge._on_revoke([("metrics", 0)])
+        bridge._serve_dead_letters(0)   # the letter's partition is gone: left to the next owner
+        assert "revoking metrics/0" in caplog.text and "not exported" not in caplog.text
+        assert bridge._inflight_bytes() == 0

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import kopf
+import pytest
+from kubernetes import client
 
 from kcm_common.kafka import KafkaSettings
 from kcm_operator import handlers
@@ -65,7 +67,9 @@ def test_a_resource_deleted_with_an_owner_that_retains_the_subscription_leaves_i
         cluster = admin.cluster_id()
         both = {"payments": [_claim("a", OLDER, cluster, True), _claim("b", NEWER, None, True)]}
         handlers._delete(config, _body("a", OLDER, cluster, spec=retain), kopf.Patch(), both, 0)
-        handlers._delete(config, _body("b", NEWER, None), kopf.Patch(), both, 0)
+        # b was marked heir by an earlier owner once: that hand-over is not this one.
+        earlier = {handlers.OWNER_DELETED_ANNOTATION: "team/a0 at 2025-12-01T00:00:00Z"}
+        handlers._delete(config, _body("b", NEWER, None, earlier), kopf.Patch(), both, 0)
         assert sandbox.store.configs("payments")
     finally:
         config.close()
@@ -82,3 +86,27 @@ def test_the_claims_a_handler_thread_reads_are_a_copy_kopfs_loop_may_change_mean
     live["team/b"] = _claim("b", NEWER, None, False)
     assert [claim.ref for claim in claims] == ["team/a"]
     assert handlers._claims_of(Index(), "other") == []
+
+
+def test_an_owner_whose_heir_cannot_be_marked_is_deleted_again_later_not_let_go(sandbox):
+    """Only the mark tells an heir deleted before it reconciles that the subscription is its to remove: an owner
+    that let go without marking it (the Kubernetes API failing) left the subscription in Kafka with nobody owning it."""
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+    answers = [client.ApiException(status=503, reason="Service Unavailable"), None]
+
+    def wake(heir, owner):
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    config.wake = wake
+    claims = {"payments": [_claim("a", OLDER, "cluster", True), _claim("b", NEWER, None, False)]}
+    try:
+        with pytest.raises(kopf.TemporaryError, match=r"could not mark team/b as the heir .* 503 Service Unavailable"):
+            handlers._delete(config, _body("a", OLDER, "cluster"), kopf.Patch(), claims, 0)
+        handlers._delete(config, _body("a", OLDER, "cluster"), kopf.Patch(), claims, 1)   # marked this time
+        assert answers == []
+        config.wake = lambda heir, owner: (_ for _ in ()).throw(client.ApiException(status=404, reason="Not Found"))
+        handlers._delete(config, _body("a", OLDER, "cluster"), kopf.Patch(), claims, 2)   # an heir gone needs none
+    finally:
+        config.close()

@@ -492,11 +492,12 @@ def test_the_minutes_of_an_hour_still_open_are_exported_by_the_run_that_finds_it
                       timestamp_ms=int(at.timestamp() * 1000)).get(timeout=10)
     producer.close()
 
-    def exported(now: datetime) -> set[tuple[str, datetime]]:
+    def exported(now: datetime, by_offsets: bool = False) -> set[tuple[str, datetime]]:
         before = len(collector.exports)
+        span = {} if by_offsets else {"start": hour, "end": now}
         run(spark, RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
-                                 resolutions=parse_resolutions("1m,1h"), start=hour, end=now,
-                                 otlp=OtlpTarget(collector.endpoint)), now=now)
+                                 resolutions=parse_resolutions("1m,1h"), otlp=OtlpTarget(collector.endpoint), **span),
+            now=now)
         sent = set()
         for export in collector.exports[before:]:
             for rm in export.request.resource_metrics:
@@ -511,6 +512,9 @@ def test_the_minutes_of_an_hour_still_open_are_exported_by_the_run_that_finds_it
     assert exported(hour + timedelta(hours=2, minutes=10)) == {
         ("1m", hour + timedelta(minutes=10)), ("1h", hour),
         ("1m", hour + timedelta(hours=1, minutes=10)), ("1h", hour + timedelta(hours=1))}
+    # Runs chained by offsets never read those records again: they export every window that has ended.
+    assert exported(hour + timedelta(hours=1, minutes=30), by_offsets=True) == {
+        ("1m", hour + timedelta(minutes=10)), ("1h", hour), ("1m", hour + timedelta(hours=1, minutes=10))}
 
 
 def _rollup_rows(spark, points: list[dict], dimensions: tuple[str, ...]) -> Any:
@@ -559,6 +563,9 @@ def test_an_output_named_with_a_glob_character_is_found_again_by_the_next_run(sp
         write_rollups(spark, _rollup_rows(spark, [point("g", 3600 * hour + 10, value=1.0)], DEFAULT_DIMENSIONS),
                       output, (T0 + 3600 * hour, T0 + 3600 * (hour + 1)), ("1m", "1h"))
     assert pyarrow.parquet.read_table(output).column("metric").to_pylist() == ["g"] * 4   # two windows of each
+    from kcm_rollups.job import _literal
+
+    assert _literal("hdfs://[::1]:8020/out-[a]") == "hdfs://[::1]:8020/out-\\[a\\]"   # never the authority
 
 
 def test_the_top_rows_say_whether_their_window_is_still_open(spark):
@@ -779,3 +786,23 @@ def test_windows_an_offset_cuts_in_one_partition_of_several_are_marked_partial_u
     # and no window cut): every window lacks its records.
     assert partial(ending_offsets=json.dumps({topic: {"0": 0}})) == {0: True, 1: True, 2: True, 3: True}
     assert partial(starting_offsets=json.dumps({topic: {"1": 4}})) == {0: True, 1: True, 2: True, 3: True}
+
+
+def test_a_partition_of_which_nothing_is_read_cuts_only_the_windows_its_records_fall_in(spark, kafka, new_topic,
+                                                                                       tmp_path):
+    """A quiet partition started at its end (runs chained by offsets) marked every window of the run partial, so the
+    run exported nothing: only the windows up to its last record lack anything."""
+    topic = new_topic(partitions=2)
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+    for partition, minutes in ((0, range(4)), (1, [0])):   # partition 1 is quiet after the first minute
+        for m in minutes:
+            producer.send(topic, value=client_metrics("app").SerializeToString(), key=f"i{partition}".encode(),
+                          partition=partition, timestamp_ms=int(minute.timestamp() + 60 * m) * 1000).get(timeout=10)
+    producer.close()
+    output = tmp_path / "out"
+    run(spark, RollupOptions(kafka=kafka, topic=topic, output=str(output), resolutions=parse_resolutions("1m"),
+                             starting_offsets=json.dumps({topic: {"1": 1}})))
+    assert {int((r["window_start"] - minute.replace(tzinfo=None)).total_seconds() // 60): r["partial"]
+            for r in spark.read.parquet(str(output)).select("window_start", "partial").distinct().collect()} == {
+        0: True, 1: False, 2: False, 3: False}

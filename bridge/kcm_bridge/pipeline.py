@@ -807,8 +807,11 @@ class Bridge:
             gone = frozenset(partitions)
             for ticket in late:
                 ticket.revoked |= gone
-            log.warning("%d batches of the revoked partitions were not exported within revoke_timeout_s (%gs): "
-                        "their records are left to the next owner", len(late), self.config.delivery.revoke_timeout_s)
+            exporting = sum(1 for ticket in late if ticket.exports)   # the others wait for dead-letter writes only
+            if exporting:
+                log.warning("%d batches of the revoked partitions were not exported within revoke_timeout_s (%gs): "
+                            "their records are left to the next owner", exporting,
+                            self.config.delivery.revoke_timeout_s)
         for topic, partition in partitions:  # the next owner reports them
             for gauge in (self.metrics.lag, self.metrics.committed):
                 try:

@@ -245,8 +245,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         # By subscription name only: resources naming different KafkaConnections (or one and the default cluster)
         # may still reach one cluster; `_older_owner` compares the clusters themselves.
         desired = desired_from_spec(namespace, name, spec)
-        return {_applied_name(status, desired): Claim(namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "",
-                                    desired.connection, status.get("clusterId"), bool(meta.get("deletionTimestamp")))}
+        return {_applied_name(status, desired): Claim(
+            namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "", desired.connection,
+            status.get("clusterId"), bool(meta.get("deletionTimestamp")))}
 
     @kopf.on.resume(**resource, id="reconcile")
     @kopf.on.create(**resource, id="reconcile")
@@ -505,12 +506,23 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     if heirs:  # the subscription stays for them, whatever the deletion policy: the next one takes it over now
         _say(logging.INFO, namespace, name, "deleted; subscription %s is left in Kafka for %s, which names it too",
              desired.name, heirs[0].ref)
+        unmarked = []
         for heir in heirs:
             try:
                 config.wake(heir, me)
-            except Exception as exc:  # it takes the subscription over at its next drift check instead
-                _say(logging.WARNING, namespace, name, "could not make %s take subscription %s over now: %s",
-                     heir.ref, desired.name, exc)
+            except client.ApiException as exc:
+                if exc.status != 404:   # an heir gone meanwhile needs no mark
+                    unmarked.append((heir, f"the Kubernetes API answered {exc.status} {exc.reason}"))
+            except Exception as exc:
+                unmarked.append((heir, f"{type(exc).__name__}: {exc}"))
+        if unmarked:
+            # The mark is what tells an heir deleted before it reconciles that the subscription is its to remove:
+            # without it, the subscription would stay in Kafka with nobody owning it. So the deletion is retried.
+            heir, why = unmarked[0]
+            message = (f"could not mark {heir.ref} as the heir of subscription {desired.name} ({why}); the deletion "
+                       "is retried")
+            _say(logging.WARNING, namespace, name, "%s", message)
+            raise kopf.TemporaryError(message, delay=_backoff(retry))
         return
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true" or desired.deletion_policy != DELETE_POLICY:
         _say(logging.INFO, namespace, name, "deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
@@ -519,9 +531,10 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     # An older resource on this cluster that applied it and is being deleted handed it to this one (and marked it so,
     # see `wake`), which may have been deleted before it could reconcile (a namespace deleted, `kubectl delete -f
     # dir/`): this one removes it. One deleted with the owner was handed nothing: the owner's own policy decides.
-    handed = OWNER_DELETED_ANNOTATION in body.metadata.annotations
-    inherited = handed and any(claim.deleting and claim.cluster_id and claim.ref != me.ref
-                               and _same_cluster(config, me, claim) for claim in _claims_of(claims, desired.name))
+    handed_by = body.metadata.annotations.get(OWNER_DELETED_ANNOTATION) or ""
+    inherited = any(claim.deleting and claim.cluster_id and claim.ref != me.ref
+                    and handed_by.startswith(f"{claim.ref} at ") and _same_cluster(config, me, claim)
+                    for claim in _claims_of(claims, desired.name))
     if not _ever_applied(body.status) and not inherited:
         # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
         _say(logging.INFO, namespace, name, "deleted; it was never applied, so subscription %s is not touched",

@@ -313,19 +313,16 @@ def _cut_record_times(options: RollupOptions, timeout_s: float = 10.0) -> tuple[
             for tp, offset in named.items():
                 if (offset <= first[tp]) if is_start else (offset >= end[tp]):
                     continue  # at the partition's first record (or end): nothing cut off
-                if (offset >= end[tp]) if is_start else (offset <= first[tp]):
-                    # Nothing read there: every window lacks its records (before the start, or from the end on).
-                    found.append(_EVERY_WINDOW if is_start else -_EVERY_WINDOW)
-                    continue
-                record = _record_from(consumer, tp, offset if is_start else offset - 1, timeout_s)
-                if record is not None and (is_start or record.offset < offset) and record.timestamp >= 0:
+                # Nothing read there (a start at its end, an end at its first record): the windows up to its last
+                # record lack it and those before, or the windows from its first record on lack that and the rest.
+                nothing = (offset >= end[tp]) if is_start else (offset <= first[tp])
+                at = (end[tp] - 1 if is_start else first[tp]) if nothing else (offset if is_start else offset - 1)
+                record = _record_from(consumer, tp, at, timeout_s)
+                if record is not None and (is_start or nothing or record.offset < offset) and record.timestamp >= 0:
                     found.append(record.timestamp * 1000)
     finally:
         consumer.close()
     return (max(firsts) if firsts else None), (min(lasts) if lasts else None)
-
-
-_EVERY_WINDOW = 1 << 62   # microseconds, beyond every window's start and end: a partition cutting every window
 
 
 def _record_from(consumer: Any, tp: Any, offset: int, timeout_s: float) -> Any:
@@ -450,9 +447,12 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
         # backends drop samples. So are the finer windows of a coarsest window still open: the run that finds it
         # ended (the next scheduled one, with its lateness margin) exports them all, once, with its late records
         # (a backend keeps the first sample of a timestamp and refuses the second).
-        coarsest = options.resolutions[-1].seconds
-        closes = (F.floor(F.unix_seconds("window_start") / coarsest) + 1) * coarsest
-        ended = ~F.col("partial") & (closes <= F.lit(int(now.timestamp())))
+        # Only a time range recomputes whole windows: runs chained by offsets never read those minutes again.
+        ended = ~F.col("partial")
+        if span is not None:
+            coarsest = options.resolutions[-1].seconds
+            closes = (F.floor(F.unix_seconds("window_start") / coarsest) + 1) * coarsest
+            ended = ended & (closes <= F.lit(int(now.timestamp())))
         exported = (options.otlp.endpoint, *export_rows(rows.filter(ended), options.otlp, options.dimensions))
         finished("OTLP export")
     top = top_rows(rows, options.resolutions[-1].label, options.top)
@@ -611,7 +611,7 @@ def _read_partitioned_as_text(spark: Any, path: str) -> Any:
     before = spark.conf.get(key, None)
     spark.conf.set(key, "false")
     try:
-        return spark.read.option("mergeSchema", "true").parquet(_GLOB_CHARACTERS.sub(r"\\\g<0>", path))
+        return spark.read.option("mergeSchema", "true").parquet(_literal(path))
     finally:
         if before is None:
             spark.conf.unset(key)
@@ -620,6 +620,15 @@ def _read_partitioned_as_text(spark: Any, path: str) -> Any:
 
 
 _GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")   # what Hadoop's glob patterns give a meaning: each escaped
+
+
+def _literal(path: str) -> str:
+    """`path` as a Hadoop glob matching only itself: its path part escaped, never a URI's authority (`[::1]:8020`)."""
+    scheme, separator, rest = path.partition("://")
+    if not separator:
+        return _GLOB_CHARACTERS.sub(r"\\\g<0>", path)
+    authority, slash, tail = rest.partition("/")
+    return scheme + separator + authority + slash + _GLOB_CHARACTERS.sub(r"\\\g<0>", tail)
 
 
 def _first_line(error: Any) -> str:
