@@ -390,7 +390,7 @@ def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector,
     from kcm_bridge import pipeline
 
     config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
-                     {("delivery", "shutdown_timeout_s"): 4, ("retry", "initial_backoff_s"): 0.05,
+                     {("delivery", "shutdown_timeout_s"): 10, ("retry", "initial_backoff_s"): 0.05,
                       ("retry", "max_backoff_s"): 0.1})
     collector.refuse_when(lambda request: True, code=grpc.StatusCode.UNAVAILABLE)
     with _unstarted_bridge(config) as bridge:
@@ -405,7 +405,7 @@ def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector,
         with caplog.at_level(logging.ERROR, logger="kcm"):
             bridge._drain()
         took = time.monotonic() - started
-    assert took < 2, f"the drain waited {took:.1f} s for an export nobody waits for"
+    assert took < 5, f"the drain waited {took:.1f} s for an export nobody waits for"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
