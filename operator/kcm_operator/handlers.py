@@ -76,6 +76,11 @@ class OperatorConfig:
     kafka_timeout_s: float = 10.0
     # (namespace, connection) or None for the default cluster → (settings fingerprint, admin)
     admins: dict[tuple[str, str] | None, tuple[str, BatchedAdmin]] = field(default_factory=dict)
+    # (namespace, connection) → (time.monotonic() when resolved, its settings or why not): drift checks reuse a
+    # resolution this recent (within one drift interval) rather than read the KafkaConnection and its Secrets for
+    # every resource; one at a time per connection (`resolving`), as resources applied together check together.
+    resolved: dict[tuple[str, str], tuple[float, KafkaSettings | Exception]] = field(default_factory=dict)
+    resolving: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)  # uids of Ready resources, for the managed-subscriptions gauge
     # (namespace, connection) or None → the Kafka cluster id last seen through it: a cluster's id never changes, so
     # ownership checks need not resolve and connect to every other resource's cluster at every event.
@@ -158,16 +163,19 @@ class OperatorConfig:
             (self.ready.add if ready else self.ready.discard)(uid)
             metrics.MANAGED.set(len(self.ready))
 
-    def admin(self, namespace: str, connection: str | None) -> BatchedAdmin:
+    def admin(self, namespace: str, connection: str | None, recent: bool = False) -> BatchedAdmin:
         """The (cached, shared) admin for the default cluster or a KafkaConnection's. A KafkaConnection whose settings
-        changed (other servers, a rotated password) gets a new admin; the old one is closed."""
+        changed (other servers, a rotated password) gets a new admin; the old one is closed. `recent`: a resolution
+        of the KafkaConnection made within the last drift interval will do (for drift checks: every resource naming
+        it has one per interval, and reading it and its Secrets for each would load the API server with their
+        number; changes still arrive within an interval, and every other handler reads them at once)."""
         if connection and self.resolve is None:
             raise InvalidSpecError(f"spec.connection {connection!r}: this operator has no KafkaConnection support")
         ref = cluster_ref(namespace, connection)
         retired = None
         try:
             if connection:
-                settings = self.resolve(namespace, connection)
+                settings = self._connection_settings((namespace, connection), recent)
             else:
                 settings = self.settings = self.reload() if self.reload is not None else self.settings
             key = settings.fingerprint()
@@ -189,6 +197,49 @@ class OperatorConfig:
             if retired is not None:
                 # Not under the lock: closing waits for a connect under way, which must not hold up other clusters.
                 threading.Thread(target=retired.close, name="kcm-admin-close", daemon=True).start()
+
+    def _connection_settings(self, ref: tuple[str, str], recent: bool) -> KafkaSettings:
+        if not recent:
+            return self._resolve_now(ref)
+        with self.lock:
+            gate = self.resolving.setdefault(ref, threading.Lock())
+        with gate:
+            with self.lock:
+                known = self.resolved.get(ref)
+            if known is None or time.monotonic() - known[0] >= self.drift_interval_s:
+                return self._resolve_now(ref)
+        if isinstance(known[1], Exception):  # failed within the interval: the same answer, not another read
+            raise type(known[1])(*known[1].args) from None
+        return known[1]
+
+    def _resolve_now(self, ref: tuple[str, str]) -> KafkaSettings:
+        assert self.resolve is not None
+        began = time.monotonic()
+        try:
+            settings = self.resolve(*ref)
+        except Exception as exc:
+            with self.lock:
+                self.resolved[ref] = (began, exc)
+            raise
+        with self.lock:
+            self.resolved[ref] = (began, settings)
+        return settings
+
+    def retire_unused(self, in_use: set[tuple[str, str] | None]) -> None:
+        """Close the admins of KafkaConnections no resource names any more (team namespaces come and go: each admin
+        holds a thread and sockets) and forget what was learnt through them. A resource naming one again later gets
+        a new admin."""
+        with self.lock:
+            gone = [ref for ref in self.admins if ref is not None and ref not in in_use]
+            retired = [self.admins.pop(ref)[1] for ref in gone]
+            for ref in gone:
+                self.servers.pop(ref, None)
+                self.cluster_ids.pop(ref, None)
+                self.resolved.pop(ref, None)  # type: ignore[arg-type]
+                self.resolving.pop(ref, None)  # type: ignore[arg-type]
+        for admin in retired:
+            # Not on the event loop: closing waits for a connect under way.
+            threading.Thread(target=admin.close, name="kcm-admin-close", daemon=True).start()
 
     def known_cluster_id(self, claim: Claim) -> str | None:
         """The id of the cluster another resource's claim is on, as this operator last saw it through its connection
@@ -252,8 +303,14 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.resume(**resource, id="reconcile")
     @kopf.on.create(**resource, id="reconcile")
     @kopf.on.update(**resource, id="reconcile")
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
-        await _on_cluster_threads(config, body, lambda: _locked_reconcile(body, patch, claims, retry))
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
+                        old: Mapping[str, Any] | None = None, new: Mapping[str, Any] | None = None,
+                        **_: Any) -> None:
+        try:
+            await _on_cluster_threads(config, body, lambda: _locked_reconcile(body, patch, claims, retry))
+        finally:
+            if old is not None and _connection_of(old) != _connection_of(new):  # it may have been the last user
+                config.retire_unused(_refs_in_use(claims))
 
     def _locked_reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
@@ -282,6 +339,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
         await _on_cluster_threads(config, body, lambda: _locked_delete(body, patch, claims, retry))
         config.forget(body.metadata.uid)  # not reached while the deletion is retried
+        # Its KafkaConnection's admin goes with the last resource naming it (kopf's index still lists this one).
+        config.retire_unused(_refs_in_use(claims, but=body.metadata.uid))
 
     def _locked_delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
@@ -362,7 +421,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             raise InvalidSpecError(f"spec.subscriptionName cannot change: this resource applied subscription "
                                    f"{applied_as}; set it back (deleting the resource then removes {applied_as}), "
                                    f"or create another resource for {desired.name}")
-        admin = config.admin(namespace, desired.connection)
+        admin = config.admin(namespace, desired.connection, recent=drift_check)
         # A resource being deleted hands its subscription over (see `_delete`): the next one takes it now.
         live = [claim for claim in _claims_of(claims, desired.name) if not claim.deleting]
         first = _older_owner(config, admin, me, live)
@@ -601,6 +660,16 @@ def _hold_deletion(body: kopf.Body, patch: kopf.Patch, desired: Desired, retry: 
         _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
         kopf.event(body, type="Warning", reason=reason, message=message)
     raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
+
+
+def _connection_of(body: Mapping[str, Any] | None) -> str | None:
+    return ((body or {}).get("spec") or {}).get("connection") or None
+
+
+def _refs_in_use(claims: kopf.Index, but: str | None = None) -> set[tuple[str, str] | None]:
+    """The clusters (`cluster_ref`) the resources in kopf's index name, but the one of uid `but`. On the event loop
+    only: it changes the index."""
+    return {claim.cluster_ref for named in claims.values() for claim in named if claim.uid != but}
 
 
 def _claims_of(claims: kopf.Index, subscription: str) -> list[Claim]:
