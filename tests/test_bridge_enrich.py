@@ -181,7 +181,23 @@ def test_a_small_compressed_record_of_millions_of_messages_is_refused_when_prepa
     value = zstandard.ZstdCompressor(level=19).compress(b"\x0a\x00" * 2_000_000)
     headers = [(contract.CONTENT_ENCODING_HEADER, b"zstd")] + [(k, v.encode()) for k, v in HEADERS.items()]
     assert len(value) < 1024
-    with pytest.raises(contract.DecodeError, match="protobuf fields") as refused:
+    with pytest.raises(contract.DecodeError, match="protobuf") as refused:
+        Preparer(Enricher(EnrichConfig()))(Record("metrics", 0, 0, b"k", value, headers))
+    assert refused.value.reason == "too-large"
+
+
+def test_a_small_compressed_record_of_millions_of_data_points_is_refused_before_they_are_parsed():
+    """Enrichment walks resources only: 16 MiB of empty data points (a 1.5 KB zstd record) reached the point count,
+    whose parse built 8 million messages, some 670 MiB, in a pod limited to 512 MiB."""
+    import zstandard
+    from kcm_bridge.consumer import Record
+    from kcm_bridge.pipeline import Preparer
+
+    points = field(1, field(2, field(2, field(5, b"\x0a\x00" * 8_000_000))))  # gauge data points, 16 MB
+    value = zstandard.ZstdCompressor(level=19).compress(points)
+    headers = [(contract.CONTENT_ENCODING_HEADER, b"zstd")] + [(k, v.encode()) for k, v in HEADERS.items()]
+    assert len(value) < 4096
+    with pytest.raises(contract.DecodeError, match="protobuf messages") as refused:
         Preparer(Enricher(EnrichConfig()))(Record("metrics", 0, 0, b"k", value, headers))
     assert refused.value.reason == "too-large"
 

@@ -490,6 +490,67 @@ def test_otlp_json_of_more_objects_than_the_bound_is_too_large_before_it_is_pars
     assert len(small.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points) == 1000
 
 
+@pytest.mark.parametrize("item", [b"[[]]", b"[]", b"1"], ids=["nested-arrays", "arrays", "numbers"])
+def test_otlp_json_of_more_values_than_the_bound_is_too_large_before_it_is_parsed(item: bytes) -> None:
+    """Only objects were counted: 16 MiB of `[[]],` (1.5 KB of zstd) took 4.7 s and 610 MiB in json.loads, and then
+    passed as an empty MetricsData."""
+    from kcm_common.contract import MAX_JSON_OBJECTS, MAX_JSON_VALUES
+
+    many = b'{"x":[' + b",".join([item] * (MAX_JSON_VALUES + 2)) + b"]}"  # one comma more than allowed
+    value = compress(many, "zstd")
+    assert len(value) < 100_000
+    assert reason_of(value, [("content-type", CONTENT_TYPE_JSON.encode()), ("content-encoding", b"zstd")]) \
+        == "too-large"
+    fewer = b'{"x":[' + b",".join([item] * (MAX_JSON_OBJECTS // 4)) + b"]}"
+    assert len(decode(fewer, [("content-type", CONTENT_TYPE_JSON.encode())]).metrics.resource_metrics) == 0
+
+
+def _nested(tag: int, body: bytes) -> bytes:
+    return bytes((tag,)) + _varint(len(body)) + body
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out) + bytes((value,))
+
+
+def _points(points: bytes) -> bytes:
+    """MetricsData{resource_metrics{scope_metrics{metrics{gauge{`points`}}}}} on the wire."""
+    return _nested(0x0A, _nested(0x12, _nested(0x12, _nested(0x2A, points))))
+
+
+def test_protobuf_building_more_messages_than_the_bound_is_too_large_before_it_is_parsed() -> None:
+    """16 MiB of empty data points (1.5 KB of zstd) parsed into 8 million messages, some 670 MiB: a bridge pod's limit
+    is 512 MiB, and it would read the record again after its restart."""
+    from kcm_common.message_bound import MAX_MESSAGES
+
+    hostile = compress(_points(b"\x0a\x00" * (MAX_MESSAGES + 1)), "zstd")
+    assert len(hostile) < 100_000
+    for headers in ([("content-encoding", b"zstd")],
+                    [("content-type", CONTENT_TYPE_PROTOBUF.encode()), ("content-encoding", b"zstd")]):
+        assert reason_of(hostile, headers) == "too-large"
+
+
+def test_a_large_protobuf_within_the_bound_is_counted_exactly_and_decodes() -> None:
+    from kcm_common.message_bound import builds_more_than
+
+    point = MetricsData()
+    gauge_point = point.resource_metrics.add().scope_metrics.add().metrics.add(name="g").gauge.data_points.add(
+        time_unix_nano=1, as_double=1.5)
+    gauge_point.attributes.add(key="topic").value.string_value = "orders"
+    one = point.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].SerializeToString()
+    points = 60_000
+    payload = _points(_nested(0x0A, one) * points)
+    built = 4 + points * 3  # the four levels, then each point with its KeyValue and AnyValue
+    assert len(payload) > 2 * built  # long enough to be walked, not let through by its size
+    assert not builds_more_than(payload, built) and builds_more_than(payload, built - 1)
+    decoded = decode(compress(payload, "zstd"), [("content-encoding", b"zstd")]).metrics
+    assert len(decoded.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points) == points
+
+
 def test_headerless_value_that_looks_like_json_but_is_not_is_invalid_json() -> None:
     assert reason_of(b'{"resourceMetrics": ') == "invalid-json"
 

@@ -95,6 +95,7 @@ class Preparer:
             payload = value
         else:
             payload = _payload(record, facts)
+        contract.check_message_count(payload)  # before anything parses it (the conversion, the point count)
         if self._converter is not None:
             payload = _to_cumulative(payload, self._converter, record, facts)
         try:

@@ -16,6 +16,7 @@ import zstandard
 from google.protobuf import json_format
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
+from kcm_common.message_bound import MAX_MESSAGES, builds_more_than
 from kcm_common.names import ATTRIBUTE_HEADERS
 
 CONTENT_TYPE_PROTOBUF = "application/x-protobuf"
@@ -24,8 +25,10 @@ ENCODINGS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
 COMPRESSION_IDS: dict[int, str] = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 DEFAULT_MAX_DECOMPRESSED_BYTES = 16 * 1024 * 1024
 
-# Objects an OTLP/JSON value may hold (a real client's 1 MiB push has tens of thousands).
+# Objects an OTLP/JSON value may hold (a real client's 1 MiB push has tens of thousands), and values (counted by the
+# commas between them: an object holds several).
 MAX_JSON_OBJECTS = 200_000
+MAX_JSON_VALUES = 5 * MAX_JSON_OBJECTS
 
 CONTENT_TYPE_HEADER = "content-type"
 CONTENT_ENCODING_HEADER = "content-encoding"
@@ -191,7 +194,14 @@ def _media_type(header: str) -> str:
     return header.split(";", 1)[0].strip().lower()
 
 
+def check_message_count(payload: bytes) -> None:
+    """Raise DecodeError("too-large") when parsing `payload` as MetricsData would build more than MAX_MESSAGES."""
+    if builds_more_than(payload):
+        raise DecodeError("too-large", f"parsing the value would build more than {MAX_MESSAGES:,} protobuf messages")
+
+
 def _parse_protobuf(payload: bytes) -> MetricsData:
+    check_message_count(payload)
     metrics = MetricsData()
     try:
         metrics.ParseFromString(payload)
@@ -203,9 +213,11 @@ def _parse_protobuf(payload: bytes) -> MetricsData:
 
 def _parse_json(payload: bytes) -> MetricsData:
     # Counted before parsing: protobuf's JSON reading is pure Python, and 16 MiB of `{}` (a 1.6 KB zstd record) is
-    # 5 million points to build, a minute and gigabytes later. A brace inside a string counts too: a bound, not a parse.
-    if payload.count(b"{") > MAX_JSON_OBJECTS:
-        raise DecodeError("too-large", f"OTLP/JSON value holds more than {MAX_JSON_OBJECTS:,} objects")
+    # 5 million points to build, a minute and gigabytes later; `[[]],` repeated, millions of lists before protobuf
+    # sees any. A brace inside a string counts too: a bound, not a parse.
+    for mark, limit, what in ((b"{", MAX_JSON_OBJECTS, "objects"), (b",", MAX_JSON_VALUES, "values")):
+        if payload.count(mark) > limit:
+            raise DecodeError("too-large", f"OTLP/JSON value holds more than {limit:,} {what}")
     try:
         document = json.loads(payload.decode("utf-8-sig"))
         if not isinstance(document, dict):
