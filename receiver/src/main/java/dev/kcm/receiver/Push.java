@@ -1,6 +1,7 @@
 package dev.kcm.receiver;
 
 import org.apache.kafka.common.Uuid;
+import org.apache.kafka.common.requests.RequestContext;
 import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
 
 /** One accepted push as captured on the broker's request thread: a copy of the data, the rest by reference. */
@@ -12,6 +13,7 @@ final class Push {
     final byte[] data;
     /** Null before Kafka 4.2, whose receiver API does not give it. */
     final Integer pushIntervalMs;
+    private final long weight;
 
     Push(AuthorizableRequestContext context, Uuid clientInstanceId, boolean terminating, String contentType,
          byte[] data, Integer pushIntervalMs) {
@@ -21,6 +23,7 @@ final class Push {
         this.contentType = contentType;
         this.data = data;
         this.pushIntervalMs = pushIntervalMs;
+        this.weight = weightOf(data.length, context);
     }
 
     /** The allowance for a push's object and headers, so tiny pushes stay bounded too. */
@@ -28,6 +31,22 @@ final class Push {
 
     /** Bytes this push holds in the queue. */
     long weight() {
-        return data.length + OVERHEAD;
+        return weight;
+    }
+
+    /**
+     * What a push of `dataLength` bytes holds in the queue: its data, the allowance, and the text the client chose
+     * that the context keeps for its record (a client id of up to 32 KiB with 1-byte pushes held 134 × the budget).
+     */
+    static long weightOf(int dataLength, AuthorizableRequestContext context) {
+        long text = length(context.clientId());
+        if (context instanceof RequestContext full && full.clientInformation != null) {
+            text += length(full.clientInformation.softwareName()) + length(full.clientInformation.softwareVersion());
+        }
+        return dataLength + OVERHEAD + 2 * text;  // two bytes a character at most (Java strings are UTF-16 or Latin-1)
+    }
+
+    private static long length(String text) {
+        return text == null ? 0 : text.length();
     }
 }

@@ -79,7 +79,7 @@ final class ReceiverCore implements AutoCloseable {
             ByteBuffer data = payload.data().duplicate();
             counters.pushesReceived.increment();
             counters.bytesReceived.add(data.remaining());
-            if (!queue.hasRoomFor(data.remaining() + Push.OVERHEAD)) {
+            if (!queue.hasRoomFor(Push.weightOf(data.remaining(), context))) {
                 counters.pushesDropped.increment();
                 return;
             }

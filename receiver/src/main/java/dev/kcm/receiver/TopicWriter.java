@@ -75,6 +75,14 @@ final class TopicWriter implements AutoCloseable {
             return false;
         }
         queue.add(push);
+        // close() may have set `closing` and emptied the queue since the check above: take the push back and count
+        // it, or it would stay in a queue nobody reads, neither written nor dropped. (Either this or close's drain
+        // sees it: both read `closing` after their own write.)
+        if (closing && queue.remove(push)) {
+            heldBytes.addAndGet(-weight);
+            metrics.pushesDropped.increment();
+            return false;
+        }
         return true;
     }
 

@@ -19,6 +19,7 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.metrics.JmxReporter;
+import org.apache.kafka.common.network.ClientInformation;
 import org.apache.kafka.common.metrics.KafkaMetricsContext;
 import org.apache.kafka.common.metrics.MetricConfig;
 import org.apache.kafka.common.metrics.Metrics;
@@ -119,6 +120,58 @@ class ReceiverCoreTest {
             // Room again: the next push is taken.
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
             assertEquals(4, count(plugin.core(), "pushes-dropped-total"));
+        }
+    }
+
+    @Test
+    void theClientIdAPushKeepsCountsAgainstTheQueueBudget() throws Exception {
+        // 1-byte pushes with a 32 KiB client id (a request header allows that much) were counted 257 bytes each.
+        MockProducer<byte[], byte[]> producer = mockProducer(false);
+        String longId = "c".repeat(32_000);
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig("kcm.receiver.queue.max.bytes", String.valueOf(1 << 20),
+                    "kcm.receiver.close.timeout.ms", "0"));
+            for (int i = 0; i < 100; i++) {
+                plugin.clientReceiver().exportMetrics(Fixtures.requestContext(longId,
+                        new ClientInformation("apache-kafka-java", "4.3.0"), 51234), Fixtures.payload(new byte[1], false));
+            }
+            long held = 100 - count(plugin.core(), "pushes-dropped-total");
+            assertEquals(16, held, "a 1 MiB queue holds 16 pushes carrying 64 KB of client id each");
+            assertTrue(count(plugin.core(), "queue-bytes") > 16 * 64_000L);
+        }
+    }
+
+    @Test
+    void everyPushOfferedWhileThePluginClosesIsWrittenOrCountedDropped() throws Exception {
+        // A push offered as close() set its flag and emptied the queue was left there: neither written nor dropped.
+        for (int round = 0; round < 40; round++) {
+            ReceiverCore core = new ReceiverCore(config -> mockProducer(true));
+            core.configure(Fixtures.brokerConfig("kcm.receiver.close.timeout.ms", "0"));
+            ReceiverMetrics counters = core.metrics();
+            java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
+            java.util.concurrent.CountDownLatch started = new java.util.concurrent.CountDownLatch(4);
+            List<Thread> threads = new java.util.ArrayList<>();
+            for (int t = 0; t < 4; t++) {
+                Thread thread = new Thread(() -> {
+                    started.countDown();
+                    while (!stop.get()) {
+                        core.export(Fixtures.requestContext(), Fixtures.payload(new byte[64], false), null);
+                    }
+                });
+                thread.start();
+                threads.add(thread);
+            }
+            started.await();
+            Thread.sleep(2);
+            core.close();
+            Thread.sleep(5);
+            stop.set(true);
+            for (Thread thread : threads) {
+                thread.join();
+            }
+            // The writer's thread may still be handing over the push it took last.
+            await(() -> counters.pushesReceived.sum() == counters.pushesWritten.sum() + counters.pushesDropped.sum()
+                    + counters.producerErrors.sum() + counters.exportErrors.sum());
         }
     }
 
