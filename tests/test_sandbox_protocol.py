@@ -817,6 +817,34 @@ def test_undecodable_push_is_an_invalid_record(sandbox, compression, payload):
     assert refused == INVALID_RECORD
 
 
+def test_a_push_the_metrics_topic_does_not_take_is_dropped_and_logged_not_refused(sandbox, caplog):
+    """Refused (INVALID_RECORD, what Kafka answers for a plugin that throws), a Java client stops pushing until it
+    restarts; kcm's plugin drops and counts instead, and so does the sandbox's receiver."""
+    from kafka import KafkaProducer
+
+    receiver = sandbox._receiver
+    working = receiver._producer
+    receiver._producer = KafkaProducer(bootstrap_servers=f"127.0.0.1:{_closed_port()}", max_block_ms=200,
+                                       api_version=(2, 8))  # no probe of the dead address at construction
+    try:
+        with KafkaConnection(sandbox.bootstrap) as connection:
+            instance_id, subscription_id = new_client(connection)
+
+            assert push(connection, instance_id, subscription_id) == 0
+    finally:
+        receiver._producer.close(timeout=0)
+        receiver._producer = working
+    (line,) = [r for r in caplog.records if r.name == "kcm.sandbox.receiver"]
+    assert line.levelname == "ERROR" and f"client instance {instance_id}" in line.getMessage()
+    assert "dropped" in line.getMessage()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.parametrize("terminating_again", [False, True])
 def test_after_an_accepted_terminating_push_a_further_push_is_an_invalid_request(sandbox, terminating_again):
     with KafkaConnection(sandbox.bootstrap) as connection:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from kafka import KafkaProducer
+from kafka.errors import KafkaError
 
 from kcm_common import contract
 from kcm_common.kafka import KafkaSettings
 from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, UNKNOWN_SOFTWARE, ClientIdentity, PushResult
+
+log = logging.getLogger("kcm.sandbox.receiver")
 
 PRINCIPAL = "User:ANONYMOUS"
 LISTENER = "PLAINTEXT"
@@ -62,7 +66,14 @@ class TopicReceiver:
 
     def __call__(self, instance_id: uuid.UUID, identity: ClientIdentity, push: PushResult) -> None:
         key, value, headers = self.record(instance_id, identity, push)
-        self._producer.send(self.topic, key=key, value=value, headers=headers).get(timeout=self.write_timeout_s)
+        try:
+            self._producer.send(self.topic, key=key, value=value, headers=headers).get(timeout=self.write_timeout_s)
+        except KafkaError as exc:
+            # As kcm's plugin on a broker: a push the topic does not take is dropped and said so, never refused. A
+            # refusal (INVALID_RECORD, what Kafka answers for a plugin that throws) would stop a Java client's
+            # telemetry until it restarts, over one slow write.
+            log.error("could not write the push of client instance %s to %s, dropped: %s", instance_id, self.topic,
+                      exc)
 
     def close(self) -> None:
         self._producer.close(timeout=5)
