@@ -485,6 +485,10 @@ class Bridge:
                 batch.kept += kept
                 added += kept
             track(partition, record.offset, batch.ticket)
+        if self._held and batch.parts and not self._inflight:
+            # The open batch alone spends the budget (batch.max_bytes at or above it): waiting for its linger frees
+            # nothing, so it goes now.
+            self._flush()
         self.metrics.records.inc(len(records))
         self.metrics.bytes.inc(consumed)
         if added and records:
