@@ -1000,32 +1000,23 @@ def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetch
         assert len(_client_ids(collector.exports)) == 20
 
 
-def test_an_open_batch_that_fills_the_in_flight_budget_alone_goes_at_once_not_after_its_linger(tmp_path, collector):
-    """With batch.max_bytes at or above delivery.max_inflight_bytes, the open batch spent the budget and nothing sent
-    it before its linger (up to a year): the records waiting were let into it one per poll (nothing being in flight),
-    past the budget. It goes once it is all that waits."""
-    from kcm_bridge.consumer import Record
+def test_an_open_batch_that_keeps_the_bridge_paused_goes_at_once_not_after_its_linger(tmp_path, broker, collector):
+    """With batch.max_bytes near or above delivery.max_inflight_bytes, the open batch alone filled the budget, fetching
+    paused, and nothing sent it before its linger (up to a year): 1500 records took 28.7 s with a 3 s linger."""
+    records = [_push(f"app-{i % 7}", f"00000000-0000-0000-0000-{i:012d}") for i in range(200)]
+    _produce(broker.bootstrap, "metrics", records)
+    budget = 20 * max(len(value) for _, value, _ in records)   # some 20 enriched records
+    config = _config(tmp_path, broker.bootstrap, "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "max_inflight_bytes"): budget, ("batch", "max_points"): 10**6,
+                      ("batch", "linger_ms"): 120_000})
+    with running_bridge(config):
+        # All but the last batch, which (below the budget, the bridge not paused) rightly waits for its linger.
+        arrived = collector.wait_for(lambda exports: _resources(exports) >= 150, 30)
+    assert arrived, f"{_resources(collector.exports)} of 200 records exported within 30 s; the linger is 120 s"
 
-    key, value, headers = _push("app", "00000000-0000-0000-0000-000000000001")
-    with _unstarted_bridge(_config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")) as probe:
-        size = len(probe._prepare(Record("metrics", 0, 0, key, value, headers))[0])
-    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
-                     {("delivery", "max_inflight_bytes"): 3 * size, ("batch", "max_points"): 10**6,
-                      ("batch", "linger_ms"): 3_600_000})
-    with _unstarted_bridge(config) as bridge:
-        bridge._consumer = _PausingConsumer([("metrics", 0)])
-        bridge._take([Record("metrics", 0, offset, key, value, headers) for offset in range(20)])
-        deadline, peak = time.monotonic() + 30, 0
-        while bridge._held and time.monotonic() < deadline:
-            time.sleep(0.05)
-            bridge._take([])   # what the loop does between polls; the linger is an hour away
-            peak = max(peak, bridge._inflight_bytes())
-        assert not bridge._held and peak <= 4 * size, f"{peak} bytes in flight against a budget of {3 * size}"
-        bridge._flush()   # the last, partial batch: what its linger does
-        while bridge._tracker.pending() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert bridge._tracker.to_commit() == {("metrics", 0): 20}
-        assert len(_client_ids(collector.exports)) == 20
+
+def _resources(exports) -> int:
+    return sum(len(export.request.resource_metrics) for export in exports)
 
 
 def test_kafka_python_dead_letters_with_writes_still_out_flush_and_close_without_raising():

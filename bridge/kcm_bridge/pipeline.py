@@ -388,7 +388,10 @@ class Bridge:
                 timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
                                                                          - time.monotonic()))
                 self._take(self._poll(timeout))
-                if self._batch.parts and time.monotonic() - self._batch.opened >= linger:
+                # Paused with nothing in flight, the open batch is what holds the budget (batch.max_bytes near or
+                # above it): waiting for its linger frees nothing, so it goes now.
+                if self._batch.parts and (time.monotonic() - self._batch.opened >= linger
+                                          or (self._paused and not self._inflight)):
                     self._flush()
                 self._backpressure()
                 self._serve_dead_letters(0)
@@ -485,10 +488,6 @@ class Bridge:
                 batch.kept += kept
                 added += kept
             track(partition, record.offset, batch.ticket)
-        if self._held and batch.parts and not self._inflight:
-            # The open batch alone spends the budget (batch.max_bytes at or above it): waiting for its linger frees
-            # nothing, so it goes now.
-            self._flush()
         self.metrics.records.inc(len(records))
         self.metrics.bytes.inc(consumed)
         if added and records:
