@@ -339,3 +339,35 @@ def _kcm_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
 def test_output_into_a_pipe_whose_reader_went_away_ends_quietly(command, sandbox):
     result = _kcm_into_a_closed_pipe(*command, "--bootstrap-server", sandbox.bootstrap)
     assert result.returncode == 0 and "Error" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("document", ["kafka: " + "[" * 1000 + "]" * 1000,
+                                      "".join(f"{' ' * depth}k{depth}:\n" for depth in range(1000)) + " " * 1000 + "v"],
+                         ids=["flow", "block"])
+def test_a_file_nesting_deeper_than_python_can_read_is_one_line_not_a_traceback(tmp_path, document):
+    """PyYAML builds nested values by recursion: a 2 KB file of `[` was a RecursionError traceback."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(document)
+    _one_line_error(_kcm("bridge", "--config", str(path)), "nests values too deeply")
+    _one_line_error(_kcm("subscriptions", "apply", "--bootstrap-server", "127.0.0.1:9", "-f", str(path),
+                         "--dry-run"), "nests values too deeply")
+
+
+@pytest.mark.parametrize("arguments", [["tail", "--bootstrap-server", "127.0.0.1:9", "--command-config"],
+                                       ["bridge", "--config"]], ids=["command-config", "bridge-config"])
+def test_a_settings_file_too_large_to_be_one_is_refused_without_reading_it_all(arguments):
+    """/dev/zero (or any wrong, endless file) was read until the memory ran out."""
+    _one_line_error(_kcm(*arguments, "/dev/zero", timeout=30), "larger than 1 MiB")
+
+
+def test_an_error_naming_a_file_with_a_newline_or_escape_stays_one_line_and_inert(tmp_path):
+    result = _kcm("tail", "--bootstrap-server", "127.0.0.1:9", "--command-config", str(tmp_path / "no\nsuch\x1b[2J"))
+    _one_line_error(result, "no\\nsuch\\x1b[2J")
+
+
+def test_a_command_started_with_stdout_closed_reports_its_error_without_a_traceback():
+    """Supervisors and cron may start a command with fd 1 closed: Python then has no sys.stdout at all."""
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", "127.0.0.1:9"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                            preexec_fn=lambda: os.close(1))
+    _one_line_error(result, "cannot reach Kafka")

@@ -53,6 +53,9 @@ def _refused(change) -> ConfigError:
          "Invalid value 1e3 for configuration interval.ms: Not a number of type INT"),
         ([("interval.ms", OP_SET, "4294967296")], INVALID_CONFIG,
          "Invalid value 4294967296 for configuration interval.ms: Not a number of type INT"),
+        # Python converts no more than 4300 digits: 5000 raised ValueError and dropped the sandbox's connection.
+        ([("interval.ms", OP_SET, "9" * 5000)], INVALID_CONFIG,
+         f"Invalid value {'9' * 5000} for configuration interval.ms: Not a number of type INT"),
         ([("match", OP_SET, "client_name=x")], INVALID_CONFIG, "Illegal client matching pattern: client_name=x"),
         ([("match", OP_SET, "client_id=[")], INVALID_CONFIG, "Illegal client matching pattern: client_id=["),
         ([("match", OP_SET, "client_id")], INVALID_CONFIG, "Illegal client matching pattern: client_id"),
@@ -295,6 +298,22 @@ def test_an_unreadable_state_file_is_reported_with_its_path(tmp_path):
 
     with pytest.raises(StateFileError, match="subscriptions.json"):
         SubscriptionStore(state)
+
+
+def test_a_state_file_nesting_deeper_than_python_can_read_is_reported_with_its_path(tmp_path):
+    state = tmp_path / "subscriptions.json"
+    state.write_text("[" * 100_000 + "]" * 100_000)
+
+    with pytest.raises(StateFileError, match="subscriptions.json"):
+        SubscriptionStore(state)
+
+
+def test_interval_ms_with_leading_zeros_is_a_number_as_java_reads_it():
+    store = SubscriptionStore()
+
+    store.incremental_alter("subs", [("interval.ms", OP_SET, "0" * 20 + "60000")])
+
+    assert store.configs("subs") == {"interval.ms": "0" * 20 + "60000"}   # accepted, and kept as written
 
 
 def test_an_invalid_subscription_in_the_state_file_is_reported(tmp_path):

@@ -317,6 +317,40 @@ def test_timeout_ends_tail_when_no_record_arrives(broker, new_topic):
     assert time.monotonic() - started < 30
 
 
+def test_kafka_going_away_while_tail_reads_is_said(broker, new_topic):
+    """kafka-python retries a lost connection without a word: a dead cluster looked exactly like a quiet topic."""
+    topic = new_topic()
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", broker.bootstrap, "--topic", topic,
+         "--output", "jsonl", "--connect-timeout", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while "reading " + topic not in (line := tail.stderr.readline()):
+            assert line, "kcm tail exited before it started reading"
+        broker.stop()
+        said = _line_within(tail, "still trying", 30)
+    finally:
+        tail.kill()
+        tail.communicate(timeout=30)
+    assert "WARNING" in said and broker.bootstrap in said, said
+
+
+def _line_within(process: subprocess.Popen, fragment: str, timeout_s: float) -> str:
+    """The first line of `process`'s stderr holding `fragment`, read on a thread so the wait is bounded."""
+    found: list[str] = []
+
+    def read() -> None:
+        for line in process.stderr:
+            if fragment in line:
+                found.append(line)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    assert found, f"no line with {fragment!r} within {timeout_s} s"
+    return found[0]
+
+
 def test_missing_topic_is_a_one_line_error_with_exit_code_2(broker):
     result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", "no-such-topic", "--timeout", "1")
 

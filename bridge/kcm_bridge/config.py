@@ -21,6 +21,7 @@ import yaml
 
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
+from kcm_common.files import read_settings
 from kcm_common.kafka import LONE_SURROGATE, load_properties, parse_bootstrap, utf8_text
 from kcm_common.names import ATTRIBUTE_HEADERS, DEFAULT_METRICS_TOPIC, listen_address_problem, topic_problem
 from kcm_common.otlp_export import Tls, is_endpoint, metadata_problem, pem_problem, read_metadata_value, tls_problem
@@ -421,7 +422,7 @@ def _seconds(value: float, where: str, allow_zero: bool = False) -> None:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        document = strict_yaml.load(path.read_text(encoding="utf-8"), plain_text=True)
+        document = strict_yaml.load(read_settings(path), plain_text=True)
     except OSError as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:

@@ -18,6 +18,7 @@ from importlib import metadata
 from typing import NoReturn
 
 from kcm_common.errors import UserError
+from kcm_cli.terminal import printable
 
 # Subcommand name -> module under kcm_cli, in the order `kcm --help` lists them.
 COMMANDS: tuple[str, ...] = ("demo", "tail", "sandbox", "subscriptions", "operator", "bridge", "rollup")
@@ -98,7 +99,8 @@ def _configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = _main(argv)
-        sys.stdout.flush()   # here, so that a reader gone is handled below, not reported by Python at exit
+        if sys.stdout is not None:   # None when started with stdout closed (`>&-`)
+            sys.stdout.flush()   # here, so that a reader gone is handled below, not reported by Python at exit
         return code
     except KeyboardInterrupt:  # Ctrl-C before a command handles it (while its modules load): quiet, as after
         return 130
@@ -126,7 +128,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return args.run(args)
     except UserError as exc:
-        print(f"kcm {args.command}: {exc}", file=sys.stderr)
+        # One line, whatever a file name or a manifest's name holds (a newline, an escape sequence).
+        print(f"kcm {args.command}: {printable(str(exc))}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         # Only packages an extra installs: a missing base dependency or a bad import is a bug, with its traceback.

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.action == "apply":
         suffix = " (dry run)" if args.dry_run else ""
         for change in apply_files(settings, args.filename, args.dry_run, args.recursive):
-            print(change.describe() + suffix, file=out)
+            print(printable(change.describe()) + suffix, file=out)   # names are anyone's text
         return 0
     admin = SubscriptionAdmin(settings)
     try:

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CorruptRecordError, KafkaError
+from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
 
 from kcm_cli.arguments import kafka_connection, seconds, topic
 from kcm_cli.terminal import printable
@@ -135,9 +135,13 @@ def _who(item: dict[str, Any], resource: dict[str, Any]) -> tuple[str, str]:
     return client_id, str(resource.get("client_instance_id") or item["key"] or "-")[:8]
 
 
-def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """Each record as its jsonl object and decode error message; one kafka-python cannot read is an error row."""
-    last_record = time.monotonic()
+def _consume(consumer: KafkaConsumer, args: argparse.Namespace,
+             settings: KafkaSettings) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """Each record as its jsonl object and decode error message; one kafka-python cannot read is an error row.
+    kafka-python retries a lost connection without a word: a quiet --connect-timeout has Kafka probed, and losing
+    it (and getting it back) said."""
+    last_record = last_check = time.monotonic()
+    lost = False
     while True:
         try:
             batches = consumer.poll(timeout_ms=200)
@@ -150,6 +154,22 @@ def _consume(consumer: KafkaConsumer, args: argparse.Namespace) -> Iterator[tupl
         yield from map(record_json, records)
         if args.timeout is not None and time.monotonic() - last_record >= args.timeout:
             return
+        if time.monotonic() - max(last_record, last_check) >= args.connect_timeout:
+            lost = _still_there(settings, args.connect_timeout, lost)
+            last_check = time.monotonic()
+
+
+def _still_there(settings: KafkaSettings, timeout_s: float, lost: bool) -> bool:
+    """Probe Kafka while no record comes; say once when it is lost and once when it answers again. Whether lost."""
+    try:
+        check_reachable(settings, timeout_s)
+    except UserError as exc:
+        if not lost:
+            log.warning("%s; still trying", exc)
+        return True
+    if lost:
+        log.info("Kafka at %s answers again", settings.bootstrap_servers)
+    return False
 
 
 def _skip_unreadable(consumer: KafkaConsumer, error: CorruptRecordError,
@@ -166,8 +186,7 @@ def _skip_unreadable(consumer: KafkaConsumer, error: CorruptRecordError,
     return item, str(error)
 
 
-def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
-    settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
+def _open_consumer(args: argparse.Namespace, settings: KafkaSettings) -> KafkaConsumer:
     check_reachable(settings, args.connect_timeout)
     try:
         consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200,
@@ -185,7 +204,10 @@ def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
         else:
             consumer.seek_to_end(*partitions)
         # Resolve the start now, so nothing produced after start-up is skipped; then say where reading starts.
-        starts = {partition.partition: consumer.position(partition) for partition in partitions}
+        starts = {partition.partition: consumer.position(partition, timeout_ms=int(args.connect_timeout * 1000))
+                  for partition in partitions}
+        if None in starts.values():   # not resolved in time: the partition leaders do not answer
+            raise KafkaTimeoutError(f"the start offsets were not resolved within {args.connect_timeout:g} s")
     except KafkaError as exc:  # the brokers the metadata names, past the bootstrap address, did not answer
         advertised = advertised_brokers(consumer)
         consumer.close()
@@ -197,16 +219,18 @@ def _open_consumer(args: argparse.Namespace) -> KafkaConsumer:
     return consumer
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `kcm tail`; 0 on a normal end. Raises UserError when Kafka or the topic cannot be reached."""
+    out = out or sys.stdout   # now: None when started with stdout closed, and a test may have replaced it
     if args.max_records is not None and args.max_records < 1:
         raise UserError("--max-records must be at least 1")
-    consumer = _open_consumer(args)
+    settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
+    consumer = _open_consumer(args, settings)
     printed = 0
     try:
         if args.output == "table":
             print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
-        for item, error_message in _consume(consumer, args):
+        for item, error_message in _consume(consumer, args, settings):
             if args.output == "jsonl":
                 print(json.dumps(_json_safe(item), separators=(",", ":"), allow_nan=False), file=out, flush=True)
             else:

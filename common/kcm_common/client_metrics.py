@@ -214,7 +214,9 @@ def describe_entries(configs: Mapping[str, str], keys: Iterable[str] | None = No
 def _parse_int(key: str, raw: str) -> int:
     # ConfigDef.parseType(INT) -> Integer.parseInt(trimmed); a ConfigException is INVALID_CONFIG.
     trimmed = raw.strip(TRIM_CHARACTERS)
-    if _JAVA_INT.fullmatch(trimmed) and -(2**31) <= int(trimmed) < 2**31:
+    # Python converts no more than 4300 digits: an INT has 10 at most, past leading zeros (parseInt allows them).
+    digits = trimmed.lstrip("+-").lstrip("0")
+    if _JAVA_INT.fullmatch(trimmed) and len(digits) <= 10 and -(2**31) <= int(trimmed) < 2**31:
         return int(trimmed)
     raise ConfigError(INVALID_CONFIG, f"Invalid value {raw} for configuration {key}: Not a number of type INT")
 

@@ -26,6 +26,7 @@ from kafka.errors import KafkaConfigurationError, TopicAlreadyExistsError
 
 from kcm_common.errors import UserError
 from kcm_common.java import TRIM_CHARACTERS
+from kcm_common.files import read_settings
 from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
 
 
@@ -141,7 +142,7 @@ def parse_properties(text: str) -> dict[str, str]:
 def load_properties(path: str | Path) -> dict[str, str]:
     """Read a client properties file (the `--command-config` of every kcm command)."""
     try:
-        return parse_properties(Path(path).read_text(encoding="utf-8-sig"))   # a Windows editor's BOM: not a key
+        return parse_properties(read_settings(path, encoding="utf-8-sig"))   # a Windows editor's BOM: not a key
     except OSError as exc:
         raise KafkaConfigError(f"cannot read the client config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

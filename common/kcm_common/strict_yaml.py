@@ -56,12 +56,24 @@ PlainTextLoader.yaml_implicit_resolvers = {
 
 def load(text: str, *, plain_text: bool = False) -> Any:
     """One YAML document, strictly; with `plain_text`, unquoted scalars other than null stay text."""
-    return _bounded(yaml.load(text, Loader=PlainTextLoader if plain_text else StrictLoader))  # noqa: S506 (safe)
+    try:
+        return _bounded(yaml.load(text, Loader=PlainTextLoader if plain_text else StrictLoader))  # noqa: S506 (safe)
+    except RecursionError:
+        raise _too_deep() from None
 
 
 def load_all(text: str) -> list[Any]:
     """Every YAML document of `text`, strictly."""
-    return [_bounded(document) for document in yaml.load_all(text, Loader=StrictLoader)]  # noqa: S506 (a SafeLoader)
+    try:
+        return [_bounded(document) for document in yaml.load_all(text, Loader=StrictLoader)]  # noqa: S506 (safe)
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> yaml.YAMLError:
+    # PyYAML builds nested values by recursion: a few hundred levels (a 2 KB file of `[`) exhaust Python's stack.
+    return yaml.YAMLError("the document nests values too deeply to be read (hundreds of levels); no kcm file needs "
+                          "more than a few")
 
 
 def _bounded(document: Any) -> Any:

@@ -102,7 +102,7 @@ class SubscriptionStore:
 def _load_state(path: pathlib.Path) -> dict[str, dict[str, str]]:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: not UTF-8, not JSON
         raise StateFileError(
             f"cannot read the sandbox subscription state {path}: {err}; fix or delete the file"
         ) from err
