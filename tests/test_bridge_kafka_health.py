@@ -354,3 +354,69 @@ def test_asked_watermarks_fall_back_to_the_fetched_ones_and_take_turns():
     legacy = KafkaPythonConsumer.__new__(KafkaPythonConsumer)
     legacy._consumer, legacy._tp = KafkaPython(), TopicPartition
     assert legacy.high_watermarks([("t", 0), ("t", 1)], ask_s=1.0) == {("t", 0): 20, ("t", 1): 21}
+
+
+@pytest.mark.parametrize("refused", ["group", "topic"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kafka_acls_refusing_the_group_or_topic_keep_it_not_ready_naming_the_acl_until_granted(
+        backend, refused, sandbox, tmp_path, collector, caplog, monkeypatch):
+    """Credentials accepted, then READ on the group or topic refused (the usual KafkaUser mistake): /readyz said 200
+    while nothing was consumed, with at most a WARNING a minute (nothing at all for a topic with kafka-python)."""
+    from kafka.protocol.metadata import MetadataResponse
+    from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
+
+    from kcm_sandbox import gateway
+    from test_bridge_pipeline import _produce, _push
+
+    group, topic, acl = "acl-group", "kafka-client-metrics", [True]   # acl[0]: still refusing
+    route = gateway._Connection._route
+
+    async def refusing(self, frame_bytes, header):   # what a broker with ACLs answers a principal without READ
+        if acl[0] and refused == "group" and header.api_key == 10:
+            version = header.api_version
+            if version >= 4:
+                answer = FindCoordinatorResponse[version](throttle_time_ms=0, coordinators=[
+                    FindCoordinatorResponse.Coordinator(key=group, node_id=-1, host="", port=-1, error_code=30,
+                                                        error_message="Group authorization failed")])
+            else:
+                answer = FindCoordinatorResponse[version](throttle_time_ms=0, error_code=30, node_id=-1, host="",
+                                                          port=-1, error_message="Group authorization failed")
+            return gateway._done(gateway._encode(answer, header))
+        answer = await route(self, frame_bytes, header)
+        if not (acl[0] and refused == "topic" and header.api_key == 3 and answer is not None):
+            return answer
+
+        async def without_the_topic():
+            metadata = MetadataResponse.decode(await answer, version=header.api_version, header=True)
+            for described in metadata.topics:
+                if described.name == topic:
+                    described.error_code, described.partitions = 29, []
+            metadata.with_header(correlation_id=metadata.header.correlation_id)
+            return bytes(metadata.encode(header=True))
+        return without_the_topic()
+
+    _produce(sandbox.bootstrap, topic, [_push("app", "00000000-0000-0000-0000-000000000001")])
+    monkeypatch.setattr(gateway._Connection, "_route", refusing)
+    properties = tmp_path / "client.properties"
+    properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
+    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+        ("kafka", "bootstrap_servers"): sandbox.bootstrap, ("kafka", "command_config"): str(properties),
+        ("kafka", "group_id"): group, ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2,
+        ("metrics_port",): 0, ("metrics_host",): "127.0.0.1"})
+    caplog.set_level(logging.INFO)
+    with running_bridge(config) as bridge:
+        grant = f"READ on group {group}" if refused == "group" else f"READ on topic(s) {topic}"
+        _wait_until(lambda: any(r.levelno == logging.ERROR and grant in r.getMessage() for r in caplog.records
+                                if r.name == "kcm.bridge"), 30, "an error naming the ACL to grant")
+        answers = []
+        for _ in range(30):   # through several checks: a check that passes would make it ready between refusals
+            try:
+                answers.append(urllib.request.urlopen(f"http://127.0.0.1:{bridge.metrics_port}/readyz",
+                                                      timeout=5).status)
+            except urllib.error.HTTPError as refused:
+                answers.append(refused.code)
+            time.sleep(0.25)
+        assert set(answers) == {503} and collector.exports == [], answers
+
+        acl[0] = False   # granted
+        _wait_until(lambda: bridge.ready and collector.exports, 60, "ready and exporting once granted")

@@ -83,6 +83,32 @@ def test_a_record_with_a_header_name_that_is_not_utf8_costs_only_itself(backend,
         assert "UnicodeDecodeError" in line and "cannot be dead-lettered with this client" in line
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_that_does_not_decompress_costs_only_its_records(backend, broker, new_topic, collector, tmp_path,
+                                                                 monkeypatch):
+    """A batch with a valid CRC and a gzip body that is not: kafka-python raised gzip's own error from poll, which
+    stopped the bridge (and again after each restart). Its record is counted and skipped; the next is exported."""
+    import kafka.record.default_records as records
+
+    topic = new_topic()
+    pushes = [_push(f"client-{i}", f"00000000-0000-0000-0000-{i:012d}") for i in range(3)]
+    _produce(broker.bootstrap, topic, pushes[:1])
+    monkeypatch.setattr(records, "gzip_encode", lambda data, *_, **__: b"\x00not gzip" + b"\x00" * 20)
+    broken = KafkaProducer(bootstrap_servers=broker.bootstrap, compression_type="gzip", linger_ms=0)
+    key, value, headers = pushes[1]
+    broken.send(topic, key=key, value=value, headers=headers).get(20)
+    broken.close()
+    monkeypatch.undo()
+    _produce(broker.bootstrap, topic, pushes[2:])
+
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, backend)
+    with running_bridge(config) as bridge:   # run() returns 0: asserted on exit
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 3, 60, "the commit past all")
+    assert sorted(_client_ids(collector.exports)) == ["client-0", "client-2"]
+    assert sum(bridge.metrics.value(bridge.metrics.decode_failures, reason=reason)
+               for reason in ("unprocessable", "decompress-failed")) == 1
+
+
 def test_batches_exported_behind_a_dead_letter_the_topic_keeps_refusing_are_not_held(tmp_path, collector,
                                                                                       monkeypatch):
     """Each batch exported after a refused dead letter used to stay in memory (and be summed on every loop turn) for

@@ -168,6 +168,33 @@ def test_a_line_missing_its_key_is_refused_without_showing_what_may_be_a_passwor
     assert "3cret" not in str(error.value).lower()
 
 
+@pytest.mark.parametrize("lines", [
+    "security.protocol=SASL_PLAINTEXT sasl.password=S3cretPW\nsasl.mechanism=PLAIN\nsasl.username=alice",
+    "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN sasl.password=S3cretPW\nsasl.username=alice",
+    "security.protocol=SSL\nssl.truststore.type=PEM ssl.key.password=S3cretPW",
+    "security.protocol=SSL\nssl.ca.location=/etc/ca.pem ssl.key.password=S3cretPW",
+    "security.protocol=SSL\nssl.endpoint.identification.algorithm=https ssl.key.password=S3cretPW",
+], ids=["protocol", "mechanism", "store-type", "pem-file", "algorithm"])
+def test_two_lines_run_together_never_put_the_second_ones_secret_in_the_error(tmp_path, lines):
+    """A lost newline makes the next property, a password perhaps, part of a value the error quoted whole."""
+    config = tmp_path / "client.properties"
+    config.write_text(lines + "\n")
+
+    with pytest.raises(KafkaConfigError) as error:
+        kafka_python_options(load_properties(config))
+
+    assert "S3cret" not in str(error.value) and "are two lines run together?" in str(error.value)
+
+
+def test_a_sasl_user_name_run_together_with_the_password_is_not_shown_when_kafka_rejects_it():
+    from kcm_common.kafka import denied_message, rejected_message
+
+    settings = KafkaSettings("b1:9092", {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                         "sasl.username": "alice sasl.password=S3cretPW", "sasl.password": "x"})
+    for message in (rejected_message(settings, "refused"), denied_message(settings, "READ on group g", "denied")):
+        assert "S3cret" not in message and "are two lines run together?" in message
+
+
 def test_settings_never_show_secrets(tmp_path):
     config = tmp_path / "client.properties"
     config.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=hunter2\n")

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
 from kcm_common.kafka import (ADVERTISED_PROBE_S, CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError,
-                              advertised_brokers, diagnose_failure, rejected_message, step_past_unreadable,
+                              advertised_brokers, denied_message, diagnose_failure, rejected_message,
+                              step_past_unreadable,
                               unreachable_advertised)
 from kcm_common.librdkafka import librdkafka_config, message_headers
 from kcm_common.pacing import PacedLog
@@ -127,6 +128,9 @@ class ConfluentConsumer:
         self._error = confluent_kafka.KafkaError
         self._exception = confluent_kafka.KafkaException
         self._settings, self._topics = settings, topics
+        self._unreadable_codes = (confluent_kafka.KafkaError._BAD_COMPRESSION,  # noqa: SLF001
+                                  confluent_kafka.KafkaError._BAD_MSG)  # noqa: SLF001
+        self._stepped: dict[Partition, int] = {}   # where stepping past an unreadable batch got to
         self._problem: str | None = None   # the last report that Kafka cannot be used, until a check succeeds
         self._misadvertised: str | None = None   # what the last check found of unreachable advertised brokers
         self._new_problem = False
@@ -134,6 +138,10 @@ class ConfluentConsumer:
         # Other error events may come once per connection attempt too (an address that answers, but not as Kafka).
         self._other_errors = PacedLog(log, logging.WARNING, period_s=60.0)
         self._broker_failure: str | None = None   # a broker connection failed during the last serve of events
+        # The group refused by an ACL: said at every check until a join succeeds (librdkafka keeps trying), since no
+        # request of the check itself would tell.
+        self._group_denied: str | None = None
+        self._group_id = group_id
         self._answered = False   # Kafka answered a check since the start
         self._ask_from = 0   # where the next round of watermark requests starts
         config = librdkafka_config(settings)
@@ -149,6 +157,7 @@ class ConfluentConsumer:
             raise UserError(f"the Kafka consumer rejected its settings: {exc.args[0].str().strip()}") from None
 
         def assigned(_: Any, partitions: list[Any]) -> None:
+            self._group_denied = None   # joined: the group is granted
             on_assign([(p.topic, p.partition) for p in partitions])
 
         def revoked(_: Any, partitions: list[Any]) -> None:
@@ -160,6 +169,11 @@ class ConfluentConsumer:
         """librdkafka's error events, served inside `consume`; the ones meaning Kafka cannot be used are kept."""
         if error.code() == self._error._AUTHENTICATION:  # noqa: SLF001 (librdkafka's local error codes)
             self._problem = rejected_message(self._settings, error.str())
+        elif error.code() == self._error.GROUP_AUTHORIZATION_FAILED:
+            self._problem = self._group_denied = denied_message(
+                self._settings, f"READ on group {self._group_id}", error.str())
+        elif error.code() == self._error.TOPIC_AUTHORIZATION_FAILED:
+            self._problem = denied_message(self._settings, f"READ on topic(s) {', '.join(self._topics)}", error.str())
         elif error.code() == self._error._ALL_BROKERS_DOWN:  # noqa: SLF001
             self._problem = self._misadvertised or (
                 f"cannot reach Kafka at {self._settings.bootstrap_servers} ({error.str()}): "
@@ -185,7 +199,10 @@ class ConfluentConsumer:
         records = []
         for m in messages:
             if m.error() is not None:
+                if m.error().code() in self._unreadable_codes and m.offset() >= 0:
+                    records.append(self._step_past(m))
                 continue
+            self._stepped.pop((m.topic(), m.partition()), None)
             try:
                 headers = message_headers(m) or []
             except Exception as err:  # noqa: BLE001 (a record that cannot be read costs that record, not the fetch)
@@ -195,7 +212,8 @@ class ConfluentConsumer:
                                   m.timestamp()[1]))
         if len(records) < len(messages):
             for error in (m.error() for m in messages if m.error() is not None):
-                self._on_error(error)
+                if error.code() not in self._unreadable_codes:
+                    self._on_error(error)
         if self._broker_failure is not None:
             if self._answered and self._problem is None:  # not part of an outage, which is reported as one
                 self._broker_failures("Kafka consumer: a broker cannot be reached (%s): the partitions it leads, if "
@@ -206,11 +224,26 @@ class ConfluentConsumer:
             raise KafkaUnavailableError(self._problem)
         return records
 
+    def _step_past(self, message: Any) -> Record:
+        """A record of a batch librdkafka cannot decompress or parse, flagged, and the partition sought past it:
+        librdkafka fetches the batch again and again otherwise. Each record costs itself (counted, skipped), never
+        its partition. Stepped one offset at a time: a batch of several is reported at its first offset each time."""
+        partition = (message.topic(), message.partition())
+        offset = max(message.offset(), self._stepped.get(partition, -1))
+        self._stepped[partition] = offset + 1
+        try:
+            self._consumer.seek(self._tp(*partition, offset + 1))
+        except self._exception:   # revoked meanwhile: its next owner reads the batch again
+            pass
+        return Record(*partition, offset, None, None, [], f"librdkafka cannot read it ({message.error().str()})",
+                      None)
+
     def check(self, timeout_s: float) -> None:
         # A metadata request needs a connection that passed authentication: it proves the credentials work.
         deadline = time.monotonic() + timeout_s
         try:
-            metadata = self._consumer.list_topics(self._topics[0], timeout=timeout_s)
+            metadata = self._consumer.list_topics(None if len(self._topics) > 1 else self._topics[0],
+                                                  timeout=timeout_s)
         except self._exception as exc:
             # Error events are served by `consume` only: before the first poll the cause may not be known yet.
             raise KafkaUnavailableError(self._problem or str(diagnose_failure(self._settings, exc))) from None
@@ -221,6 +254,14 @@ class ConfluentConsumer:
         self._misadvertised = hint and f"Kafka at {self._settings.bootstrap_servers} answers, but {hint}"
         if self._misadvertised:
             raise KafkaUnavailableError(self._misadvertised)
+        # Answering metadata proves the credentials, not the ACLs: a topic or group refused consumes nothing.
+        refused = [name for name in self._topics if name in metadata.topics and metadata.topics[name].error is not None
+                   and metadata.topics[name].error.code() == self._error.TOPIC_AUTHORIZATION_FAILED]
+        if refused:
+            raise KafkaUnavailableError(denied_message(self._settings, f"READ on topic(s) {', '.join(refused)}",
+                                                       "topic authorization failed"))
+        if self._group_denied is not None:
+            raise KafkaUnavailableError(self._group_denied)
         self._problem, self._new_problem, self._answered = None, False, True
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
@@ -314,7 +355,7 @@ class KafkaPythonConsumer:
     def check(self, timeout_s: float) -> None:
         """Build the client if there is none, then find the group coordinator, all within `timeout_s`: the client
         existing proves nothing, and what poll and commit wait for is the coordinator (its loss is what fails)."""
-        from kafka.errors import KafkaError
+        from kafka.errors import GroupAuthorizationFailedError, KafkaError
 
         self._timeout_s = timeout_s
         deadline = time.monotonic() + timeout_s
@@ -326,13 +367,43 @@ class KafkaPythonConsumer:
                 timeout_ms=max(0, int((deadline - time.monotonic()) * 1000)))
             problem = "" if found else (f"cannot reach Kafka's group coordinator via {bootstrap} within "
                                         f"{timeout_s:g}s: check that the brokers are up and reachable from here")
-        except KafkaError as exc:   # a refusal (the group not authorised): retried like silence
+        except GroupAuthorizationFailedError as exc:   # retried like silence, saying which ACL is missing
+            raise KafkaUnavailableError(denied_message(self._settings, f"READ on group {self._options['group_id']}",
+                                                       str(exc))) from None
+        except KafkaError as exc:   # another refusal: retried like silence
             problem = f"Kafka at {bootstrap} did not name the group's coordinator ({type(exc).__name__}: {exc})"
+        if not problem:
+            self._refresh_metadata(deadline)   # fresh: what the ACLs say now (granted since?)
+            self._check_topics_granted()
         if problem:
             # The bootstrap connection answers; the brokers it names (advertised.listeners) may be out of reach.
             hint = unreachable_advertised(bootstrap, advertised_brokers(self._consumer), ADVERTISED_PROBE_S)
             raise KafkaUnavailableError(f"Kafka at {bootstrap} answers, but {hint}" if hint else problem)
         self._coordinator_lost_since = None
+
+    def _refresh_metadata(self, deadline: float) -> None:
+        from kafka.errors import KafkaError, TopicAuthorizationFailedError
+
+        consumer = self._consumer   # kafka-python's own blocking refresh (`topics()`) has no timeout
+        future = consumer._cluster.request_update()   # noqa: SLF001
+        try:
+            consumer._net.run(consumer._manager.wait_for, future,   # noqa: SLF001
+                              max(0, int((deadline - time.monotonic()) * 1000)))
+        except TopicAuthorizationFailedError:
+            self._check_topics_granted(refused_all=True)
+        except KafkaError:   # no fresh answer in time: the last one is judged
+            pass
+
+    def _check_topics_granted(self, refused_all: bool = False) -> None:
+        """Raise unless the last metadata answered every subscribed topic: kafka-python assigns a topic its ACLs
+        refuse nothing, and says nothing. Its client goes too: once granted, only a new one is assigned the topic."""
+        cluster = self._consumer._cluster   # noqa: SLF001 (kafka-python keeps what its metadata refused here)
+        refused = sorted(set(self._topics) & set(getattr(cluster, "unauthorized_topics", ())))
+        if refused or refused_all:
+            refused = refused or sorted(self._topics)
+            self._lose_client()
+            raise KafkaUnavailableError(denied_message(self._settings, f"READ on topic(s) {', '.join(refused)}",
+                                                       "topic authorization failed"))
 
     def _connect(self, timeout_s: float) -> None:
         from kafka import KafkaConsumer
@@ -362,8 +433,13 @@ class KafkaPythonConsumer:
             if isinstance(exc, SaslAuthenticationFailedError):
                 raise KafkaUnavailableError(rejected_message(self._settings, str(exc))) from None
             raise diagnose_failure(self._settings, exc) from None
+        except Exception as exc:  # noqa: BLE001 (a batch that does not decompress: gzip, zstd, lz4 raise their own)
+            if (skipped := self._skip_corrupt(exc)) is not None:
+                return [skipped]
+            raise
         if not batches:
             self._check_coordinator()
+            self._check_topics_granted()
         return [Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or ()), None, r.timestamp)
                 for records in batches.values() for r in records]
 

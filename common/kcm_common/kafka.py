@@ -174,14 +174,23 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
 
 
 
+def shown(value: str, quoted: bool = True) -> str:
+    """A property value for an error message; one holding "=" or longer than a path is not shown: two lines run
+    together (a lost newline) would put the next property, a password perhaps, in logs and pod events."""
+    if "=" not in value and len(value) <= 256:
+        return repr(value) if quoted else value
+    return f"a value of {len(value)} characters (not shown: it holds '=' or is too long; are two lines run together?)"
+
+
 def _check_pem_file(key: str, path: str) -> None:
     try:
         with open(path, "rb") as file:
             start = file.read(64 * 1024)
     except OSError:
-        raise KafkaConfigError(f"client property {key} names {path!r}, which is not a readable file") from None
+        raise KafkaConfigError(f"client property {key} names {shown(path)}, which is not a readable file") from None
     if b"-----BEGIN " not in start:
-        raise KafkaConfigError(f"client property {key} names {path!r}, which is not a PEM file; {_PEM_CONVERSION}")
+        raise KafkaConfigError(f"client property {key} names {shown(path)}, which is not a PEM file; "
+                               f"{_PEM_CONVERSION}")
 
 
 _PROPERTY_NAME = re.compile(r"[a-z][a-z0-9-]*(\.[a-z0-9-]+)+")  # how every Kafka client property is spelt
@@ -201,7 +210,8 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             value = value.strip(TRIM_CHARACTERS)
         if key in _STORE_TYPES:
             if value.strip().upper() != "PEM":
-                raise KafkaConfigError(f"{key}={value} is not supported; {_PEM_CONVERSION}")
+                given = f"{key}={value}" if shown(value) == repr(value) else f"{key} with {shown(value)}"
+                raise KafkaConfigError(f"{given} is not supported; {_PEM_CONVERSION}")
             continue
         if key not in _PROPERTY_TO_KWARG:
             # A key that is no property name may be a password on a line missing its key: never shown.
@@ -215,13 +225,14 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
 
     protocol = options.get("security_protocol", "PLAINTEXT").upper()
     if protocol not in _SECURITY_PROTOCOLS:
-        raise KafkaConfigError(f"security.protocol must be one of {', '.join(_SECURITY_PROTOCOLS)}, not {protocol!r}")
+        raise KafkaConfigError(f"security.protocol must be one of {', '.join(_SECURITY_PROTOCOLS)}, not "
+                               f"{shown(protocol)}")
     options["security_protocol"] = protocol
     if "sasl_mechanism" in options:
         options["sasl_mechanism"] = options["sasl_mechanism"].upper()
         if options["sasl_mechanism"] not in _SASL_MECHANISMS:
             raise KafkaConfigError(
-                f"sasl.mechanism must be one of {', '.join(_SASL_MECHANISMS)}, not {options['sasl_mechanism']!r}"
+                f"sasl.mechanism must be one of {', '.join(_SASL_MECHANISMS)}, not {shown(options['sasl_mechanism'])}"
             )
     # Java clients read the JAAS line only for SASL: a leftover one beside PLAINTEXT or SSL is ignored, as there.
     jaas = _jaas_options(options.pop("sasl_jaas_config", None) if protocol.startswith("SASL") else None)
@@ -239,7 +250,7 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
         algorithm = options["ssl_check_hostname"].lower()
         if algorithm not in ("https", "", "none"):
             raise KafkaConfigError(f"ssl.endpoint.identification.algorithm must be https (check the broker's host "
-                                   f"name) or empty or none (do not), not {options['ssl_check_hostname']!r}")
+                                   f"name) or empty or none (do not), not {shown(options['ssl_check_hostname'])}")
         options["ssl_check_hostname"] = algorithm == "https"
     if "request_timeout_ms" in options:
         try:
@@ -428,9 +439,18 @@ def rejected_message(settings: KafkaSettings, reason: str) -> str:
     """What to say when Kafka refuses this client's authentication: who was refused and where to look."""
     if settings.security_protocol.startswith("SASL"):
         user = kafka_python_options(settings.properties).get("sasl_plain_username")
-        return (f"Kafka rejected the SASL credentials for user {user} ({reason}): check sasl.mechanism, "
-                "sasl.username and sasl.password in --command-config, and that the user exists on the cluster")
+        return (f"Kafka rejected the SASL credentials for user {shown(user or '', quoted=False)} ({reason}): check "
+                "sasl.mechanism, sasl.username and sasl.password in --command-config, and that the user exists on "
+                "the cluster")
     return f"Kafka rejected this client's authentication ({reason}): check the ssl.* settings in --command-config"
+
+
+def denied_message(settings: KafkaSettings, grant: str, reason: str) -> str:
+    """What to say when Kafka's ACLs refuse this client: who was refused, and the ACL to `grant` ("READ on topic t")."""
+    who = (f"user {shown(kafka_python_options(settings.properties).get('sasl_plain_username') or '', quoted=False)}"
+           if settings.security_protocol.startswith("SASL") else "this client's principal")
+    return (f"Kafka at {settings.bootstrap_servers} refuses {who} ({reason}): grant it {grant} (on Strimzi, in the "
+            "KafkaUser's authorization.acls)")
 
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH: a trusted certificate for other names.
