@@ -371,3 +371,19 @@ def test_a_command_started_with_stdout_closed_reports_its_error_without_a_traceb
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
                             preexec_fn=lambda: os.close(1))
     _one_line_error(result, "cannot reach Kafka")
+
+
+def test_a_sandbox_state_file_too_large_to_be_one_is_refused_without_reading_it_all():
+    _one_line_error(_kcm("sandbox", "--listen", "127.0.0.1:0", "--state", "/dev/zero", timeout=30), "larger than 64 MiB")
+
+
+def test_offsets_or_a_kubeconfig_nesting_deeper_than_python_can_read_are_one_line(tmp_path):
+    _one_line_error(_kcm("rollup", "--bootstrap-server", "127.0.0.1:9", "--topic", "t", "--output", str(tmp_path),
+                         "--starting-offsets", "[" * 5000 + "]" * 5000), "--starting-offsets must be")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("clusters: " + "[" * 1000 + "]" * 1000 + "\n")
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "operator", "--bootstrap-server", "127.0.0.1:9",
+                             "--all-namespaces"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+    _one_line_error(result, "nests values too deeply")

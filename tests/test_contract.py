@@ -490,18 +490,21 @@ def test_otlp_json_of_more_objects_than_the_bound_is_too_large_before_it_is_pars
     assert len(small.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points) == 1000
 
 
-@pytest.mark.parametrize("item", [b"[[]]", b"[]", b"1"], ids=["nested-arrays", "arrays", "numbers"])
-def test_otlp_json_of_more_values_than_the_bound_is_too_large_before_it_is_parsed(item: bytes) -> None:
+@pytest.mark.parametrize(("item", "times"), [(b"[[]]", 1_000_002), (b"[]", 1_000_002), (b"1", 1_000_002),
+                                             (b"[[[[[[[[]]]]]]]]", 30_000)],
+                         ids=["nested-arrays", "arrays", "numbers", "deeply-nested-arrays"])
+def test_otlp_json_of_more_values_or_arrays_than_the_bound_is_too_large_before_it_is_parsed(item: bytes,
+                                                                                         times: int) -> None:
     """Only objects were counted: 16 MiB of `[[]],` (1.5 KB of zstd) took 4.7 s and 610 MiB in json.loads, and then
-    passed as an empty MetricsData."""
-    from kcm_common.contract import MAX_JSON_OBJECTS, MAX_JSON_VALUES
+    passed as an empty MetricsData; commas alone let `[[[[[[[[]]]]]]]],` build eight lists per comma."""
+    from kcm_common.contract import MAX_JSON_OBJECTS
 
-    many = b'{"x":[' + b",".join([item] * (MAX_JSON_VALUES + 2)) + b"]}"  # one comma more than allowed
+    many = b'{"x":[' + b",".join([item] * times) + b"]}"   # past 1,000,000 values, or 200,000 arrays
     value = compress(many, "zstd")
     assert len(value) < 100_000
     assert reason_of(value, [("content-type", CONTENT_TYPE_JSON.encode()), ("content-encoding", b"zstd")]) \
         == "too-large"
-    fewer = b'{"x":[' + b",".join([item] * (MAX_JSON_OBJECTS // 4)) + b"]}"
+    fewer = b'{"x":[' + b",".join([item] * (MAX_JSON_OBJECTS // 4 // max(1, item.count(b"[")))) + b"]}"
     assert len(decode(fewer, [("content-type", CONTENT_TYPE_JSON.encode())]).metrics.resource_metrics) == 0
 
 

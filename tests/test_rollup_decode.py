@@ -52,6 +52,17 @@ def test_points_are_flattened_with_identity_from_headers_resource_or_key():
     assert all(r["error"] is None for r in rows)
 
 
+def test_a_valid_record_without_points_is_one_row_without_an_error_and_spares_the_batch():
+    """A client's resource with a scope and no metrics (nothing subscribed yet) raised a TypeError that failed the
+    whole rollup job."""
+    idle = metrics_pb2.MetricsData()
+    idle.resource_metrics.add().scope_metrics.add().scope.name = "librdkafka"
+    out = flatten(records_batch([("idle", idle.SerializeToString(), {"client_id": "idle-client"}),
+                                 ("busy", client_metrics().SerializeToString(), {})])).to_pylist()
+    assert [(r["client_instance_id"], r["error"], r["metric"] is None) for r in out] == [
+        ("idle", None, True), ("busy", None, False), ("busy", None, False)]
+
+
 def test_records_that_break_the_contract_become_one_row_with_their_reason():
     good = client_metrics().SerializeToString()
     out = flatten(records_batch([

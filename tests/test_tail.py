@@ -433,6 +433,32 @@ def test_a_record_kafka_python_cannot_read_is_an_error_row_and_tail_reads_past_i
     assert rows == sorted(expected + ([(0, 0, None, "elsewhere")] if partitions > 1 else []))
 
 
+@pytest.mark.parametrize("codec", ["gzip", "zstd", "lz4"])
+def test_a_batch_that_does_not_decompress_is_an_error_row_and_tail_reads_past_it(broker, new_topic, monkeypatch, codec):
+    """A batch with a valid CRC and a compressed body that is not (a buggy or hostile producer): kafka-python raised
+    the codec's own error from poll, and tail ended in a traceback at that offset every time."""
+    import kafka.record.default_records as records
+
+    topic = new_topic()
+    encoder = f"{codec}_encode"
+    monkeypatch.setattr(records, encoder, lambda data, *_, **__: b"\x00not-" + codec.encode() + b"\x00" * 20)
+    broken = KafkaProducer(bootstrap_servers=broker.bootstrap, compression_type=codec, linger_ms=0)
+    _send(broken, topic, *_contract_record("lost"))
+    broken.close()
+    monkeypatch.undo()
+    good = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    _send(good, topic, *_contract_record("after"))
+    good.close()
+
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "2", "--timeout", "20")
+
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    rows = [(item["offset"], item["error"], item["resource"].get("client_id"))
+            for item in map(json.loads, result.stdout.splitlines())]
+    assert rows == [(0, "unreadable-record", None), (1, None, "after")]
+
+
 def test_tail_prints_what_a_real_librdkafka_client_pushed_through_the_sandbox(sandbox):
     import confluent_kafka
     from kafka import KafkaAdminClient

@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as exc:
         raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not valid YAML"
                         f"{strict_yaml.describe(exc)}") from None
+    except RecursionError:   # PyYAML builds nested values by recursion
+        raise UserError("the kubeconfig (KUBECONFIG or ~/.kube/config) nests values too deeply to be read") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"the kubeconfig (KUBECONFIG or ~/.kube/config) is not UTF-8 text (byte {exc.start})") from None
     except ValueError:   # binascii.Error: the kubernetes client decodes the *-data fields as it loads them

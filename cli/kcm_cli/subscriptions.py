@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             change = delete_subscription(admin, args.name, args.dry_run)
             if change.action == "unchanged" and not args.ignore_not_found:
                 raise UserError(f"subscription {args.name!r} does not exist on {settings.describe()}")
-            print(change.describe() + (" (dry run)" if args.dry_run else ""), file=out)
+            print(printable(change.describe()) + (" (dry run)" if args.dry_run else ""), file=out)
     finally:
         admin.close()
     return 0

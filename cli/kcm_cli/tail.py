@@ -145,7 +145,13 @@ def _consume(consumer: KafkaConsumer, args: argparse.Namespace,
     while True:
         try:
             batches = consumer.poll(timeout_ms=200)
-        except CorruptRecordError as exc:   # one record's fault, not Kafka's: skipped, so reading goes on
+        except KafkaError as exc:
+            if not isinstance(exc, CorruptRecordError):
+                raise
+            # One record's fault, not Kafka's: skipped, so reading goes on.
+            yield _skip_unreadable(consumer, exc, args.connect_timeout)
+            last_record, batches = time.monotonic(), {}
+        except Exception as exc:  # noqa: BLE001 (a batch that does not decompress: gzip, zstd, lz4 raise their own)
             yield _skip_unreadable(consumer, exc, args.connect_timeout)
             last_record, batches = time.monotonic(), {}
         records = sorted((r for rs in batches.values() for r in rs), key=lambda r: (r.timestamp, r.partition, r.offset))
@@ -172,8 +178,7 @@ def _still_there(settings: KafkaSettings, timeout_s: float, lost: bool) -> bool:
     return False
 
 
-def _skip_unreadable(consumer: KafkaConsumer, error: CorruptRecordError,
-                     timeout_s: float) -> tuple[dict[str, Any], str]:
+def _skip_unreadable(consumer: KafkaConsumer, error: Exception, timeout_s: float) -> tuple[dict[str, Any], str]:
     """The error row of the record kafka-python could not read (e.g. a header name that is not UTF-8), after seeking
     past it; the records after it in its producer's batch cannot be read either, and get a row each."""
     skipped = step_past_unreadable(consumer, timeout_s)

@@ -25,8 +25,8 @@ ENCODINGS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
 COMPRESSION_IDS: dict[int, str] = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 DEFAULT_MAX_DECOMPRESSED_BYTES = 16 * 1024 * 1024
 
-# Objects an OTLP/JSON value may hold (a real client's 1 MiB push has tens of thousands), and values (counted by the
-# commas between them: an object holds several).
+# Objects an OTLP/JSON value may hold (a real client's 1 MiB push has tens of thousands), as many arrays, and values
+# (counted by the commas between them: an object holds several).
 MAX_JSON_OBJECTS = 200_000
 MAX_JSON_VALUES = 5 * MAX_JSON_OBJECTS
 
@@ -215,7 +215,8 @@ def _parse_json(payload: bytes) -> MetricsData:
     # Counted before parsing: protobuf's JSON reading is pure Python, and 16 MiB of `{}` (a 1.6 KB zstd record) is
     # 5 million points to build, a minute and gigabytes later; `[[]],` repeated, millions of lists before protobuf
     # sees any. A brace inside a string counts too: a bound, not a parse.
-    for mark, limit, what in ((b"{", MAX_JSON_OBJECTS, "objects"), (b",", MAX_JSON_VALUES, "values")):
+    for mark, limit, what in ((b"{", MAX_JSON_OBJECTS, "objects"), (b"[", MAX_JSON_OBJECTS, "arrays"),
+                              (b",", MAX_JSON_VALUES, "values")):
         if payload.count(mark) > limit:
             raise DecodeError("too-large", f"OTLP/JSON value holds more than {limit:,} {what}")
     try:

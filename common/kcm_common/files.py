@@ -11,13 +11,13 @@ from pathlib import Path
 MAX_SETTINGS_BYTES = 1024 * 1024  # far above any properties or YAML file kcm takes
 
 
-def read_settings(path: str | Path, encoding: str = "utf-8") -> str:
-    """A settings file a user names (client properties, a YAML config), read whole but refused past 1 MiB: a wrong
-    file or /dev/zero must not take the memory. Raises OSError (strerror says why) or UnicodeDecodeError."""
+def read_settings(path: str | Path, encoding: str = "utf-8", limit: int = MAX_SETTINGS_BYTES) -> str:
+    """A settings file a user names (client properties, a YAML config), read whole but refused past `limit` bytes: a
+    wrong file or /dev/zero must not take the memory. Raises OSError (strerror says why) or UnicodeDecodeError."""
     with open(path, "rb") as file:
-        data = file.read(MAX_SETTINGS_BYTES + 1)
-    if len(data) > MAX_SETTINGS_BYTES:
-        raise OSError(errno.EFBIG, f"larger than {MAX_SETTINGS_BYTES // 1024 // 1024} MiB: is it the right file?")
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit // 1024 // 1024} MiB: is it the right file?")
     return data.decode(encoding)
 
 

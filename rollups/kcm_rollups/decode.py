@@ -182,8 +182,8 @@ class _Flattener:
             parts = [self._part(given, i, resource, count) for resource, count in resources]
             text += sum(count * chars for _, _, count, chars in parts) + self._carried_chars[i] * (
                 len(built.record) - start)
-            longest = max(self._carried_longest[i], *(max(map(len, filter(None, found)), default=0)
-                                                      for found, *_ in parts))
+            longest = max((self._carried_longest[i], *(max(map(len, filter(None, found)), default=0)
+                                                       for found, *_ in parts)))  # parts may be none
             if longest > MAX_IDENTITY_CHARS:
                 raise NotRollable(f"a client identity or contract header value of {longest} characters, more than "
                                   f"{MAX_IDENTITY_CHARS}", TOO_LARGE)

@@ -177,7 +177,7 @@ def offset_spec(name: str, text: str, default: int, label: str | None = None) ->
                                                 and EARLIEST <= o < 2**63 for p, o in parts.items())
                 for parts in spec.values()):
             raise ValueError
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nested deeper than json can read
         words = '"earliest"' if name == "startingOffsets" else '"latest"'
         raise KafkaSourceError(f'{label} must be {words} or JSON like '
                                f'{{"topic":{{"0":23,"1":{default}}}}}, not {text!r}') from None

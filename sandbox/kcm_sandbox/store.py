@@ -9,7 +9,7 @@ import pathlib
 import tempfile
 
 from kcm_common.errors import UserError
-from kcm_common.files import write_atomically
+from kcm_common.files import read_settings, write_atomically
 from kcm_common.client_metrics import (
     ConfigEntry,
     ConfigError,
@@ -99,12 +99,16 @@ class SubscriptionStore:
         self._generation += 1
 
 
+_MAX_STATE_BYTES = 64 * 1024 * 1024   # some 300,000 subscriptions: a larger file is not the sandbox's
+
+
 def _load_state(path: pathlib.Path) -> dict[str, dict[str, str]]:
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = json.loads(read_settings(path, limit=_MAX_STATE_BYTES))
     except (OSError, ValueError, RecursionError) as err:  # ValueError: not UTF-8, not JSON
         raise StateFileError(
-            f"cannot read the sandbox subscription state {path}: {err}; fix or delete the file"
+            f"cannot read the sandbox subscription state {path}: {getattr(err, 'strerror', None) or err}; fix or "
+            "delete the file"
         ) from err
     subscriptions = document.get("subscriptions") if isinstance(document, dict) else None
     if not isinstance(subscriptions, dict):
