@@ -100,6 +100,9 @@ def _rename(attribute: str, to: str) -> dict:
     pytest.param({"rules": [_rename("host.name", "principal")]},
                  "enrich.rules[0]: renaming 'host.name' to 'principal' clashes with the contract header principal "
                  "(enrich.header_attributes is on)", id="a-rename-to-a-header-attribute"),
+    pytest.param({"rules": [_rename("a", "b"), _rename("b", "a")]},
+                 "enrich.rules[1]: renaming 'b' to 'a' clashes with 'a', which the rules bring back to its own name",
+                 id="two-attributes-swapped-by-renames"),
     pytest.param({"static_attributes": {"": "x", "ok": ""}},
                  "enrich.static_attributes has an empty attribute name: OTLP attribute keys must not be empty",
                  id="an-empty-static-attribute-name"),
@@ -267,6 +270,7 @@ def test_a_value_yaml_cannot_construct_is_an_error_at_its_place_not_a_traceback(
 @pytest.mark.parametrize(("env", "message"), [
     ({"KCM_BRIDGE_COMMAND_CONFIG": ""}, "kafka.command_config is empty: name a client properties file"),
     ({"KCM_BRIDGE_DEAD_LETTER_TOPIC": " "}, "delivery.dead_letter_topic is empty: name a topic, or leave it out"),
+    ({"KCM_BRIDGE_ENDPOINTS": " , "}, "KCM_BRIDGE_ENDPOINTS is empty: name HOST:PORT endpoints"),
 ])
 def test_an_empty_variable_is_refused_not_read_as_no_file_or_no_topic(env, message):
     # An empty $(VAR) substitution in a Deployment must not drop the TLS/SASL file or the dead-letter topic.
@@ -378,11 +382,32 @@ def test_a_misspelt_environment_variable_is_named_not_silently_ignored(caplog, m
     assert caplog.records == []
 
 
-def test_the_same_collector_given_twice_is_refused():
-    repeated = r"^endpoints\[1\] repeats endpoints\[0\] \(OTEL:4317\); give each collector once$"
+@pytest.mark.parametrize("second", ["OTEL:4317", "otel.:4317", "otel:04317"])
+def test_the_same_collector_given_twice_is_refused(second):
+    repeated = rf"^endpoints\[1\] repeats endpoints\[0\] \({second}\); give each collector once$"
     with pytest.raises(ConfigError, match=repeated):
-        load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092"}, endpoints=["otel:4317", "OTEL:4317"],
+        load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092"}, endpoints=["otel:4317", second],
              insecure=True)
+    with pytest.raises(ConfigError, match=r"repeats endpoints\[0\]"):
+        load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092"},
+             endpoints=["[::1]:4317", "[0:0::1]:4317"], insecure=True)
+
+
+@pytest.mark.parametrize("tls", [{"ca_file": ""}, {"ca_file": " "}, {"cert_file": "", "key_file": ""}])
+def test_an_empty_tls_file_setting_is_refused_not_read_as_no_tls_file(tmp_path, tls):
+    """A template that rendered empty dropped the private CA or the client certificate without a word."""
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": "k:9092"},
+                                    "endpoints": [{"endpoint": "c:4317", "tls": tls}]}))
+    with pytest.raises(ConfigError, match=r"endpoints\[0\]\.tls\.(ca|cert)_file is empty: name a PEM file"):
+        load(path, env={})
+
+
+def test_a_static_attribute_named_like_a_contract_header_is_said_to_replace_it(caplog):
+    load(env={}, endpoints=["c:4317"], overrides={("kafka", "bootstrap_servers"): "k:9092",
+                                                   ("enrich",): {"static_attributes": {"cluster_id": "prod"}}})
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert line.startswith("enrich.static_attributes.cluster_id replaces the contract header cluster_id")
 
 
 GOOD = {("kafka", "bootstrap_servers"): "k:9092"}

@@ -7,6 +7,7 @@ bad one raises ConfigError naming the field (`batch.max_points`, `endpoints[1].t
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import math
 import os
@@ -181,6 +182,9 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
         if value is not None:
             _set(document, where, value)
     env_endpoints = env.get(ENV_PREFIX + "ENDPOINTS")
+    if not endpoints and env_endpoints is not None and not env_endpoints.strip(", \t"):
+        # An empty substitution must not quietly fall back to the file's endpoints.
+        raise ConfigError(f"{ENV_PREFIX}ENDPOINTS is empty: name HOST:PORT endpoints (comma-separated), or unset it")
     chosen = endpoints or ([e for e in env_endpoints.split(",") if e.strip()] if env_endpoints else None)
     if chosen:
         document["endpoints"] = [{"endpoint": e.strip()} for e in chosen]
@@ -238,10 +242,10 @@ def validate(config: BridgeConfig) -> None:
         raise ConfigError("kafka.group_id must not be empty")
     if not config.endpoints:
         raise ConfigError("endpoints: no OTLP endpoint configured; pass --endpoint HOST:PORT (repeatable)")
-    first_at: dict[str, int] = {}
+    first_at: dict[tuple[str, int], int] = {}
     for index, endpoint in enumerate(config.endpoints):
         _validate_endpoint(endpoint, f"endpoints[{index}]")
-        same = first_at.setdefault(endpoint.endpoint.lower(), index)
+        same = first_at.setdefault(_endpoint_key(endpoint.endpoint), index)
         if same != index:   # with fanout every record would reach that collector twice
             raise ConfigError(f"endpoints[{index}] repeats endpoints[{same}] ({endpoint.endpoint}); give each "
                               "collector once")
@@ -263,6 +267,10 @@ def validate(config: BridgeConfig) -> None:
         raise ConfigError(f"retry.jitter must be between 0 and 1, not {config.retry.jitter}")
     if "" in config.enrich.static_attributes:
         raise ConfigError("enrich.static_attributes has an empty attribute name: OTLP attribute keys must not be empty")
+    if config.enrich.header_attributes:
+        for name in sorted(set(config.enrich.static_attributes) & set(ATTRIBUTE_HEADERS)):
+            log.warning("enrich.static_attributes.%s replaces the contract header %s of every record (the broker's "
+                        "own value); name it otherwise to keep both", name, name)
     for index, rule in enumerate(config.enrich.rules):
         _validate_rule(rule, f"enrich.rules[{index}]")
     _validate_renames(config.enrich)
@@ -278,12 +286,25 @@ def validate(config: BridgeConfig) -> None:
         raise ConfigError(f"metrics_port must be from 0 to 65535, not {config.metrics_port}")
 
 
+def _endpoint_key(endpoint: str) -> tuple[str, int]:
+    """One spelling per collector address: case, a trailing dot, IPv6 forms and leading zeros of the port aside."""
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    return host, int(port)
+
+
 def _validate_endpoint(endpoint: EndpointConfig, where: str) -> None:
     if not is_endpoint(endpoint.endpoint):
         raise ConfigError(f"{where}.endpoint must be HOST:PORT (e.g. otel-collector:4317), not {endpoint.endpoint!r}")
     for name, path, kind in (("ca_file", endpoint.tls.ca_file, "certificate"),
                              ("cert_file", endpoint.tls.cert_file, "certificate"),
                              ("key_file", endpoint.tls.key_file, "key")):
+        if path is not None and not path.strip():   # a template that rendered empty must not drop the TLS setting
+            raise ConfigError(f"{where}.tls.{name} is empty: name a PEM file, or leave it out")
         problem = pem_problem(path, kind) if path else None
         if problem:
             raise ConfigError(f"{where}.tls.{name}: {problem}")
@@ -375,6 +396,9 @@ def _validate_renames(enrich: EnrichConfig) -> None:
             renamed.append((source, name, f"enrich.rules[{rename}]"))
         elif name is not None and source in designed:
             holders[name] = designed[source]
+        elif name is not None and any(enrich.rules[index].action == "rename" for index in applied):
+            # Renamed away and back (a→b, b→a): it keeps its name, and another rename reaching it would collide.
+            holders[name] = f"{source!r}, which the rules bring back to its own name"
     for source, name, where in renamed:
         if name in holders:
             raise ConfigError(f"{where}: renaming {source!r} to {name!r} clashes with {holders[name]}: a resource "
