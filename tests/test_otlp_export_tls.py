@@ -126,6 +126,37 @@ def test_a_server_certificate_the_client_cannot_verify_is_not_delivered_to(tls_c
     assert not plaintext.delivered and collector.calls == []
 
 
+def test_a_retried_handshake_failure_says_what_failed_and_where_to_look(tls_collector, caplog):
+    """Every UNAVAILABLE read the same (a refused port, a name, a restarting collector, a CA that cannot verify it):
+    gRPC's words were left out, and its own handshake lines went to stderr outside kcm's log format."""
+    collector = tls_collector()
+    asked = iter([False, False, True])
+    with caplog.at_level(logging.WARNING, logger="kcm.otlp"):
+        outcome = _send(Endpoint(collector.endpoint, FAST, lambda: next(asked, True), timeout_s=5))
+    assert not outcome.delivered
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kcm.otlp"]
+    assert warnings and all("handshake" in w.lower() and "check the endpoint's tls.ca_file" in w for w in warnings)
+    assert all("\n" not in w and len(w) < 600 for w in warnings)
+
+
+def test_kcm_commands_keep_grpcs_own_handshake_lines_off_stderr(certificates, tls_collector):
+    """gRPC's C core wrote a line per failed handshake straight to stderr: not JSON under --log-format json."""
+    import os
+    import sys
+
+    collector = tls_collector()
+    script = ("from kcm_cli.main import main\n"
+              "main(['tail', '--bootstrap-server', '127.0.0.1:9'])\n"   # any command; it ends with a one-line error
+              "from kcm_common.otlp_export import Endpoint, RetryPolicy, Tls\n"
+              "asked = iter([False, False, True])\n"
+              f"Endpoint({collector.endpoint!r}, RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05), "
+              f"lambda: next(asked, True), timeout_s=5, tls=Tls({str(certificates / 'client.pem')!r})).export(b'')\n")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GRPC_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "ssl_transport_security" not in done.stderr, done.stderr   # gRPC's own line, not kcm's warning
+
+
 def test_mutual_tls_sends_the_client_certificate_and_fails_without_it(certificates, tls_collector):
     collector = tls_collector(require_client_certificate=True)
     ca = str(certificates / "ca.pem")

@@ -97,6 +97,9 @@ def _configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's C core writes its own lines (a failed TLS handshake at INFO, one per attempt) straight to stderr, outside
+    # kcm's log levels and JSON format; kcm reports export failures itself. Read when grpc is first imported.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         code = _main(argv)
         if sys.stdout is not None:   # None when started with stdout closed (`>&-`)

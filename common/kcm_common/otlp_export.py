@@ -253,6 +253,8 @@ class Endpoint:
                        "give it a longer one)" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "")
                 if code in AUTH_REFUSALS:
                     why = f"{refusal_hint(code.name)}{self._reread_metadata()}"
+                elif code == grpc.StatusCode.UNAVAILABLE:   # which of a refused port, a name, a handshake: gRPC says
+                    why = _unavailable_detail(error.details() or "")
                 log.warning("export to %s failed with %s%s (attempt %d); retrying in %.2fs",
                             self.name, code.name, why, attempt, wait)
                 if self._wait(wait, gave_up):
@@ -304,3 +306,19 @@ class Endpoint:
 
 def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
+
+
+_DETAIL_CHARS = 300
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _unavailable_detail(details: str) -> str:
+    """gRPC's words on an UNAVAILABLE (the address refused, a name not resolved, a TLS handshake failing), on one
+    line and cut short; with a hint where the handshake is what failed. gRPC puts no call metadata in them."""
+    if not details:
+        return ""
+    text = _CONTROL.sub(" ", details)
+    text = text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "…"
+    hint = ("; check the endpoint's tls.ca_file, and that the collector's certificate names the host"
+            if "handshake" in text.lower() else "")
+    return f" ({text}{hint})"
