@@ -309,3 +309,14 @@ def test_after_a_long_outage_the_export_gets_through_soon_after_the_collector_is
     finally:
         endpoint.close()
         back.stop()
+
+
+def test_export_latency_buckets_reach_past_the_retries_an_outage_takes():
+    """The default buckets ended at 10 s: every export that needed a retry landed in +Inf."""
+    from kcm_bridge.metrics import BridgeMetrics
+
+    metrics = BridgeMetrics()
+    metrics.export_seconds.labels(endpoint="c:4317").observe(45.0)
+    sample = metrics.registry.get_sample_value
+    assert sample("kcm_bridge_export_seconds_bucket", {"endpoint": "c:4317", "le": "30.0"}) == 0
+    assert sample("kcm_bridge_export_seconds_bucket", {"endpoint": "c:4317", "le": "60.0"}) == 1

@@ -11,6 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
+EXPORT_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                          float("inf"))
+
+
 class BridgeMetrics:
     """Counters the pipeline updates; one registry per bridge so several can run in one process (tests)."""
 
@@ -27,8 +31,9 @@ class BridgeMetrics:
         self.points = Counter("kcm_bridge_points_exported", "Data points delivered", ["endpoint"], registry=r)
         self.rejected = Counter("kcm_bridge_points_rejected", "Data points an endpoint rejected (partial success)",
                                 ["endpoint"], registry=r)
+        # Retries with backoff reach minutes: the default buckets end at 10 s, where every retried export landed.
         self.export_seconds = Histogram("kcm_bridge_export_seconds", "Export latency including retries",
-                                        ["endpoint"], registry=r)
+                                        ["endpoint"], registry=r, buckets=EXPORT_SECONDS_BUCKETS)
         self.export_failures = Counter("kcm_bridge_export_failures", "Failed export attempts", ["endpoint", "code"],
                                        registry=r)
         self.retries = Counter("kcm_bridge_export_retries", "Export attempts beyond the first", ["endpoint"],
