@@ -17,6 +17,8 @@ final class ReceiverCore implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(ReceiverCore.class);
     static final String CLUSTER_ID_LABEL = "kafka.cluster.id";
     static final String BROKER_ID_LABEL = "kafka.broker.id";
+    /** What KRaft brokers (every Kafka 4.x broker) label themselves with instead (Server.createKafkaMetricsContext). */
+    static final String NODE_ID_LABEL = "kafka.node.id";
 
     private final Function<Map<String, Object>, Producer<byte[], byte[]>> producerFactory;
     private volatile ReceiverConfig config;
@@ -64,6 +66,8 @@ final class ReceiverCore implements AutoCloseable {
         }
         if (labels.containsKey(BROKER_ID_LABEL)) {
             brokerId = labels.get(BROKER_ID_LABEL);
+        } else if (labels.containsKey(NODE_ID_LABEL)) {
+            brokerId = labels.get(NODE_ID_LABEL);
         }
     }
 

@@ -75,6 +75,20 @@ class ReceiverCoreTest {
     }
 
     @Test
+    void aKraftBrokersNodeIdLabelIsTheBrokerId() throws Exception {
+        // KRaft brokers (all of Kafka 4.x) label their metrics context kafka.node.id, not kafka.broker.id.
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig());   // node.id 3 in the config
+            plugin.contextChange(new KafkaMetricsContext("kafka.server",
+                    Map.of("kafka.cluster.id", "cluster-x", "kafka.node.id", "7")));
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            await(() -> producer.history().size() == 1);
+            assertEquals("7", Fixtures.headers(producer.history().get(0)).get("broker_id"));
+        }
+    }
+
+    @Test
     void the42PluginAddsThePushInterval() throws Exception {
         MockProducer<byte[], byte[]> producer = mockProducer(true);
         try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
