@@ -117,7 +117,9 @@ def _sorted_rows(frame) -> list[dict]:
     # Spark sums doubles in whatever order partitions arrive: floats compare within a relative 1e-9.
     rows = [{k: close_values(v) for k, v in r.asDict().items()}
             for r in frame.drop("kll_sketch", "instances_sketch").collect()]
-    return sorted(rows, key=lambda r: tuple(str(ordering_key(v)) for v in r.values()))
+    # By column name, not position: the output read back puts its partition column (`resolution`) last, and sorting
+    # by position then ordered it apart from the expected rows whenever a minute window started on the hour.
+    return sorted(rows, key=lambda r: tuple(str(ordering_key(r[k])) for k in sorted(r)))
 
 
 def _run_agreeing_with_points(spark, options: RollupOptions) -> tuple[Any, list[dict]]:
