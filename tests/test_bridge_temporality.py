@@ -348,9 +348,15 @@ def test_a_record_too_large_to_parse_for_conversion_is_refused_before_it_is_pars
         lambda data: parsed.append(len(data)) or MetricsData.FromString(data))}))
     prepare = Preparer(Enricher(EnrichConfig()), DeltaToCumulative(max_streams=100, idle_expiry_s=600))
     headers = [(contract.CONTENT_TYPE_HEADER, contract.CONTENT_TYPE_PROTOBUF.encode())]
+    # Refused by the message bound that every reader applies first (2 million empty messages)...
     bomb = b"\x0a\x00" * (MAX_PAYLOAD_BYTES // 2 + 1)
     with pytest.raises(contract.DecodeError) as refused:
         prepare(Record("metrics", 0, 0, b"k", bomb, headers))
+    assert refused.value.reason == "too-large"
+    # ... and one of few messages but too many bytes by the conversion's own limit.
+    long = field(1, field(3, b"x" * (MAX_PAYLOAD_BYTES + 1)))   # one ResourceMetrics with a long schema_url
+    with pytest.raises(contract.DecodeError) as refused:
+        prepare(Record("metrics", 0, 0, b"k", long, headers))
     assert refused.value.reason == "too-large" and f"at most {MAX_PAYLOAD_BYTES}" in str(refused.value)
     assert parsed == []
     # Smaller records are parsed and converted as before.
