@@ -537,6 +537,25 @@ def test_protobuf_building_more_messages_than_the_bound_is_too_large_before_it_i
         assert reason_of(hostile, headers) == "too-large"
 
 
+def test_a_group_field_in_front_does_not_hide_the_messages_behind_it() -> None:
+    """The walk stopped at a group's tag and called the payload small; protobuf skips groups and parsed the rest."""
+    from kcm_common.message_bound import MAX_MESSAGES
+
+    hostile = compress(b"\x9b\x06\x9c\x06" + b"\x0a\x00" * (MAX_MESSAGES + 1), "zstd")   # a group, then messages
+    assert reason_of(hostile, [("content-encoding", b"zstd")]) == "too-large"
+
+
+def test_an_endless_varint_is_read_no_further_than_protobuf_reads_one() -> None:
+    """A varint has 10 bytes at most: 2 MB of 0xFF (91 bytes of zstd) was read as one growing number, for hours."""
+    from kcm_common.message_bound import builds_more_than
+
+    started = time.process_time()
+    assert not builds_more_than(b"\xff" * 2_000_001 + b"\x00")   # malformed: the parser says so
+    assert reason_of(compress(b"\xff" * 2_000_001 + b"\x00", "zstd"), [("content-encoding", b"zstd")]) \
+        == "invalid-protobuf"
+    assert time.process_time() - started < 5
+
+
 def test_a_large_protobuf_within_the_bound_is_counted_exactly_and_decodes() -> None:
     from kcm_common.message_bound import builds_more_than
 

@@ -174,7 +174,8 @@ def test_a_line_missing_its_key_is_refused_without_showing_what_may_be_a_passwor
     "security.protocol=SSL\nssl.truststore.type=PEM ssl.key.password=S3cretPW",
     "security.protocol=SSL\nssl.ca.location=/etc/ca.pem ssl.key.password=S3cretPW",
     "security.protocol=SSL\nssl.endpoint.identification.algorithm=https ssl.key.password=S3cretPW",
-], ids=["protocol", "mechanism", "store-type", "pem-file", "algorithm"])
+    "security.protocol=SASL_SSLsasl.password:S3cretPW\nsasl.mechanism=PLAIN\nsasl.username=alice",
+], ids=["protocol", "mechanism", "store-type", "pem-file", "algorithm", "colon-separated"])
 def test_two_lines_run_together_never_put_the_second_ones_secret_in_the_error(tmp_path, lines):
     """A lost newline makes the next property, a password perhaps, part of a value the error quoted whole."""
     config = tmp_path / "client.properties"

@@ -388,12 +388,12 @@ class Bridge:
                 timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
                                                                          - time.monotonic()))
                 self._take(self._poll(timeout))
-                # Paused with nothing in flight, the open batch is what holds the budget (batch.max_bytes near or
-                # above it): waiting for its linger frees nothing, so it goes now.
+                self._backpressure()
+                # Still paused with nothing in flight (after this turn's exports ended), the open batch is what
+                # holds the budget (batch.max_bytes near or above it): waiting for its linger frees nothing.
                 if self._batch.parts and (time.monotonic() - self._batch.opened >= linger
                                           or (self._paused and not self._inflight)):
                     self._flush()
-                self._backpressure()
                 self._serve_dead_letters(0)
                 for order in self._order.values():
                     if order.failure is not None:   # as when handing an export over fails on this thread

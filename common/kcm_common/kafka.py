@@ -175,11 +175,13 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
 
 
 def shown(value: str, quoted: bool = True) -> str:
-    """A property value for an error message; one holding "=" or longer than a path is not shown: two lines run
-    together (a lost newline) would put the next property, a password perhaps, in logs and pod events."""
-    if "=" not in value and len(value) <= 256:
+    """A property value for an error message; one holding "=", ":" (both separate a key from its value) or
+    whitespace, or longer than a path, is not shown: two lines run together (a lost newline) would put the next
+    property, a password perhaps, in logs and pod events."""
+    if len(value) <= 256 and not any(c in "=:" or c.isspace() for c in value):
         return repr(value) if quoted else value
-    return f"a value of {len(value)} characters (not shown: it holds '=' or is too long; are two lines run together?)"
+    return (f"a value of {len(value)} characters (not shown: it holds '=', ':' or a space, or is too long; are two "
+            "lines run together?)")
 
 
 def _check_pem_file(key: str, path: str) -> None:

@@ -67,13 +67,16 @@ def builds_more_than(payload: bytes, limit: int = MAX_MESSAGES) -> bool:
                         continue
                 position += length
             elif wire_type == 0:
-                while payload[position] >= 0x80:
-                    position += 1
+                byte = payload[position]
                 position += 1
+                if byte >= 0x80:
+                    _, position = _varint(payload, position, byte)
             elif wire_type == 1:
                 position += 8
             elif wire_type == 5:
                 position += 4
+            elif wire_type in (3, 4):   # a group's start or end: no OTLP field, and the parser skips past it
+                continue
             else:
                 return False
     except IndexError:  # truncated: the parser says so
@@ -83,6 +86,8 @@ def builds_more_than(payload: bytes, limit: int = MAX_MESSAGES) -> bool:
 def _varint(data: bytes, position: int, first: int) -> tuple[int, int]:
     result, shift, byte = first & 0x7F, 7, first
     while byte >= 0x80:
+        if shift > 63:   # longer than 10 bytes: malformed, as the parser will say (an unbounded one cost hours)
+            raise IndexError
         byte = data[position]
         position += 1
         result |= (byte & 0x7F) << shift
