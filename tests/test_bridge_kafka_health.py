@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from kcm_bridge import config as bridge_config
+from kcm_bridge import pipeline as bridge_module
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_common.otlp_export import RetryPolicy
 from kcm_bridge.health import KafkaHealth
@@ -420,3 +421,99 @@ def test_kafka_acls_refusing_the_group_or_topic_keep_it_not_ready_naming_the_acl
 
         acl[0] = False   # granted
         _wait_until(lambda: bridge.ready and collector.exports, 60, "ready and exporting once granted")
+
+
+class _Tarpit:
+    """A loopback server that accepts connections and never answers: a hung Kafka. `reached` is set by the first
+    connection."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
+        self.reached = threading.Event()
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._server.accept()
+            except OSError:
+                return
+            self._held.append(connection)
+            self.reached.set()
+
+    def close(self) -> None:
+        for sock in [self._server, *self._held]:
+            _close(sock)
+
+
+@pytest.fixture
+def tarpit():
+    server = _Tarpit()
+    yield server
+    server.close()
+
+
+def _stopped_after(delay_s: float) -> threading.Event:
+    stop = threading.Event()
+    threading.Timer(delay_s, stop.set).start()
+    return stop
+
+
+def test_a_check_of_a_kafka_that_never_answers_ends_soon_after_it_is_stopped(tarpit):
+    """The probe waits connect_timeout_s for a hung Kafka, unless the process shuts down meanwhile."""
+    from kcm_common.kafka import STOPPED_CHECKING, KafkaUnavailableError, check_reachable
+
+    began = time.monotonic()
+    with pytest.raises(KafkaUnavailableError, match=STOPPED_CHECKING):
+        check_reachable(KafkaSettings(tarpit.address), 30, _stopped_after(0.5))
+    assert time.monotonic() - began < 2
+    # Not stopped, it still waits out its timeout, and says what it found.
+    began = time.monotonic()
+    with pytest.raises(KafkaUnavailableError, match="does not answer as a Kafka broker"):
+        check_reachable(KafkaSettings(tarpit.address), 1.0, threading.Event())
+    assert 0.9 < time.monotonic() - began < 2.5
+
+
+def test_the_confluent_consumer_check_of_a_kafka_that_never_answers_ends_soon_after_it_is_stopped(tarpit):
+    from kcm_bridge.consumer import ConfluentConsumer
+    from kcm_common.kafka import STOPPED_CHECKING, KafkaUnavailableError
+
+    consumer = ConfluentConsumer(KafkaSettings(tarpit.address), {}, "g", ["t"], lambda _: None, lambda _: None)
+    try:
+        began = time.monotonic()
+        with pytest.raises(KafkaUnavailableError, match=STOPPED_CHECKING):
+            consumer.check(30, _stopped_after(2.5))   # past a slice: asking again must not end it either
+        assert 2.4 < time.monotonic() - began < 4.5
+        began = time.monotonic()
+        with pytest.raises(KafkaUnavailableError) as err:   # not stopped: its own timeout, as without a stop event
+            consumer.check(2.5, threading.Event())
+        assert 2.4 < time.monotonic() - began < 4.5
+        assert STOPPED_CHECKING not in str(err.value)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sigterm_while_checking_a_hung_kafka_stops_the_bridge_within_seconds(backend, tarpit, collector, caplog):
+    """Stopping must not wait for a check of a Kafka that never answers (connect_timeout_s may be a minute, past the
+    pod's grace period); nor is a check cut short reported as Kafka's failure."""
+    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+        ("kafka", "bootstrap_servers"): tarpit.address, ("kafka", "client"): backend,
+        ("kafka", "connect_timeout_s"): 60})
+    caplog.set_level(logging.INFO)
+    bridge = bridge_module.Bridge(config)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(bridge.run()), daemon=True)
+    thread.start()
+    assert tarpit.reached.wait(30), "the bridge never asked Kafka"
+    time.sleep(0.5)
+    began = time.monotonic()
+    bridge.stop()
+    thread.join(timeout=15)
+    assert not thread.is_alive(), "the bridge did not stop within 15 s of being asked while checking Kafka"
+    assert result == [0]
+    assert time.monotonic() - began < 5
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("kcm.bridge") and r.levelno >= logging.ERROR]
+    assert said == [], said

@@ -391,7 +391,7 @@ def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_
             time.sleep(min(timeout_s, 0.05))
             return []
 
-        def check(self, timeout_s):
+        def check(self, timeout_s, stop=None):
             pass
 
         def high_watermarks(self, partitions, ask_s=0.0):

@@ -9,15 +9,15 @@ the client cannot read is handed on flagged (`Record.unreadable`), in its place,
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import (ADVERTISED_PROBE_S, CONSUMER_PROPERTIES, KafkaSettings, KafkaUnavailableError,
-                              advertised_brokers, denied_message, diagnose_failure, rejected_message,
-                              step_past_unreadable,
-                              unreachable_advertised)
+from kcm_common.kafka import (ADVERTISED_PROBE_S, CONSUMER_PROPERTIES, STOPPED_CHECKING, KafkaSettings,
+                              KafkaUnavailableError, advertised_brokers, denied_message, diagnose_failure,
+                              rejected_message, step_past_unreadable, unreachable_advertised)
 from kcm_common.librdkafka import librdkafka_config, message_headers
 from kcm_common.pacing import PacedLog
 
@@ -35,6 +35,8 @@ _PREFETCH_BACKOFF_MS = 20
 # librdkafka reconnects after 100 ms by default, and a broker rejecting the credentials is asked again 20 times a
 # second (each attempt logged at ERROR). Once a second is prompt enough after a broker restart.
 _RECONNECT_BACKOFF_MS = 1000
+# A check that may be stopped (the bridge shutting down) asks Kafka in slices of this many seconds.
+_CHECK_SLICE_S = 1.0
 BACKENDS = ("confluent-kafka", "kafka-python")
 
 
@@ -60,8 +62,9 @@ class Consumer(Protocol):
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:
         """Records, or KafkaUnavailableError when the client reported that Kafka cannot be used and fetched none."""
-    def check(self, timeout_s: float) -> None:
-        """Return when Kafka answered a request with these settings; raise KafkaUnavailableError otherwise."""
+    def check(self, timeout_s: float, stop: threading.Event | None = None) -> None:
+        """Return when Kafka answered a request with these settings; raise KafkaUnavailableError otherwise, and
+        within about a second of `stop` being set (the bridge shutting down)."""
     def commit(self, offsets: Mapping[Partition, int]) -> None: ...
     def pause(self, partitions: list[Partition]) -> None: ...
     def resume(self, partitions: list[Partition]) -> None: ...
@@ -238,15 +241,26 @@ class ConfluentConsumer:
         return Record(*partition, offset, None, None, [], f"librdkafka cannot read it ({message.error().str()})",
                       None)
 
-    def check(self, timeout_s: float) -> None:
+    def check(self, timeout_s: float, stop: threading.Event | None = None) -> None:
         # A metadata request needs a connection that passed authentication: it proves the credentials work.
         deadline = time.monotonic() + timeout_s
-        try:
-            metadata = self._consumer.list_topics(None if len(self._topics) > 1 else self._topics[0],
-                                                  timeout=timeout_s)
-        except self._exception as exc:
-            # Error events are served by `consume` only: before the first poll the cause may not be known yet.
-            raise KafkaUnavailableError(self._problem or str(diagnose_failure(self._settings, exc))) from None
+        while True:
+            # Asked in slices, so a shutdown waits for one slice, not for a Kafka that never answers.
+            asked, left = time.monotonic(), max(0.0, deadline - time.monotonic())
+            wait = left if stop is None else min(left, _CHECK_SLICE_S)
+            try:
+                metadata = self._consumer.list_topics(None if len(self._topics) > 1 else self._topics[0],
+                                                      timeout=wait)
+                break
+            except self._exception as exc:
+                if stop is not None and stop.is_set():
+                    raise KafkaUnavailableError(STOPPED_CHECKING) from None
+                # A slice waited out (librdkafka then names the connection's state, _TRANSPORT for a silent
+                # broker, not _TIMED_OUT) is asked again; an answer given sooner is the check's outcome.
+                if stop is not None and time.monotonic() < deadline and time.monotonic() - asked >= wait * 0.9:
+                    continue
+                # Error events are served by `consume` only: before the first poll the cause may not be known yet.
+                raise KafkaUnavailableError(self._problem or str(diagnose_failure(self._settings, exc))) from None
         # The bootstrap connection answers metadata; consuming needs the brokers it names (advertised.listeners).
         advertised = [f"{broker.host}:{broker.port}" for broker in metadata.brokers.values()]
         hint = unreachable_advertised(self._settings.bootstrap_servers, advertised,
@@ -352,9 +366,10 @@ class KafkaPythonConsumer:
         self._timeout_s = 10.0
         self._coordinator_lost_since: float | None = None
 
-    def check(self, timeout_s: float) -> None:
+    def check(self, timeout_s: float, stop: threading.Event | None = None) -> None:
         """Build the client if there is none, then find the group coordinator, all within `timeout_s`: the client
-        existing proves nothing, and what poll and commit wait for is the coordinator (its loss is what fails)."""
+        existing proves nothing, and what poll and commit wait for is the coordinator (its loss is what fails).
+        `stop` set ends the search for the coordinator within about a second (building the client is not cut)."""
         from kafka.errors import GroupAuthorizationFailedError, KafkaError
 
         self._timeout_s = timeout_s
@@ -363,8 +378,14 @@ class KafkaPythonConsumer:
             self._connect(timeout_s)
         bootstrap = self._settings.bootstrap_servers
         try:
-            found = self._consumer._coordinator.ensure_coordinator_ready(   # noqa: SLF001 (no public handle on it)
-                timeout_ms=max(0, int((deadline - time.monotonic()) * 1000)))
+            while True:
+                left = max(0.0, deadline - time.monotonic())
+                found = self._consumer._coordinator.ensure_coordinator_ready(   # noqa: SLF001 (no public handle)
+                    timeout_ms=int((left if stop is None else min(left, _CHECK_SLICE_S)) * 1000))
+                if found or stop is None or time.monotonic() >= deadline:
+                    break
+                if stop.is_set():
+                    raise KafkaUnavailableError(STOPPED_CHECKING)
             problem = "" if found else (f"cannot reach Kafka's group coordinator via {bootstrap} within "
                                         f"{timeout_s:g}s: check that the brokers are up and reachable from here")
         except GroupAuthorizationFailedError as exc:   # retried like silence, saying which ACL is missing

@@ -416,12 +416,15 @@ class Bridge:
             if self._kafka.check_due():
                 # The probe names what answers at the address (nothing, not Kafka, no TLS); then a request proves
                 # the credentials. Kafka may simply not be up yet when the bridge starts: the same retry covers it.
-                check_reachable(self._settings, self.config.kafka.connect_timeout_s)
-                self._consumer.check(self.config.kafka.connect_timeout_s)
+                # A SIGTERM meanwhile ends them (within a second), not connect_timeout_s later: the drain is next.
+                check_reachable(self._settings, self.config.kafka.connect_timeout_s, self._stopping)
+                self._consumer.check(self.config.kafka.connect_timeout_s, self._stopping)
                 if self._kafka.recovered():
                     log.info("Kafka at %s answers again: consuming", self._settings.bootstrap_servers)
             return self._consumer.poll(timeout, self._poll_size())
         except KafkaUnavailableError as problem:
+            if self._stopping.is_set():   # a check cut short says nothing about Kafka
+                return []
             delay = self._kafka.failed(str(problem))
             if delay is not None:
                 log.error("%s; retrying in %.0fs, not ready until then", problem, delay)

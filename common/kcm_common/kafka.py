@@ -330,13 +330,14 @@ _PROBES_AT_ONCE = 8  # bootstrap servers probed side by side
 _PROBLEMS_SHOWN = 5  # servers named in the error; the rest are counted
 
 
-def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
+def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0, stop: threading.Event | None = None) -> None:
     """Fail fast, with a diagnosis, unless some bootstrap server speaks Kafka with these settings' transport.
 
     kafka-python only says "Unable to bootstrap" (and can hang on a TLS handshake with a plaintext listener),
     so probe first: TCP, then TLS where configured, then an ApiVersions round trip where the transport is plain.
     The distinct servers are probed side by side (on daemon threads, which never hold up the process's exit), and
-    `timeout_s` bounds the whole check: a list of servers that never answer costs no more than one.
+    `timeout_s` bounds the whole check: a list of servers that never answer costs no more than one. `stop` set
+    (a process shutting down) ends the wait within a tenth of a second, with a KafkaUnavailableError saying so.
     """
     addresses = list(dict.fromkeys(parse_bootstrap(settings.bootstrap_servers)))
     deadline = time.monotonic() + timeout_s
@@ -361,7 +362,7 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
     problems = dict.fromkeys(addresses, f"did not answer within {timeout_s:g}s")
     for _ in addresses:
         try:
-            address, problem, error = answers.get(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+            address, problem, error = _next_answer(answers, deadline + 0.5, stop)
         except queue.Empty:
             break
         if error is not None:
@@ -372,6 +373,22 @@ def check_reachable(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
     listed = [f"{host}:{port} {problem}" for (host, port), problem in problems.items()]
     more = f"; and {len(listed) - _PROBLEMS_SHOWN} more servers" if len(listed) > _PROBLEMS_SHOWN else ""
     raise KafkaUnavailableError(f"cannot reach Kafka: {'; '.join(listed[:_PROBLEMS_SHOWN])}{more}")
+
+
+STOPPED_CHECKING = "stopped while checking Kafka: the process is shutting down"
+
+
+def _next_answer(answers: queue.SimpleQueue[Any], until: float, stop: threading.Event | None) -> Any:
+    """The next answer by `until` (queue.Empty after it), watching `stop` meanwhile."""
+    while True:
+        if stop is not None and stop.is_set():
+            raise KafkaUnavailableError(STOPPED_CHECKING)
+        left = max(0.0, until - time.monotonic())
+        try:
+            return answers.get(timeout=left if stop is None else min(left, 0.1))
+        except queue.Empty:
+            if time.monotonic() >= until:
+                raise
 
 
 def diagnose_failure(settings: KafkaSettings, error: Exception,
