@@ -388,6 +388,26 @@ def test_namespaced_mode_grants_roles_in_each_watched_namespace_only(helm: Path)
         assert "kcm.dev" not in json.dumps(cluster_role["rules"]) and "secrets" not in json.dumps(cluster_role["rules"])
 
 
+@pytest.mark.parametrize("all_namespaces", ["true", "false"])
+def test_releases_of_one_name_in_two_namespaces_share_no_cluster_scoped_rbac(helm: Path, all_namespaces: str) -> None:
+    """A ClusterRole or ClusterRoleBinding named after the release alone belongs to the first release that made it:
+    Helm refuses the second install, and a plain `kubectl apply` rebinds it to the second's ServiceAccount."""
+    names = {}
+    for namespace in ("team-a", "team-b"):
+        result = run_helm(helm, "template", "kcm", str(CHART), "--namespace", namespace,
+                          "--set", f"operator.watch.allNamespaces={all_namespaces}",
+                          "--set", f"operator.watch.namespaces={{{namespace}}}")
+        assert result.returncode == 0, result.stderr
+        manifests = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        scoped = [m for m in manifests if m["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+        assert scoped
+        for binding in (m for m in scoped if m["kind"] == "ClusterRoleBinding"):
+            assert binding["roleRef"]["name"] in {m["metadata"]["name"] for m in scoped if m["kind"] == "ClusterRole"}
+            assert binding["subjects"][0]["namespace"] == namespace
+        names[namespace] = {(m["kind"], m["metadata"]["name"]) for m in scoped}
+    assert not names["team-a"] & names["team-b"], names
+
+
 def test_external_kafka_with_sasl_mounts_the_existing_secrets(helm: Path) -> None:
     manifests = rendered(helm, "ci/sasl-values.yaml")
     operator = one(manifests, "Deployment", "-operator")["spec"]["template"]["spec"]
@@ -488,7 +508,13 @@ def test_notes_tell_what_to_do_next(helm: Path) -> None:
     assert ("kcm subscriptions apply --dry-run -f subscription-producer-app.yaml --bootstrap-server "
             "my-cluster-kafka-bootstrap.kafka:9092") in notes
     assert "kcm subscriptions list" not in notes
-    assert "examples/subscription-producer-app.yaml" in notes and "kcm tail" in notes
+    assert "examples/subscription-producer-app.yaml" in notes
+    assert "kcm tail --bootstrap-server my-cluster-kafka-bootstrap.kafka:9092\n" in notes   # the default topic
+    topic = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
+                     "--set", "kafka.metricsTopic=prod.client-telemetry")
+    assert topic.returncode == 0, topic.stderr
+    assert ("kcm tail --bootstrap-server my-cluster-kafka-bootstrap.kafka:9092 --topic prod.client-telemetry\n"
+            in topic.stdout.split("NOTES:", 1)[1]), "tail reads kafka-client-metrics unless told another topic"
     assert "no rollup was created" in notes, "the rollup toggle without the Spark operator must be reported"
     peering = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
                        "--set", "operator.peering.enabled=true", "--set", "operator.replicas=2")

@@ -110,3 +110,42 @@ def test_the_standby_takes_over_within_the_peering_lifetime_when_the_working_rep
     finally:
         for replica in replicas.values():
             replica.stop()
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False])
+@pytest.mark.parametrize("zalando", [404, 403])
+def test_a_missing_peering_object_is_reported_when_the_older_group_is_not_granted(monkeypatch, caplog, cluster_wide,
+                                                                                   zalando):
+    """The chart grants kopf.dev peerings only: the API server answers 403 for zalando.org's before it looks for the
+    object, which says nothing about it being there; kopf.dev's 404 is what counts. A 403 on kopf.dev, the group the
+    operator was granted, is not taken for missing."""
+    import logging
+    import threading
+
+    from kubernetes.client.rest import ApiException
+
+    from kcm_cli import operator as operator_cli
+
+    answers = {"kopf.dev": 404, "zalando.org": zalando}
+
+    class Api:
+        def get_cluster_custom_object(self, group, *args, **kwargs):
+            raise ApiException(status=answers[group], reason="refused")
+
+        get_namespaced_custom_object = get_cluster_custom_object
+
+    def warnings() -> list[str]:
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        caplog.clear()
+        operator_cli._warn_while_peering_is_missing("kcm-replicas", ["team-a"], cluster_wide, stop, 0.05, 0.1)
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    monkeypatch.setattr(client, "CustomObjectsApi", lambda *args, **kwargs: Api())
+    caplog.set_level(logging.DEBUG, logger="kcm.operator")
+    said = warnings()
+    kind = "ClusterKopfPeering kcm-replicas" if cluster_wide else "KopfPeering team-a/kcm-replicas"
+    assert said and all(f"reconciles nothing until its peering object exists: {kind} not found" in line
+                        for line in said), said
+    answers["kopf.dev"] = 403
+    assert warnings() == []
