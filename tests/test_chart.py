@@ -720,6 +720,11 @@ def test_helm_refuses_bad_values_with_a_message_naming_the_value(helm: Path) -> 
     ("spark.sql.shuffle.partitions", False),
     ("spark.hadoop.fs.s3a.encryption.algorithm", False),
     ("spark.io.encryption.keySizeBits", False),
+    # Spark's references to a Secret by name: an environment variable from one of its keys, or the Secret mounted.
+    ("spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY", False),
+    ("spark.kubernetes.driver.secretKeyRef.AWS_SESSION_TOKEN", False),
+    ("spark.kubernetes.driver.secrets.rollup-s3-credentials", False),
+    ("spark.kubernetes.executor.secretKeyRefs.AWS_SECRET_ACCESS_KEY", True),   # not Spark's: a credential by name
 ])
 def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_value(
         helm: Path, tmp_path: Path, key: str, refused: bool) -> None:

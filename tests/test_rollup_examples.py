@@ -13,7 +13,8 @@ import yaml
 from kcm_cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples" / "spark").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples" / "spark").glob("rollup-*.yaml"))
+RBAC = ROOT / "examples" / "spark" / "rbac.yaml"
 
 
 def _spec(document: dict) -> dict:
@@ -55,6 +56,23 @@ def test_examples_cover_a_one_off_and_an_hourly_schedule_and_the_image_provides_
     assert {yaml.safe_load(p.read_text())["spec"].get("mainApplicationFile")
             or yaml.safe_load(p.read_text())["spec"]["template"]["mainApplicationFile"]
             for p in EXAMPLES} == {"local:///opt/kcm/rollup.py"}
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_accounts_an_example_runs_as_are_in_its_rbac_file(path):
+    """The driver's account must exist and may start its executors; the executors' has no token."""
+    document = yaml.safe_load(path.read_text())
+    namespace, spec = document["metadata"]["namespace"], _spec(document)
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(RBAC.read_text())}
+    assert all(o["metadata"]["namespace"] == namespace for o in objects.values())
+    driver, executor = spec["driver"]["serviceAccount"], spec["executor"]["serviceAccount"]
+    assert ("ServiceAccount", driver) in objects
+    assert objects[("ServiceAccount", executor)]["automountServiceAccountToken"] is False
+    [binding] = [o for o in objects.values() if o["kind"] == "RoleBinding"
+                 and {"kind": "ServiceAccount", "name": driver, "namespace": namespace} in o["subjects"]]
+    role = objects[("Role", binding["roleRef"]["name"])]
+    granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert {("pods", "create"), ("pods", "delete"), ("services", "create"), ("configmaps", "create")} <= granted
+
 
 def test_the_image_entry_point_is_kcm_rollup(tmp_path):
     # Run as spark-submit would: a plain script; --help exits 0 and shows the rollup options.

@@ -191,6 +191,8 @@ only name a provider class, a file or a switch pass.
 {{- $names := regexMatch "(?i)(secret|passw|token|credential|jaas|access\\.key|account\\.key|private\\.key|signature|(^|\\.)(key|sas)(\\.|$))" $key -}}
 {{- /* what only names a class, a file or a switch: a credentials provider, a token file */ -}}
 {{- $refers := regexMatch "(?i)(providers?|class|type|enabled|file|path|location)$" $key -}}
+{{- /* Spark's own references to a Secret (an environment variable from one of its keys, or it mounted): names */ -}}
+{{- $refers = or $refers (regexMatch "^spark\\.kubernetes\\.(driver|executor)\\.(secretKeyRef|secrets)\\." $key) -}}
 {{- if and $names (not $refers) -}}
 {{- fail (printf "rollup.sparkConf.%s would put a credential into the ScheduledSparkApplication: give it through rollup.env with valueFrom.secretKeyRef (for S3, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or use workload identity" $key) -}}
 {{- end -}}
