@@ -608,7 +608,7 @@ def test_the_rollup_fetches_the_s3a_filesystem_into_a_writable_ivy_cache(helm: P
     # The same hadoop-aws as the examples and docs/rollups.md, for the Spark version the chart runs.
     (hadoop_aws,) = [p for p in default if p.startswith("org.apache.hadoop:hadoop-aws:")]
     version = hadoop_aws.rsplit(":", 1)[1]
-    for path in sorted((REPO / "examples" / "spark").glob("*.yaml")):
+    for path in sorted((REPO / "examples" / "spark").glob("rollup-*.yaml")):
         spec = yaml.safe_load(path.read_text())["spec"]
         spec = spec.get("template", spec)
         assert hadoop_aws in spec["deps"]["packages"], path.name
