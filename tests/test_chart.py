@@ -347,6 +347,15 @@ def test_optional_parts_appear_only_with_their_api_and_toggle(helm: Path) -> Non
     assert executor_account != app["spec"]["template"]["driver"]["serviceAccount"]
     assert one(everything, "ServiceAccount", "-rollup-executor")["metadata"]["name"] == executor_account
     assert one(everything, "ServiceAccount", "-rollup-executor")["automountServiceAccountToken"] is False
+    # Workload identity binds a cloud role per account: every account a Spark pod runs as carries the annotation.
+    role = "eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/kcm-rollup"
+    identified = render(helm, sets=("rollup.enabled=true", "rollup.output=s3a://b/p",
+                                    f"rollup.serviceAccount.annotations.{role}"))
+    template = one(identified, "ScheduledSparkApplication")["spec"]["template"]
+    accounts = {m["metadata"]["name"]: m for m in find(identified, "ServiceAccount")}
+    for pod in ("driver", "executor"):
+        annotations = accounts[template[pod]["serviceAccount"]]["metadata"].get("annotations")
+        assert annotations == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/kcm-rollup"}, pod
     # The toggles are on, but without the APIs nothing of theirs is rendered.
     without = render(helm, "ci/all-values.yaml", apis=())
     assert not {m["kind"] for m in without} & {"ServiceMonitor", "ScheduledSparkApplication", "ClusterKopfPeering"}
@@ -604,7 +613,13 @@ def test_the_rollup_fetches_the_s3a_filesystem_into_a_writable_ivy_cache(helm: P
     default = yaml.safe_load((CHART / "values.yaml").read_text())["rollup"]["deps"]["packages"]
     assert template["deps"] == {"packages": default}
     assert template["sparkConf"] == {"spark.jars.ivy": "/tmp/.ivy2"}
-    assert {"name": "tmp", "mountPath": "/tmp"} in template["driver"]["volumeMounts"]
+    # The root filesystem is read-only: Ivy's cache, and each pod's working directory (the image's last WORKDIR),
+    # where executors copy the jars of deps.packages, must be on writable volumes in the driver and the executors.
+    workdir = re.findall(r"^WORKDIR (\S+)", (REPO / "images" / "spark" / "Dockerfile").read_text(), re.M)[-1]
+    empty = {v["name"] for v in template["volumes"] if "emptyDir" in v}
+    for pod in ("driver", "executor"):
+        writable = {m["mountPath"] for m in template[pod]["volumeMounts"] if m["name"] in empty}
+        assert {"/tmp", workdir} <= writable, (pod, writable)
     # The same hadoop-aws as the examples and docs/rollups.md, for the Spark version the chart runs.
     (hadoop_aws,) = [p for p in default if p.startswith("org.apache.hadoop:hadoop-aws:")]
     version = hadoop_aws.rsplit(":", 1)[1]
