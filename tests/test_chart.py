@@ -650,6 +650,12 @@ def test_the_operator_listen_address_reaches_the_operator(helm: Path) -> None:
      "operator.metricsPort and operator.livenessPort are both 9090"),
     (("bridge.autoscaling.enabled=true", "bridge.autoscaling.minReplicas=6", "bridge.autoscaling.maxReplicas=2"),
      "bridge.autoscaling.minReplicas (6) is above bridge.autoscaling.maxReplicas (2)"),
+    # A drain the grace period cuts short: exported records left uncommitted at every rollout.
+    (("bridge.config.delivery.shutdown_timeout_s=120",),
+     "bridge.terminationGracePeriodSeconds (45) is below the bridge's drain, "
+     "bridge.config.delivery.shutdown_timeout_s (120), plus a Kafka check, bridge.config.kafka.connect_timeout_s "
+     "(10): Kubernetes would kill it mid-drain; give a grace period of at least 131"),
+    (("bridge.config.kafka.connect_timeout_s=30",), "bridge.config.kafka.connect_timeout_s (30)"),
 ])
 def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tuple[str, ...], refused: str) -> None:
     args = [arg for item in sets for arg in ("--set", item)]
@@ -658,6 +664,14 @@ def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tu
     # Autoscaling off: its bounds do not matter.
     assert run_helm(helm, "template", "kcm", str(CHART), "--set", "bridge.autoscaling.minReplicas=6",
                     "--set", "bridge.autoscaling.maxReplicas=2").returncode == 0
+    # A grace period that holds the drain and a check, whatever the values' types.
+    for fits in (("--set", "bridge.config.delivery.shutdown_timeout_s=30",
+                  "--set", "bridge.config.kafka.connect_timeout_s=5"),
+                 ("--set-string", "bridge.config.delivery.shutdown_timeout_s=100", "--set",
+                  "bridge.terminationGracePeriodSeconds=111"),
+                 ("--set", "bridge.config.delivery.shutdown_timeout_s=null")):
+        fitted = run_helm(helm, "template", "kcm", str(CHART), *fits)
+        assert fitted.returncode == 0, (fits, fitted.stderr)
 
 
 # --- values schema --------------------------------------------------------------------------------------------
