@@ -703,6 +703,10 @@ def _merged(overrides: dict[str, Any]) -> dict[str, Any]:
     ({"rollup": {"output": "/tmp/out"}}, "'/tmp/out' does not match"),
     ({"kafka": {"tlsSecrets": ["client"]}}, "should not be valid"),
     ({"operator": {"peering": {"lifetimeSeconds": 0}}}, "0 is less than the minimum of 1"),
+    # Kubernetes refuses an EnvVar value that is not text: the install would fail at the API server, per object.
+    ({"operator": {"env": [{"name": "GOMAXPROCS", "value": 2}]}}, "2 is not of type 'string'"),
+    ({"bridge": {"env": [{"name": "DEBUG", "value": True}]}}, "True is not of type 'string'"),
+    ({"rollup": {"env": [{"name": "X", "valueFrom": "secret"}]}}, "'secret' is not of type 'object'"),
 ])
 def test_values_schema_refuses_bad_values(overrides: dict[str, Any], message: str) -> None:
     errors = [e.message for e in jsonschema.Draft7Validator(_schema()).iter_errors(_merged(overrides))]
