@@ -8,6 +8,7 @@ import pty
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,10 +103,13 @@ def _demo_in_terminal(tmp_path: Path, args: list[str], seconds: float,
 @pytest.mark.timeout(240)
 def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
     marker = uuid.uuid4().hex
+    # Settings meant for a real bridge in the user's shell (here a metrics port already taken) are not the demo's.
+    taken = socket.create_server(("0.0.0.0", 0))
+    env = {**_demo_env(tmp_path, marker), "KCM_BRIDGE_METRICS_PORT": str(taken.getsockname()[1])}
     try:
         result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "25", "--output",
                                  "jsonl", "--java", "yes", "--rollup"],
-                                capture_output=True, text=True, timeout=200, env=_demo_env(tmp_path, marker))
+                                capture_output=True, text=True, timeout=200, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         lines = result.stdout.splitlines()
         clients = [json.loads(line) for line in lines if line.startswith("{")]
@@ -137,6 +141,7 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
         assert top and all("metric=org.apache.kafka." in line for line in top), lines
         assert {line.split("client_id=")[1].split()[0] for line in top} <= set(by_id), lines
     finally:
+        taken.close()
         left = _processes_with(marker)
         _kill(left)
     assert left == [], "the demo left processes running"

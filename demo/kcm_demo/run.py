@@ -82,12 +82,12 @@ def _stop_if(interrupted: threading.Event) -> None:
 class _Process:
     """A child process stopped with SIGTERM, then SIGKILL after a bound; its stderr kept for errors."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                      **own_child())
+                                      env=env, **own_child())
 
     def check_alive(self) -> None:
         if self.popen.poll() is not None:
@@ -229,7 +229,10 @@ def _start_bridge(bootstrap: str, endpoint: str, workdir: Path) -> _Process:
     return _Process("bridge", _kcm("bridge", "--bootstrap-server", bootstrap, "--command-config", str(properties),
                                    "--topic", DEFAULT_METRICS_TOPIC, "--group-id", _BRIDGE_GROUP,
                                    "--endpoint", endpoint, "--insecure"),
-                    workdir / "bridge.log")
+                    workdir / "bridge.log",
+                    # The demo's bridge is the demo's: settings meant for a real one (a metrics port, a dead-letter
+                    # topic, another consumer) must not change what it shows, or stop it.
+                    {key: value for key, value in os.environ.items() if not key.startswith("KCM_BRIDGE_")})
 
 
 def _start_java_clients(stack: ExitStack, bootstrap: str, workdir: Path, interrupted: threading.Event) -> list[str]:
