@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kcm_cli.main import main
+from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings
 from kcm_operator import admin as admin_module
 from kcm_operator.admin import SubscriptionAdmin
@@ -239,6 +241,32 @@ def test_missing_files_and_unreachable_kafka_are_one_line_errors(tmp_path, capsy
 
     assert missing == 2 and "nope.yaml: no such file or directory" in err_missing
     assert down == 2 and len(err_down.strip().splitlines()) == 1 and "127.0.0.1:1" in err_down
+
+
+def test_standard_input_pipes_and_devices_are_read_as_files(tmp_path, monkeypatch):
+    """`-f -` (kubectl's habit: `curl … | kcm subscriptions apply -f -`) and process substitution `<(…)`: they
+    exist, so they are read, not called missing."""
+    import io
+    import threading
+
+    from kcm_operator import manifests
+
+    text = _subscription("piped", "metrics: [org.apache.kafka.producer.]\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    [(manifest, desired)] = manifests.subscriptions(manifests.load(["-"]))
+    assert desired.name == "team.piped" and manifest.source == "(stdin)"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=(text,), daemon=True)
+    writer.start()
+    [(manifest, desired)] = manifests.subscriptions(manifests.load([fifo]))
+    writer.join(10)
+    assert desired.name == "team.piped" and manifest.source == str(fifo)
+    assert manifests.load(["/dev/null"]) == []
+    # Bounded: a wrong path that never ends (or a huge log) is refused, not read into memory.
+    (tmp_path / "big.yaml").write_text(text + "#" * manifests.MAX_MANIFEST_BYTES)
+    with pytest.raises(UserError, match=r"big.yaml is larger than 64 MiB: split it"):
+        manifests.load([tmp_path / "big.yaml"])
 
 
 def test_directories_are_read_recursively_only_with_R_and_list_has_json(sandbox, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,21 +35,40 @@ class Manifest:
 
 
 def load(paths: Iterable[str | Path], recursive: bool = False) -> list[Manifest]:
-    """Every document in the given files and directories (their *.yaml/*.yml/*.json), in name order."""
+    """Every document in the given files and directories (their *.yaml/*.yml/*.json), in name order. `-` is standard
+    input; a pipe or device (`<(...)`, /dev/stdin) is read as a file."""
     manifests = []
     for path in map(Path, paths):
-        if path.is_dir():
+        if str(path) == "-":
+            files = [STDIN]
+        elif path.is_dir():
             found = path.rglob("*") if recursive else path.iterdir()
             files = sorted(p for p in found if p.is_file() and p.suffix in _SUFFIXES)
             if not files:
                 raise UserError(f"{path} holds no .yaml, .yml or .json files")
-        elif path.is_file():
+        elif path.exists():
             files = [path]
         else:
             raise UserError(f"{path}: no such file or directory")
         for file in files:
             manifests.extend(_documents(file))
     return manifests
+
+
+STDIN = Path("(stdin)")
+# Far above any set of subscriptions; a bound, so a wrong path (a log, a device that never ends) cannot fill memory.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+
+
+def _read(file: Path) -> str:
+    if file is STDIN:
+        data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+    else:
+        with file.open("rb") as stream:
+            data = stream.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise UserError(f"{file} is larger than {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB: split it into several files")
+    return data.decode("utf-8")
 
 
 def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired]]:
@@ -82,7 +102,7 @@ def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired
 
 def _documents(file: Path) -> list[Manifest]:
     try:
-        documents = strict_yaml.load_all(file.read_text(encoding="utf-8"))
+        documents = strict_yaml.load_all(_read(file))
     except OSError as exc:
         raise UserError(f"cannot read {file}: {exc.strerror}") from None
     except UnicodeDecodeError:
