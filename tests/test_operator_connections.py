@@ -363,3 +363,41 @@ def test_the_default_clusters_command_config_is_read_again_once_its_file_changes
     finally:
         config.close()
     assert command_config_reader("127.0.0.1:9092", None, settings) is None
+
+
+def test_a_rotated_connection_closes_its_old_admin_only_after_calls_on_it_could_end(monkeypatch):
+    """A rotated password gives a KafkaConnection a new admin; a handler that took the old one just before still
+    finishes its call on it (closed under it, the call failed and the resource got a Warning), and the old admin's
+    client (a thread, sockets) still goes."""
+    import threading
+    import time
+
+    from kcm_common.kafka import KafkaUnavailableError
+    from kcm_operator.admin import SubscriptionAdmin
+
+    def describe_each(self, names):
+        time.sleep(0.5)   # a call under way...
+        if self._closed:   # ...fails as kafka-python's does when its client is closed under it
+            raise KafkaUnavailableError("the admin client was closed")
+        return {name: {} for name in names}
+
+    monkeypatch.setattr(SubscriptionAdmin, "describe_each", describe_each)
+    current = [KafkaSettings("127.0.0.1:9092", {"sasl.mechanism": "PLAIN", "security.protocol": "SASL_PLAINTEXT",
+                                                "sasl.username": "u", "sasl.password": "old"})]
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9092"), kafka_timeout_s=0.5, resolve=lambda ns, name: current[0])
+    old = config.admin("team", "kafka")
+    outcome = []
+    call = threading.Thread(target=lambda: outcome.append(old.describe_one("team.payments")))
+    call.start()
+    time.sleep(0.1)
+    current[0] = KafkaSettings("127.0.0.1:9092", {**current[0].properties, "sasl.password": "rotated"})
+    new = config.admin("team", "kafka")
+    assert new is not old
+    call.join(10)
+    assert outcome == [{}], "a call under way on the replaced admin failed"
+    deadline = time.monotonic() + config.retired_admin_grace_s() + 5
+    while not old.admin._closed:
+        assert time.monotonic() < deadline, "the replaced admin was never closed"
+        time.sleep(0.05)
+    assert not new.admin._closed
+    new.close()

@@ -165,7 +165,8 @@ class OperatorConfig:
 
     def admin(self, namespace: str, connection: str | None, recent: bool = False) -> BatchedAdmin:
         """The (cached, shared) admin for the default cluster or a KafkaConnection's. A KafkaConnection whose settings
-        changed (other servers, a rotated password) gets a new admin; the old one is closed. `recent`: a resolution
+        changed (other servers, a rotated password) gets a new admin; the old one is closed once the calls that may
+        have started on it are over (`retired_admin_grace_s`). `recent`: a resolution
         of the KafkaConnection made within the last drift interval will do (for drift checks: every resource naming
         it has one per interval, and reading it and its Secrets for each would load the API server with their
         number; changes still arrive within an interval, and every other handler reads them at once)."""
@@ -195,8 +196,17 @@ class OperatorConfig:
             raise InvalidSpecError(f"{where}: {exc}") from None
         finally:
             if retired is not None:
-                # Not under the lock: closing waits for a connect under way, which must not hold up other clusters.
-                threading.Thread(target=retired.close, name="kcm-admin-close", daemon=True).start()
+                # Handlers that took the old admin just before (a rotated password) finish their calls on it first:
+                # closed under them, a call would fail and post a Warning. Not under the lock either: closing waits
+                # for a connect under way, which must not hold up other clusters.
+                closer = threading.Timer(self.retired_admin_grace_s(), retired.close)
+                closer.name, closer.daemon = "kcm-admin-close", True
+                closer.start()
+
+    def retired_admin_grace_s(self) -> float:
+        """How long an admin replaced by new settings stays open: a handler's calls (telemetry check, describe, alter,
+        each bounded by the Kafka timeout) started on it end within this."""
+        return 3 * self.kafka_timeout_s + 1
 
     def _connection_settings(self, ref: tuple[str, str], recent: bool) -> KafkaSettings:
         if not recent:
