@@ -243,6 +243,18 @@ def test_missing_files_and_unreachable_kafka_are_one_line_errors(tmp_path, capsy
     assert down == 2 and len(err_down.strip().splitlines()) == 1 and "127.0.0.1:1" in err_down
 
 
+def test_brokers_advertising_an_address_out_of_reach_are_named_not_called_a_lost_connection(misadvertised_broker,
+                                                                                           capsys):
+    """The bootstrap server answers; requests go to the broker its metadata names (advertised.listeners), which
+    cannot be reached from here. 'lost the connection … ECONNREFUSED' sent users looking at the wrong address."""
+    broker, unreachable = misadvertised_broker
+    for action in (("describe", "x"), ("delete", "x")):
+        code, _, err = _kcm(capsys, *action, "--bootstrap-server", broker.bootstrap)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert (f"Kafka at {broker.bootstrap} (PLAINTEXT) answers, but its brokers advertise {unreachable}, which "
+                "this client could not reach") in err, err
+
+
 def test_standard_input_pipes_and_devices_are_read_as_files(tmp_path, monkeypatch):
     """`-f -` (kubectl's habit: `curl … | kcm subscriptions apply -f -`) and process substitution `<(…)`: they
     exist, so they are read, not called missing."""

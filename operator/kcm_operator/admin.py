@@ -29,13 +29,16 @@ from kcm_common.codes import (
     PUSH_TELEMETRY,
 )
 from kcm_common.kafka import (
+    ADVERTISED_PROBE_S,
     KafkaConfigError,
     KafkaSettings,
     KafkaUnavailableError,
+    advertised_brokers,
     check_reachable,
     diagnose_failure,
     is_utf8,
     parse_bootstrap,
+    unreachable_advertised,
 )
 from kcm_operator.errors import InvalidSpecError, KafkaRefusedError, UnsupportedError
 from kcm_operator.reconcile import Change, ops_for_kafka
@@ -168,12 +171,16 @@ class SubscriptionAdmin:
             try:
                 return client._manager.run(client._manager.wait_for, client._manager.send(request), deadline_ms)
             except _CONNECTION_ERRORS as exc:  # also the client closed under the call ("NetworkSelector closed!")
+                # The bootstrap servers answered; requests go to the brokers their metadata names, which may be out
+                # of reach from here (advertised.listeners): that, not a lost connection, is what to fix.
+                hint = unreachable_advertised(self.settings.bootstrap_servers, advertised_brokers(client),
+                                              ADVERTISED_PROBE_S)
                 with self._lock:
                     if self._client is client:
                         self._reset()
-                raise KafkaUnavailableError(
-                    f"lost the connection to Kafka at {self.settings.describe()}: {type(exc).__name__}: {exc}"
-                ) from None
+                problem = (f"Kafka at {self.settings.describe()} answers, but {hint}" if hint else
+                           f"lost the connection to Kafka at {self.settings.describe()}: {type(exc).__name__}: {exc}")
+                raise KafkaUnavailableError(self._explain(problem) if self._explain else problem) from None
             except kafka_errors.KafkaError as exc:
                 raise KafkaRefusedError(f"{type(exc).__name__}: {exc}") from None
 
