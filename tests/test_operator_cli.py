@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -45,8 +46,13 @@ _WITHOUT_A_USER = ("import pwd, sys\n"
 _USER_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME", "POD_ID")
 
 
-def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, sandbox):
+def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, sandbox, tmp_path):
     """Run as the image runs it: a uid without a passwd entry, no POD_ID, no user variables."""
+    temporary = tmp_path / "tmp"   # the operator's TMPDIR: where it writes KafkaConnections' TLS material
+    temporary.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days",
+                    "2", "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.pem")],
+                   check=True, capture_output=True, timeout=60)
     # Reserved until the operator listens there: a port only seen free can be taken meanwhile.
     with reserved_port() as metrics_port, reserved_port() as liveness_port:
         environment = {name: value for name, value in os.environ.items() if name not in _USER_VARIABLES}
@@ -54,15 +60,27 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
             [sys.executable, "-c", _WITHOUT_A_USER, "operator", "--all-namespaces", "--standalone",
              "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
              "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json"],
-            env={**environment, "KUBECONFIG": str(kube.kubeconfig)}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+            env={**environment, "KUBECONFIG": str(kube.kubeconfig), "TMPDIR": str(temporary)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+            api = config.new_client_from_config(str(kube.kubeconfig))
+            custom = client.CustomObjectsApi(api)
             custom.create_namespaced_custom_object(GROUP, "v1alpha1", NS, PLURAL, {
                 "apiVersion": f"{GROUP}/v1alpha1", "kind": "ClientMetricsSubscription",
                 "metadata": {"name": "payments"}, "spec": SPEC})
 
             wait_for(lambda: sandbox.store.configs("team.payments") == IN_KAFKA, "the subscription in Kafka", 30)
+            # A KafkaConnection with TLS material: written to a private directory, which must go with the operator.
+            client.CoreV1Api(api).create_namespaced_secret(NS, {"metadata": {"name": "kafka-ca"}, "data": {
+                "ca.crt": base64.b64encode((tmp_path / "ca.pem").read_bytes()).decode()}})
+            custom.create_namespaced_custom_object(GROUP, "v1alpha1", NS, "kafkaconnections", {
+                "apiVersion": f"{GROUP}/v1alpha1", "kind": "KafkaConnection", "metadata": {"name": "tls"},
+                "spec": {"bootstrapServers": "127.0.0.1:1", "securityProtocol": "SSL",
+                         "tls": {"caSecretRef": {"name": "kafka-ca"}}}})
+            custom.create_namespaced_custom_object(GROUP, "v1alpha1", NS, PLURAL, {
+                "apiVersion": f"{GROUP}/v1alpha1", "kind": "ClientMetricsSubscription",
+                "metadata": {"name": "orders"}, "spec": {**SPEC, "subscriptionName": "orders", "connection": "tls"}})
+            wait_for(lambda: list(temporary.glob("kcm-operator-tls-*/*")), "the KafkaConnection's CA written", 30)
 
             assert wait_for(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, "liveness")
             # Counted once Kafka has answered, so a moment after the subscription is there.
@@ -78,6 +96,7 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
                 process.kill()
                 output, _ = process.communicate()
         assert process.returncode == 0, output
+        assert list(temporary.iterdir()) == [], "the operator left TLS material behind"
         logs = [json.loads(line) for line in output.splitlines()]
         assert {"time", "level", "logger", "message"} <= set(logs[0])
         assert any(entry.get("name") == "payments" and entry.get("namespace") == NS for entry in logs)

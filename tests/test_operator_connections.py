@@ -275,6 +275,37 @@ def test_resolving_a_connection_after_its_secret_rotated_retires_the_old_tls_fil
     assert old != new and [path.name for path in material.iterdir()] == [Path(new).name]
 
 
+def test_the_tls_material_directory_is_made_when_needed_and_removed_when_the_operator_stops(tmp_path, monkeypatch):
+    """Private keys of KafkaConnections are written to a private temporary directory: it outlived every operator run
+    (made at start-up, whether or not any connection needed it)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    class Api:
+        def get_namespaced_custom_object(self, *_: object, **__: object) -> dict:
+            return {"spec": {"bootstrapServers": "kafka:9093", "securityProtocol": "SSL",
+                             "tls": {"caSecretRef": {"name": "ca"}}}}
+
+        def read_namespaced_secret(self, *_: object, **__: object) -> types.SimpleNamespace:
+            return types.SimpleNamespace(data={"ca.crt": base64.b64encode(SECRETS["ca", "ca.crt"]).decode()})
+
+    resolver = ConnectionResolver(None)
+    resolver._custom = resolver._core = Api()
+    assert list(tmp_path.iterdir()) == [], "nothing to write yet"
+    ca = Path(resolver.resolve("team", "kafka").properties["ssl.ca.location"])
+    assert ca.exists() and ca.parent.parent == tmp_path and ca.parent.name.startswith("kcm-operator-tls-")
+    resolver.close()
+    assert list(tmp_path.iterdir()) == []
+    given = tmp_path / "given"
+    given.mkdir()
+    resolver = ConnectionResolver(None, given)
+    resolver._custom = resolver._core = Api()
+    resolver.resolve("team", "kafka")
+    resolver.close()
+    assert len(list(given.iterdir())) == 1, "a directory it was given is not its to remove"
+
+
 @pytest.mark.parametrize("empty", ["user", "pass"])
 def test_an_empty_credential_names_the_secret_and_key(tmp_path, empty):
     # A templating slip (`stringData: {username: ""}`): the message names where to look, not client properties.

@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         # Not quoted: a server written as user:password@host would show its password.
         raise UserError("the kubeconfig's cluster server is not an https:// URL of the Kubernetes API; "
                         "check its current context")
-    operator_config = OperatorConfig(settings, args.drift_interval,
-                                     resolve=ConnectionResolver(client.ApiClient()).resolve,
+    resolver = ConnectionResolver(client.ApiClient())
+    operator_config = OperatorConfig(settings, args.drift_interval, resolve=resolver.resolve,
                                      reload=command_config_reader(args.bootstrap_server, args.command_config, settings))
     if args.liveness_port:
         # kopf binds it later, where a failure is a traceback
@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         stop.set()
+        resolver.close()
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import shutil
 import tempfile
 import threading
 import time
@@ -60,9 +61,26 @@ class ConnectionResolver:
     def __init__(self, api_client: client.ApiClient, material_dir: Path | None = None) -> None:
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
-        self._material_dir = material_dir or Path(tempfile.mkdtemp(prefix="kcm-operator-tls-"))
+        # Where TLS material is written: given, or a private temporary directory made when the first KafkaConnection
+        # is resolved (none for an operator that never resolves one) and removed by `close`.
+        self._material_dir = material_dir
+        self._own_dir: Path | None = None
+        self._dir_lock = threading.Lock()
         self._validated: set[str] = set()   # fingerprints of settings whose TLS material loaded: not per event
         self.material = MaterialLedger()
+
+    def close(self) -> None:
+        """Remove the TLS material written for KafkaConnections (private keys among it): the operator stops."""
+        with self._dir_lock:
+            if self._own_dir is not None:
+                shutil.rmtree(self._own_dir, ignore_errors=True)
+                self._own_dir = self._material_dir = None
+
+    def _directory(self) -> Path:
+        with self._dir_lock:
+            if self._material_dir is None:
+                self._material_dir = self._own_dir = Path(tempfile.mkdtemp(prefix="kcm-operator-tls-"))
+            return self._material_dir
 
     def resolve(self, namespace: str, name: str) -> KafkaSettings:
         """The settings of KafkaConnection `namespace/name`; MissingReferenceError when it or a Secret is missing,
@@ -81,7 +99,7 @@ class ConnectionResolver:
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         read: dict[str, Mapping[str, str]] = {}   # each Secret once per resolve, however many of its keys are used
         settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key, read),
-                                      self._material_dir, self._validated)
+                                      self._directory(), self._validated)
         self.material.named((namespace, name), settings)
         return settings
 
