@@ -398,22 +398,30 @@ def test_namespaced_mode_grants_roles_in_each_watched_namespace_only(helm: Path)
 
 
 @pytest.mark.parametrize("all_namespaces", ["true", "false"])
-def test_releases_of_one_name_in_two_namespaces_share_no_cluster_scoped_rbac(helm: Path, all_namespaces: str) -> None:
-    """A ClusterRole or ClusterRoleBinding named after the release alone belongs to the first release that made it:
-    Helm refuses the second install, and a plain `kubectl apply` rebinds it to the second's ServiceAccount."""
+def test_releases_of_one_name_in_two_namespaces_share_no_rbac_object(helm: Path, all_namespaces: str) -> None:
+    """A ClusterRole, ClusterRoleBinding, or Role in a namespace both reach, named after the release alone belongs to
+    the first release that made it: Helm refuses the second install, and `kubectl apply` rebinds it to the second's
+    ServiceAccount."""
     names = {}
     for namespace in ("team-a", "team-b"):
+        # Both also read Secrets in a shared namespace, and (namespaced) watch one in common besides their own.
         result = run_helm(helm, "template", "kcm", str(CHART), "--namespace", namespace,
                           "--set", f"operator.watch.allNamespaces={all_namespaces}",
-                          "--set", f"operator.watch.namespaces={{{namespace}}}")
+                          "--set", f"operator.watch.namespaces={{{namespace},shared}}",
+                          "--set", f"operator.rbac.secrets.namespaces={{{namespace},kafka-credentials}}")
         assert result.returncode == 0, result.stderr
         manifests = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-        scoped = [m for m in manifests if m["kind"] in ("ClusterRole", "ClusterRoleBinding")]
-        assert scoped
-        for binding in (m for m in scoped if m["kind"] == "ClusterRoleBinding"):
-            assert binding["roleRef"]["name"] in {m["metadata"]["name"] for m in scoped if m["kind"] == "ClusterRole"}
+        granting = [m for m in manifests if m["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+        assert any(m["kind"] == "ClusterRole" for m in granting)
+        assert any(m["metadata"].get("namespace") == "kafka-credentials" for m in granting)
+        roles = {(m["kind"], m["metadata"].get("namespace"), m["metadata"]["name"]) for m in granting}
+        for binding in (m for m in granting if m["kind"].endswith("RoleBinding")):
+            role_kind = binding["kind"].removesuffix("Binding")
+            assert (role_kind, binding["metadata"].get("namespace") if role_kind == "Role" else None,
+                    binding["roleRef"]["name"]) in roles, binding
             assert binding["subjects"][0]["namespace"] == namespace
-        names[namespace] = {(m["kind"], m["metadata"]["name"]) for m in scoped}
+        # Outside its own namespace, every object is the release's alone; inside it, names stay as they were.
+        names[namespace] = {role for role in roles if role[1] != namespace}
     assert not names["team-a"] & names["team-b"], names
 
 
