@@ -404,9 +404,12 @@ def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sig
         try:
             arrived = collector.wait_for(lambda exports: "bridge-demo-producer" in _client_ids(exports), timeout=60)
             assert arrived, log_path.read_text()
+            time.sleep(3)   # six more push intervals of a subscription that matches every client
         finally:
             code = _terminate(process)
     assert code == 0, log_path.read_text()
+    # A reader of the metrics topic must not add to it: the bridge's own librdkafka client pushes nothing there.
+    assert set(_client_ids(collector.exports)) == {"bridge-demo-producer"}
     resource = next(points.attributes(rm.resource.attributes) for export in collector.exports
                     for rm in export.request.resource_metrics
                     if points.attributes(rm.resource.attributes).get("client_id") == "bridge-demo-producer")
