@@ -21,8 +21,12 @@ def _endpoint(collector, **options) -> Endpoint:
     return open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True, **options), RETRY, lambda: False)
 
 
-def test_retryable_codes_are_retried_until_delivered(collector):
-    collector.fail_next(grpc.StatusCode.UNAVAILABLE, times=2)
+# The OTLP specification's retryable codes: any one of them taken for a refusal would drop (and commit) a batch.
+@pytest.mark.parametrize("code", [grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE,
+                                  grpc.StatusCode.DATA_LOSS], ids=lambda code: code.name)
+def test_retryable_codes_are_retried_until_delivered(collector, code):
+    collector.fail_next(code, times=2)
     outcome = _endpoint(collector).export(client_metrics().SerializeToString())
     assert outcome.delivered and outcome.attempts == 3
     assert len(collector.exports) == 1
@@ -34,6 +38,21 @@ def test_resource_exhausted_waits_the_servers_retry_delay(collector):
     outcome = _endpoint(collector).export(client_metrics().SerializeToString())
     assert outcome.delivered and outcome.attempts == 2
     assert time.monotonic() - started >= 0.4
+
+
+def test_a_servers_retry_delay_is_honoured_only_up_to_the_backoff_cap(collector):
+    # A collector or proxy asking for an hour must not hold the export (and the in-flight budget, and a drain) for it.
+    collector.throttle_next(3600.0)
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True),
+                             RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.3, jitter=0.0), lambda: False)
+    started, outcomes = time.monotonic(), []
+    thread = threading.Thread(target=lambda: outcomes.append(endpoint.export(client_metrics().SerializeToString())),
+                              daemon=True)
+    thread.start()
+    thread.join(5)
+    assert outcomes, "the export still waits the server's delay of an hour"
+    assert outcomes[0].delivered and outcomes[0].attempts == 2
+    assert time.monotonic() - started >= 0.25
 
 
 def test_a_retry_delay_of_zero_still_waits_the_backoff_never_retrying_back_to_back(collector):
