@@ -184,7 +184,8 @@ def test_resource_copies_for_the_metrics_of_a_record_of_several_resources_count_
 
 def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, new_topic, producer):
     topic = new_topic()
-    _send(producer, topic, b"\x28\xb5\x2f\xfd garbage", [("content-encoding", b"zstd")])
+    _send(producer, topic, b"\x28\xb5\x2f\xfd garbage",
+          [("content-encoding", b"zstd"), ("client_id", b"bad-client"), ("principal", b"User:bad")])
     _send(producer, topic, json_format.MessageToJson(client_metrics("plain-json")).encode(), headers=(), key=None)
 
     result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
@@ -194,6 +195,13 @@ def test_undecodable_record_is_printed_with_its_reason_and_tail_goes_on(broker, 
     broken, plain = (json.loads(line) for line in result.stdout.splitlines())
     assert broken["error"] == "decompress-failed"
     assert broken["metrics"] == []
+    # Who sent it, from its headers: the payload cannot say.
+    assert broken["resource"] == {"client_id": "bad-client", "principal": "User:bad"}
+    table = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                 "--max-records", "1")
+    assert table.returncode == 0, table.stderr
+    [row] = [line for line in table.stdout.splitlines() if "! decompress-failed" in line]
+    assert row.startswith("bad-client ") and f"! decompress-failed at {topic}/0@0" in row, row
     assert plain["error"] is None and plain["key"] is None
     assert [m["name"] for m in plain["metrics"]] == [
         "org.apache.kafka.producer.node.request.latency.avg", "org.apache.kafka.producer.record.send.total"]

@@ -55,10 +55,11 @@ def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
     try:
         decoded = contract.decode(record.value, record.headers)
     except contract.DecodeError as exc:
-        item["error"] = exc.reason
+        # Who sent it, as far as its headers say: the payload cannot.
+        item["error"], item["resource"] = exc.reason, contract.header_attributes(record.headers)
         return item, str(exc)
     if points.holds_more_than(decoded.metrics, MAX_ITEMS):
-        item["error"] = "too-large"  # as a payload over the byte limit
+        item["error"], item["resource"] = "too-large", decoded.attributes  # as a payload over the byte limit
         return item, f"more than {MAX_ITEMS:,} resources, scopes, metrics, points and attributes in one record"
     # Header attributes come from the broker, so they win over what the client put in its own resource.
     resources = [points.attributes(r.resource.attributes) for r in decoded.metrics.resource_metrics]

@@ -112,8 +112,17 @@ def decode(
         metrics = _sniffed(payload)
     else:
         metrics = _parse_json(payload) if content_type == CONTENT_TYPE_JSON else _parse_protobuf(payload)
-    attributes = {name: fields[name] for name in ATTRIBUTE_HEADERS if name in fields}
-    return DecodedRecord(metrics=metrics, attributes=attributes)
+    return DecodedRecord(metrics=metrics, attributes=_attributes(fields))
+
+
+def header_attributes(headers: Iterable[tuple[str, bytes | str | None]] | None) -> dict[str, str]:
+    """The resource attributes a record's contract headers carry, without its payload (which may not decode): who
+    sent it, as far as the headers say."""
+    return _attributes(_header_values(headers))
+
+
+def _attributes(fields: Mapping[str, str]) -> dict[str, str]:
+    return {name: fields[name] for name in ATTRIBUTE_HEADERS if name in fields}
 
 
 def may_be_json(payload: bytes) -> bool:
