@@ -812,7 +812,7 @@ def test_a_batch_refused_as_a_whole_whose_parts_are_all_taken_is_delivered_and_n
 def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_finishes_the_batch(
         tmp_path, collector):
     """Partial success with a count beyond the batch (or below zero) is the server's error: the batch still counts as
-    exported, so its records can be committed."""
+    exported, so its records can be committed. A count within it splits the batch's points between the counters."""
     config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka")
     with _unstarted_bridge(config) as bridge:
         payload = _push("app", "00000000-0000-0000-0000-000000000001")[1]
@@ -824,6 +824,11 @@ def test_a_collector_claiming_more_rejected_points_than_sent_or_fewer_than_none_
         assert bridge._export(bridge._endpoints[0], [part], _BatchTicket()).rejected_points == 0
         assert bridge.metrics.value(bridge.metrics.rejected) == 12
         assert bridge.metrics.value(bridge.metrics.points) == 12
+        # The usual partial success, some points of many: those are rejected, the rest exported.
+        collector.reject_partially_next(5)
+        assert bridge._export(bridge._endpoints[0], [part], _BatchTicket()).rejected_points == 5
+        assert bridge.metrics.value(bridge.metrics.rejected) == 12 + 5
+        assert bridge.metrics.value(bridge.metrics.points) == 12 + 7
 
 
 class _PausingConsumer:
@@ -860,6 +865,22 @@ def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp
         bridge._on_assign([partition])
         bridge._backpressure()
         assert consumer.paused == set()
+
+
+def test_consumption_paused_over_the_budget_resumes_only_at_half_of_it(tmp_path):
+    """Hysteresis: resuming as soon as the bytes dip under the budget would flap pause/resume (and log both) at every
+    turn of a bridge exporting at the edge of it."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("delivery", "max_inflight_bytes"): 1000})
+    with _unstarted_bridge(config) as bridge:
+        partition = ("metrics", 0)
+        consumer = bridge._consumer = _PausingConsumer([partition])
+        for size, paused in ((1001, True), (1000, True), (750, True), (501, True), (500, False), (900, False),
+                             (1001, True)):
+            bridge._batch.size = size
+            bridge._backpressure()
+            assert (consumer.paused == {partition}) is paused, (size, consumer.paused)
+            assert bridge.metrics.value(bridge.metrics.paused) == (1 if paused else 0)
 
 
 class _CommittingConsumer(_PausingConsumer):
