@@ -64,6 +64,20 @@ def test_delta_sums_add_up_to_increase_and_rate_per_second(spark):
     assert (rows[("1h", 0, "s", ())]["increase"], rows[("1h", 0, "s", ())]["rate"]) == (19.0, 19.0 / 3600)
 
 
+def test_non_monotonic_delta_sums_add_up_their_changes_like_other_delta_sums_not_as_a_gauge(spark):
+    # An UpDownCounter sent as deltas: each point is a change, so the window's increase is their net sum (negative
+    # too); only a non-monotonic *cumulative* sum is a level, rolled up as a gauge.
+    delta = {"type": "sum", "temporality": "delta", "monotonic": False}
+    rows = rows_of(spark, [point("u", 1, value=5.0, **delta), point("u", 20, value=-3.0, **delta),
+                           point("u", 70, value=-4.0, **delta)])
+    first, second = rows[("1m", 0, "u", ())], rows[("1m", 60, "u", ())]
+    assert (first["increase"], first["min"], first["max"], first["last"]) == (2.0, None, None, -3.0)
+    assert (second["increase"], rows[("1h", 0, "u", ())]["increase"]) == (-4.0, -2.0)
+    level = {"type": "sum", "temporality": "cumulative", "monotonic": False}
+    gauge = rows_of(spark, [point("l", 1, value=5.0, **level), point("l", 20, value=3.0, **level)])[("1m", 0, "l", ())]
+    assert (gauge["min"], gauge["max"], gauge["last"], gauge["increase"]) == (3.0, 5.0, 3.0, None)
+
+
 CUMULATIVE = {"type": "sum", "temporality": "cumulative", "monotonic": True}
 COUNTER_POINTS = [
     point("c", 5, "i1", value=100.0, start_ns=1, **CUMULATIVE),

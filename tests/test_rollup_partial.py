@@ -19,6 +19,7 @@ QUANTILE_RANKS = [0.0, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
 DELTA = {"type": "sum", "temporality": "delta", "monotonic": True}
 CUMULATIVE = {"type": "sum", "temporality": "cumulative", "monotonic": True}
 UP_DOWN = {"type": "sum", "temporality": "cumulative", "monotonic": False}
+UP_DOWN_DELTA = {"type": "sum", "temporality": "delta", "monotonic": False}   # changes, not a level: summed
 HISTOGRAM = {"type": "histogram", "temporality": "delta", "bounds": [1.0, 5.0]}
 
 
@@ -38,6 +39,7 @@ def golden_points() -> list[dict]:
         point("c", 20, "i1", value=130.0, start_ns=1, **CUMULATIVE),
         point("c", 21, "i1", value=None, start_ns=1, **CUMULATIVE),  # no recorded value: no increase, no predecessor
         point("updown", 9, "i1", value=4.0, **UP_DOWN), point("updown", 19, "i2", value=-2.0, **UP_DOWN),
+        point("ud", 11, "i1", value=5.0, **UP_DOWN_DELTA), point("ud", 12, "i2", value=-3.0, **UP_DOWN_DELTA),
         point("h", 10, "i1", count=3, sum=6.0, bucket_counts=[1, 1, 1], **HISTOGRAM),
         point("h", 20, "i2", count=2, sum=12.0, bucket_counts=[0, 0, 2], **HISTOGRAM),
         point("h", 25, "i2", count=1, sum=2.0, bucket_counts=[0, 1, 0],
