@@ -781,6 +781,10 @@ def test_windows_an_offset_cuts_in_one_partition_of_several_are_marked_partial_u
     assert partial(starting_offsets=json.dumps({topic: {"0": 2}})) == {0: True, 1: True, 2: True, 3: False}
     # Partition 1 up to its second record: the minutes from its second on lack some of its records.
     assert partial(ending_offsets=json.dumps({topic: {"1": 2}})) == {0: False, 1: True, 2: True, 3: True}
+    # Both partitions cut, at different minutes (runs chained by offsets cut them all): the later first record read
+    # and the earlier last record read decide, or windows lacking the other partition's records pass as whole.
+    assert partial(starting_offsets=json.dumps({topic: {"0": 2, "1": 1}})) == {1: True, 2: True, 3: False}
+    assert partial(ending_offsets=json.dumps({topic: {"0": 3, "1": 2}})) == {0: False, 1: True, 2: True}
     # Offsets at a partition's first record and its end cut nothing.
     assert partial(starting_offsets=json.dumps({topic: {"0": 0}}), ending_offsets=json.dumps({topic: {"1": 4}})) == {
         0: False, 1: False, 2: False, 3: False}

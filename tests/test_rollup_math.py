@@ -164,6 +164,20 @@ def test_histograms_merge_buckets_when_bounds_agree_and_estimate_quantiles_like_
     assert (counted["bucket_counts"], counted["count"], counted["sum"]) == ([0, 2, 1], 3, 7.0)
 
 
+def test_a_cumulative_histogram_whose_bounds_change_starts_over_as_after_a_reset(spark):
+    # A client re-registering a histogram with other buckets (an upgrade, a changed View), same start time: its
+    # counts are not comparable with the old bounds' (subtracting them took arrays of different lengths apart).
+    cumulative = {"type": "histogram", "temporality": "cumulative", "start_ns": 1}
+    rows = rows_of(spark, [
+        point("kb", 1, count=2, sum=2.0, bounds=[1.0, 2.0], bucket_counts=[1, 1, 0], **cumulative),
+        point("kb", 5, count=3, sum=3.5, bounds=[1.0, 2.0], bucket_counts=[1, 2, 0], **cumulative),
+        point("kb", 9, count=4, sum=9.0, bounds=[1.0, 2.0, 5.0], bucket_counts=[1, 2, 1, 0], **cumulative),
+    ], resolutions=(MINUTE,))
+    before, after = rows[("1m", 0, "kb", (1.0, 2.0))], rows[("1m", 0, "kb", (1.0, 2.0, 5.0))]
+    assert (before["count"], before["bucket_counts"], before["sum"]) == (1, [0, 1, 0], 1.5)
+    assert (after["count"], after["bucket_counts"], after["sum"]) == (4, [1, 2, 1, 0], 9.0)
+
+
 def test_summaries_count_and_sum_are_cumulative_so_a_window_gets_their_increase(spark):
     """OTLP defines a summary point's count and sum as running totals since its start: each push repeats the
     history, so a window adds their differences, as for cumulative histograms, with a new start time a reset."""
