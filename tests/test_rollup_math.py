@@ -225,6 +225,7 @@ def test_histogram_quantile_follows_prometheus_at_the_edges():
     assert histogram_quantile(0.5, [4.0], [2, 0]) == 2.0          # lowest bucket interpolates from zero
     assert histogram_quantile(0.5, [1.0], [0, 0]) is None
     assert histogram_quantile(0.5, [1.0, 5.0], [1, None, 0]) is None  # a bucket merged from unequal lists
+    assert histogram_quantile(0.5, [-5.0, 0.0], [4, 0, 0]) == -5.0  # a lowest bound at or below zero: that bound
 
 
 def test_an_hour_merged_from_minutes_equals_the_hour_computed_from_points(spark):
@@ -249,6 +250,17 @@ def test_one_clients_counters_of_one_name_in_two_instrumentation_scopes_are_two_
     rows = rows_of(spark, [point("c", s, "i1", value=v, start_ns=1, scope=scope, **CUMULATIVE)
                            for s, v, scope in pushes], resolutions=(MINUTE,))
     assert rows[("1m", 0, "c", ())]["increase"] == (110 - 100) + (120 - 110) + (6 - 5) + (7 - 6)
+
+
+def test_one_clients_counter_with_two_attribute_sets_is_two_streams(spark):
+    """KIP-714 counters are per attribute set (per node, per topic-partition): two series of one metric from one
+    instance, pushed together, must not be taken for one stream that resets at every alternation."""
+    one, two = '{"node_id":"1"}', '{"node_id":"2"}'
+    pushes = [(1, 100.0, one), (1, 5.0, two), (20, 110.0, one), (20, 6.0, two), (40, 120.0, one), (40, 7.0, two)]
+    frame = spark.createDataFrame([point("c", s, "i1", value=v, start_ns=1, attributes=attributes, **CUMULATIVE)
+                                   for s, v, attributes in pushes], POINTS_SCHEMA)
+    increases = {r["attributes"]: r["increase"] for r in rollup(frame, (MINUTE,)).collect()}
+    assert increases == {one: (110 - 100) + (120 - 110), two: (6 - 5) + (7 - 6)}
 
 
 def test_a_cumulative_point_delivered_after_a_newer_one_is_taken_in_its_own_time_order_not_as_a_reset(spark):
