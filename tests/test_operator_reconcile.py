@@ -194,6 +194,20 @@ def test_delete_follows_the_deletion_policy(run_operator, policy, remains):
     assert bool(cluster.sandbox.store.names()) is remains
 
 
+def test_a_paused_resource_is_let_go_on_deletion_leaving_its_subscription_whatever_its_policy(run_operator):
+    """The documented way to hand a subscription over (and what a held deletion says to do): pause, then delete."""
+    cluster = run_operator()
+    cluster.apply("payments", {**SPEC, "deletionPolicy": "Delete"})
+    cluster.wait_condition("payments", "True", "Applied")
+    cluster.patch("payments", {"metadata": {"annotations": {"kcm.dev/paused": "true"}}})
+    cluster.wait_condition("payments", "True", "Paused", kind="Paused")
+
+    cluster.delete("payments")
+
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    assert cluster.kafka("team.payments") == IN_KAFKA
+
+
 def test_drift_is_reverted_with_a_warning_naming_the_change(run_operator, caplog):
     cluster = run_operator(drift_interval_s=0.5)
     cluster.apply("payments", SPEC)
