@@ -357,6 +357,32 @@ def test_a_partition_revoked_before_its_exports_ended_is_not_sent_by_them_any_mo
     assert bridge._tracker.to_commit() == {("metrics", 1): 1}
 
 
+def test_a_revoke_cut_short_by_the_shutdown_says_so_not_revoke_timeout_s(tmp_path, collector, caplog):
+    """Closing the consumer at shutdown revokes within the shutdown's deadline; blaming revoke_timeout_s (5 s) for a
+    wait that lasted no time sent readers to the wrong setting."""
+    import grpc
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "revoke_timeout_s"): 5, ("retry", "initial_backoff_s"): 0.05,
+                      ("retry", "max_backoff_s"): 0.1})
+    collector.refuse_when(lambda request: True, code=grpc.StatusCode.UNAVAILABLE)
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([("metrics", 0)])
+        try:
+            bridge._add(_pushes(["a"], 0, 0))
+            bridge._flush()
+            _wait(lambda: collector.rejected_calls >= 1, 10, "the export retried")
+            bridge.stop(at_once=True)   # a second Ctrl-C: the drain's deadline is now
+            began = time.monotonic()
+            with caplog.at_level(logging.WARNING, logger="kcm.bridge"):
+                bridge._on_revoke([("metrics", 0)])
+            assert time.monotonic() - began < 2
+            assert "1 batches of the revoked partitions were not exported by the shutdown's deadline" in caplog.text
+            assert "revoke_timeout_s" not in caplog.text
+        finally:
+            bridge.stop(at_once=True)
+
+
 def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_stops_the_bridge(
         tmp_path, monkeypatch):
     """`submit` failing (can't start new thread) for an export that waited left it registered as its clients' last:

@@ -147,6 +147,9 @@ def test_the_bridges_consumer_tuning_is_passed_over_by_the_client_options():
 
 @pytest.mark.parametrize(("properties", "message"), [
     ({"bogus.key": "1"}, "unsupported client property 'bogus.key'"),
+    # A misspelt consumer setting is told the bridge's tuning exists.
+    ({"sesion.timeout.ms": "3000"}, "unsupported client property 'sesion.timeout.ms'; supported: .*; and for kcm "
+                                    "bridge's consumer: .*session.timeout.ms"),
     ({"security.protocol": "TLS"}, "security.protocol must be one of"),
     ({"security.protocol": "SASL_SSL"}, "needs sasl.username and sasl.password"),
     ({"sasl.mechanism": "GSSAPI", "sasl.username": "u"}, "sasl.mechanism must be one of"),

@@ -801,6 +801,7 @@ class Bridge:
         log.info("revoking %s", ", ".join(f"{t}/{p}" for t, p in partitions) or "nothing")
         self._flush()
         # Closing the consumer at shutdown revokes too: that wait stays within the shutdown's own deadline.
+        shutting_down = self._drain_deadline < time.monotonic() + self.config.delivery.revoke_timeout_s
         deadline = min(time.monotonic() + self.config.delivery.revoke_timeout_s, self._drain_deadline)
         while self._tracker.pending(partitions) and time.monotonic() < deadline:
             self._serve_dead_letters(0.05)
@@ -816,9 +817,10 @@ class Bridge:
                 ticket.revoked |= gone
             exporting = sum(1 for ticket in late if ticket.exports)   # the others wait for dead-letter writes only
             if exporting:
-                log.warning("%d batches of the revoked partitions were not exported within revoke_timeout_s (%gs): "
-                            "their records are left to the next owner", exporting,
-                            self.config.delivery.revoke_timeout_s)
+                within = ("by the shutdown's deadline" if shutting_down else
+                          f"within revoke_timeout_s ({self.config.delivery.revoke_timeout_s:g}s)")
+                log.warning("%d batches of the revoked partitions were not exported %s: their records are left to the "
+                            "next owner", exporting, within)
         for topic, partition in partitions:  # the next owner reports them
             for gauge in (self.metrics.lag, self.metrics.committed):
                 try:

@@ -220,7 +220,8 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             named = f"property {key!r}" if _PROPERTY_NAME.fullmatch(key) else (
                 "property whose name is not a property name (not shown: is a line missing its key?)")
             raise KafkaConfigError(f"unsupported client {named}; supported: "
-                                   f"{', '.join(sorted([*_PROPERTY_TO_KWARG, *_STORE_TYPES]))}")
+                                   f"{', '.join(sorted([*_PROPERTY_TO_KWARG, *_STORE_TYPES]))}; and for kcm bridge's "
+                                   f"consumer: {', '.join(sorted(CONSUMER_PROPERTIES))}")
         if key in _FILE_PROPERTIES:
             _check_pem_file(key, value)
         options[_PROPERTY_TO_KWARG[key]] = value
