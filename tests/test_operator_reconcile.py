@@ -269,6 +269,22 @@ def test_a_regex_kafka_refuses_is_invalid_spec_and_kafka_is_untouched(run_operat
     assert [event["type"] for event in cluster.wait_events("InvalidSpec")] == ["Warning"]
 
 
+def test_a_condition_keeps_its_transition_time_while_its_status_stays_and_moves_when_it_flips(run_operator):
+    """Kubernetes' condition semantics: lastTransitionTime is when `status` last changed, not the message or reason
+    (alerts on 'Ready False for 15 minutes' and kubectl's ages rely on it)."""
+    cluster = run_operator()
+    cluster.apply("bad", {**SPEC, "match": {"clientId": "payments-("}})
+    first = cluster.wait_condition("bad", "False", "InvalidSpec")
+    time.sleep(1.1)   # the times are in whole seconds
+    cluster.patch("bad", {"spec": {"match": {"clientId": "orders-["}}})
+    second = wait_for(lambda: (c := cluster.condition("bad")) and "orders-[" in c["message"] and c, "the new message")
+    assert (second["status"], second["lastTransitionTime"]) == ("False", first["lastTransitionTime"])
+    time.sleep(1.1)
+    cluster.patch("bad", {"spec": {"match": {"clientId": "orders-.*"}}})
+    ready = cluster.wait_condition("bad", "True", "Applied")
+    assert ready["lastTransitionTime"] > first["lastTransitionTime"]
+
+
 def test_pause_stops_reconciling_and_says_so(run_operator):
     cluster = run_operator()
     cluster.apply("payments", SPEC, annotations={"kcm.dev/paused": "true"})
