@@ -267,6 +267,9 @@ def test_standard_input_pipes_and_devices_are_read_as_files(tmp_path, monkeypatc
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     [(manifest, desired)] = manifests.subscriptions(manifests.load(["-"]))
     assert desired.name == "team.piped" and manifest.source == "(stdin)"
+    monkeypatch.setattr(sys, "stdin", None)   # started with `<&-`
+    with pytest.raises(UserError, match="standard input is closed"):
+        manifests.load(["-"])
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     writer = threading.Thread(target=fifo.write_text, args=(text,), daemon=True)

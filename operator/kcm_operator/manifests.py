@@ -62,6 +62,8 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 def _read(file: Path) -> str:
     if file is STDIN:
+        if sys.stdin is None:   # started with standard input closed (`<&-`)
+            raise UserError("-f -: standard input is closed; give the YAML on it, or a file")
         data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
     else:
         with file.open("rb") as stream:
