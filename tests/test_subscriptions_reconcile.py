@@ -34,6 +34,21 @@ def test_spec_maps_to_kafka_configs_with_snake_case_match_keys_in_kafka_order():
     cm.validate(desired.name, desired.configs())  # what Kafka accepts
 
 
+def test_every_match_field_of_the_crd_maps_to_its_kafka_match_key():
+    """The CR → CLIENT_METRICS translation, field by field, written out (not read back from MATCH_FIELDS): a field
+    mapped to another key is accepted by Kafka and asks the wrong clients, with the resource Ready."""
+    from kcm_operator import schema
+
+    spec = {"metrics": ["a."], "match": {"clientInstanceId": "4a2f.*", "clientId": "x-.*", "clientSoftwareName": "lib",
+                                         "clientSoftwareVersion": "2\\..*", "clientSourceAddress": "10\\..*",
+                                         "clientSourcePort": "9.*"}}
+    assert desired_from_spec("ns", "all-fields", spec).configs()["match"] == (
+        "client_instance_id=4a2f.*,client_id=x-.*,client_software_name=lib,client_software_version=2\\..*,"
+        "client_source_address=10\\..*,client_source_port=9.*")
+    crd = schema.load_crds()[schema.SUBSCRIPTION_KIND].schema
+    assert set(crd["properties"]["spec"]["properties"]["match"]["properties"]) == set(spec["match"])
+
+
 def test_no_match_means_every_client_and_no_match_key():
     desired = desired_from_spec("ns", "all", {"metrics": ["*"]})
 
