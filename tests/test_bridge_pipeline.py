@@ -613,6 +613,10 @@ def test_hash_routing_keeps_each_client_instance_on_one_endpoint(broker, new_top
                           ("metrics_host",): "127.0.0.1"})
         with running_bridge(config) as bridge:
             assert _wait_for_total([collector, second], 36)
+            # A batch went to some endpoints only: done once those accepted it, so it is committed and its bytes
+            # freed (waiting for every endpoint, nothing was ever committed and reading paused for good).
+            _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 36, 30, "commit of all 36")
+            _wait(lambda: bridge.metrics.value(bridge.metrics.inflight_bytes) == 0, 10, "in-flight bytes freed")
             base = f"http://127.0.0.1:{bridge.metrics_port}"
             assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
             assert urllib.request.urlopen(base + "/readyz", timeout=5).status == 200
