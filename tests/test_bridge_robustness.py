@@ -357,6 +357,27 @@ def test_a_partition_revoked_before_its_exports_ended_is_not_sent_by_them_any_mo
     assert bridge._tracker.to_commit() == {("metrics", 1): 1}
 
 
+def test_records_held_back_for_the_budget_are_dropped_for_a_revoked_partition_and_never_tracked_again(tmp_path,
+                                                                                                     collector):
+    """Records fetched but waiting for budget belong to the next owner once their partition is revoked: prepared
+    later, they were exported out of order with its exports, and their offsets tracked and committed again by a
+    member that no longer owns the partition."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "max_inflight_bytes"): 1, ("batch", "linger_ms"): 60_000})
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([("metrics", 0), ("metrics", 1)])
+        try:
+            bridge._take(_pushes(["a", "b"], 0, 0) + _pushes(["c", "d"], 0, 0, partition=1))
+            assert {(r.partition, r.offset) for r in bridge._held} == {(0, 1), (1, 0), (1, 1)}   # one went
+            bridge._on_revoke([("metrics", 1)])
+            assert {(r.partition, r.offset) for r in bridge._held} == {(0, 1)}
+            bridge._batch.size = bridge._batch.kept = 0   # as if the first batch's bytes were freed
+            bridge._take([])
+            assert not any(partition == 1 for _, partition in bridge._tracker.to_commit())
+        finally:
+            bridge.stop(at_once=True)
+
+
 def test_a_revoke_cut_short_by_the_shutdown_says_so_not_revoke_timeout_s(tmp_path, collector, caplog):
     """Closing the consumer at shutdown revokes within the shutdown's deadline; blaming revoke_timeout_s (5 s) for a
     wait that lasted no time sent readers to the wrong setting."""
