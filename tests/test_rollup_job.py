@@ -196,10 +196,18 @@ def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_pa
            .withColumn("window_start", F.lit(datetime(2020, 1, 1, tzinfo=timezone.utc)))
            .withColumn("date", F.lit("2020-01-01")))
     old.write.mode("append").partitionBy("resolution", "date").parquet(str(output))
+    # So do the windows from the range's end on, written by the next run (a backfill of one hour must not delete
+    # the next hour's rows, which no later run writes again).
+    end = datetime.fromtimestamp(ranged.window_range()[1], timezone.utc)
+    for resolution, start in (("1h", end), ("1m", end), ("1m", end + timedelta(minutes=1))):
+        (spark.read.parquet(str(output)).filter(F.col("resolution") == resolution).limit(1)
+         .withColumn("window_start", F.lit(start)).withColumn("date", F.lit(f"{start:%Y-%m-%d}"))
+         .write.mode("append").partitionBy("resolution", "date").parquet(str(output)))
     run(spark, ranged, now=now)
     after = spark.read.parquet(str(output))
     assert after.filter("window_start < TIMESTAMP '2021-01-01 00:00:00Z'").count() == 1
-    assert after.count() == len(before) + 1
+    assert after.filter(F.col("window_start") >= F.lit(end)).count() == 3
+    assert after.count() == len(before) + 1 + 3
 
 
 def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telemetry, tmp_path, capsys):
