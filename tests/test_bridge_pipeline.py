@@ -925,6 +925,36 @@ def test_committed_offset_and_lag_are_reported_per_partition_and_removed_when_it
     assert 'partition="1"' not in exposition  # the next owner reports the partition that moved
 
 
+def test_a_commit_kafka_refuses_is_not_recorded_and_the_next_one_commits_the_same_positions(tmp_path):
+    """A commit fails during a rebalance or a coordinator move: recorded as done, an idle partition's position was
+    never committed again (its records exported again after the next restart) and the gauge showed an offset Kafka
+    never stored."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka")
+
+    class Refusing(_CommittingConsumer):
+        refusals = 1
+
+        def commit(self, positions):
+            if self.refusals:
+                self.refusals -= 1
+                raise RuntimeError("REBALANCE_IN_PROGRESS")
+            super().commit(positions)
+
+    with _unstarted_bridge(config) as bridge:
+        partition = ("metrics", 0)
+        consumer = bridge._consumer = Refusing([partition], high=10)
+        bridge._kafka.recovered()
+        for offset in range(4):
+            bridge._tracker.add(partition, offset, None)
+        bridge._commit()
+        assert consumer.commits == [] and bridge._tracker.to_commit() == {partition: 4}
+        assert 'kcm_bridge_committed_offset{' not in prometheus_client.generate_latest(
+            bridge.metrics.registry).decode()
+        bridge._commit()   # nothing new was read: the same position, committed this time
+        assert consumer.commits == [{partition: 4}] and bridge._tracker.to_commit() == {}
+        assert bridge.metrics.value(bridge.metrics.committed, topic="metrics", partition="0") == 4
+
+
 class _FlakyDeadLetters:
     """A dead-letter producer whose first `failures` writes fail."""
 
