@@ -178,6 +178,17 @@ def test_a_cumulative_histogram_whose_bounds_change_starts_over_as_after_a_reset
     assert (after["count"], after["bucket_counts"], after["sum"]) == (4, [1, 2, 1, 0], 9.0)
 
 
+def test_exponential_histograms_contribute_their_count_and_sum(spark):
+    delta = {"type": "exponential_histogram", "temporality": "delta"}
+    cumulative = {"type": "exponential_histogram", "temporality": "cumulative", "start_ns": 1}
+    rows = rows_of(spark, [point("e", 1, count=7, sum=21.0, **delta), point("e", 2, "i2", count=3, sum=3.0, **delta),
+                           point("ec", 1, count=10, sum=10.0, **cumulative),
+                           point("ec", 20, count=14, sum=30.0, **cumulative)], resolutions=(MINUTE,))
+    window = rows[("1m", 0, "e", ())]
+    assert (window["count"], window["sum"], window["avg"], window["p50"]) == (10, 24.0, 2.4, None)
+    assert (rows[("1m", 0, "ec", ())]["count"], rows[("1m", 0, "ec", ())]["sum"]) == (4, 20.0)
+
+
 def test_summaries_count_and_sum_are_cumulative_so_a_window_gets_their_increase(spark):
     """OTLP defines a summary point's count and sum as running totals since its start: each push repeats the
     history, so a window adds their differences, as for cumulative histograms, with a new start time a reset."""

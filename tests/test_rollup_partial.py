@@ -40,6 +40,9 @@ def golden_points() -> list[dict]:
         point("c", 21, "i1", value=None, start_ns=1, **CUMULATIVE),  # no recorded value: no increase, no predecessor
         point("updown", 9, "i1", value=4.0, **UP_DOWN), point("updown", 19, "i2", value=-2.0, **UP_DOWN),
         point("ud", 11, "i1", value=5.0, **UP_DOWN_DELTA), point("ud", 12, "i2", value=-3.0, **UP_DOWN_DELTA),
+        # Exponential histograms (OTel SDKs' default) contribute their count and sum, not one observation a push.
+        point("eh", 13, "i1", count=7, sum=21.0, type="exponential_histogram", temporality="delta"),
+        point("eh", 14, "i2", count=3, sum=3.0, type="exponential_histogram", temporality="delta"),
         point("h", 10, "i1", count=3, sum=6.0, bucket_counts=[1, 1, 1], **HISTOGRAM),
         point("h", 20, "i2", count=2, sum=12.0, bucket_counts=[0, 0, 2], **HISTOGRAM),
         point("h", 25, "i2", count=1, sum=2.0, bucket_counts=[0, 1, 0],
