@@ -304,6 +304,27 @@ def test_a_point_delivered_after_a_newer_one_across_two_runs_ranges_is_counted_o
     assert increase(0, 3600) + increase(3600, 7200) == 350.0 - 100.0
 
 
+def test_a_histogram_point_delivered_after_a_newer_one_across_two_runs_ranges_is_counted_once(spark):
+    """As for counters: a cumulative histogram (or summary) point older than one the run before counted adds nothing,
+    or its span is counted twice (request counts and latency sums inflated by at-least-once redelivery)."""
+    def at(received_s: int, count: int, point_s: int | None = None) -> dict:
+        return point("h", received_s, "i1", count=count, sum=float(count), bucket_counts=[count, 0], bounds=[1.0],
+                     type="histogram", temporality="cumulative", start_ns=1,
+                     time_ns=(T0 + (point_s or received_s)) * 10**9)
+
+    points = [at(3360, 100), at(3540, 300), at(3660, 200, point_s=3480), at(3900, 350)]   # P, A, B, Q
+
+    def counted(since_s: int, until_s: int, lookback_s: int = 300) -> tuple[int, float]:
+        read = [p for p in points if T0 + since_s - lookback_s <= p["record_micros"] / 1e6 < T0 + until_s]
+        rows = rows_of(spark, read, resolutions=(HOUR,), since_micros=(T0 + since_s) * 10**6,
+                       read_from_micros=(T0 + since_s - lookback_s) * 10**6)
+        return sum(r["count"] for r in rows.values()), sum(r["sum"] for r in rows.values())
+
+    assert counted(0, 7200) == (350 - 100, 250.0)   # one run over both hours
+    first, second = counted(0, 3600), counted(3600, 7200)
+    assert (first[0] + second[0], first[1] + second[1]) == (350 - 100, 250.0)
+
+
 def test_a_histogram_window_holding_points_without_a_sum_has_an_unknown_sum_and_avg(spark):
     """OTLP's histogram sum is optional: 10 observations with sum 100 and 10 without one, all in (5, 20], gave avg 5.
     Such a window's sum and avg are NaN (unknown) through every merge; windows whose points all have sums keep
