@@ -378,6 +378,26 @@ def test_records_held_back_for_the_budget_are_dropped_for_a_revoked_partition_an
             bridge.stop(at_once=True)
 
 
+def test_hash_routes_are_remembered_for_a_bounded_number_of_instances(tmp_path, collector):
+    """Every client restart brings a new client_instance_id (and anyone may write random ones to the topic): the
+    route of each instance ever seen, kept, grew without end."""
+    from kcm_bridge import pipeline
+
+    with FakeCollector() as second:
+        config = _config(tmp_path, "127.0.0.1:9", "metrics", [collector.endpoint, second.endpoint], "confluent-kafka",
+                         {("routing",): "hash"})
+        with _unstarted_bridge(config) as bridge:
+            bridge._consumer = _CommittingConsumer([("metrics", 0)])
+            try:
+                for flush in range(10):
+                    bridge._batch.parts = [(b"", 0, f"instance-{flush}-{i}".encode(), None, ("metrics", 0))
+                                           for i in range(500)]
+                    bridge._flush()
+                assert 0 < len(bridge._routes) <= pipeline._HEADER_CACHE_ENTRIES
+            finally:
+                bridge.stop(at_once=True)
+
+
 def test_a_revoke_cut_short_by_the_shutdown_says_so_not_revoke_timeout_s(tmp_path, collector, caplog):
     """Closing the consumer at shutdown revokes within the shutdown's deadline; blaming revoke_timeout_s (5 s) for a
     wait that lasted no time sent readers to the wrong setting."""
