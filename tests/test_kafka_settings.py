@@ -379,3 +379,12 @@ def test_an_encrypted_key_without_its_pass_phrase_is_refused_at_once_never_asked
     with pytest.raises(KafkaConfigError, match="do not load") as refused:
         KafkaSettings("kafka:9093", {**properties, "ssl.key.password": "wrong"}).validate()
     assert "wrong" not in str(refused.value)
+
+
+def test_kcm_s_own_librdkafka_clients_push_no_telemetry():
+    """Every kcm client of confluent-kafka (the bridge's consumer and dead-letter producer, the rollup's source and
+    its check) reads or writes the metrics topic's cluster: one pushing KIP-714 telemetry would add to what it
+    reads. librdkafka pushes by default."""
+    from kcm_common.librdkafka import librdkafka_config
+
+    assert librdkafka_config(KafkaSettings("127.0.0.1:9092"))["enable.metrics.push"] is False

@@ -148,10 +148,7 @@ class ConfluentConsumer:
         self._answered = False   # Kafka answered a check since the start
         self._ask_from = 0   # where the next round of watermark requests starts
         config = librdkafka_config(settings)
-        # A reader of the metrics topic must not add to it (its KIP-714 pushes would land in the topic it reads):
-        # the bridge reports itself through its Prometheus metrics.
         config.update({"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
-                       "enable.metrics.push": False,
                        "auto.offset.reset": "earliest", "enable.partition.eof": False,
                        "queued.max.messages.kbytes": _PREFETCH_KBYTES, "fetch.queue.backoff.ms": _PREFETCH_BACKOFF_MS,
                        "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS, "error_cb": self._on_error,
@@ -576,7 +573,6 @@ class ConfluentDeadLetters:
         # A dead letter carries a record as large as the metrics topic holds, plus headers: the topic decides.
         try:
             self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
-                                                       "enable.metrics.push": False,
                                                        "linger.ms": 20, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
                                                        "message.max.bytes": _DEAD_LETTER_MAX_BYTES,
                                                        "logger": _LIBRDKAFKA_LOG})

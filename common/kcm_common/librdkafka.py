@@ -29,8 +29,10 @@ _LIBRDKAFKA_NAMES = {
 
 
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
-    """TLS/SASL settings in librdkafka spelling (after kcm_common's validation)."""
-    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
+    """TLS/SASL settings in librdkafka spelling (after kcm_common's validation), for kcm's own clients: they read or
+    write the metrics topic and its cluster, so none pushes KIP-714 telemetry (it would land in the topic they read,
+    and a rollup's input would change with each run)."""
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, "enable.metrics.push": False}
     for key, value in kafka_python_options(settings.properties).items():
         if key == "ssl_check_hostname":
             config["ssl.endpoint.identification.algorithm"] = "https" if value else "none"

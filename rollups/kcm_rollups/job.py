@@ -375,7 +375,7 @@ def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> Non
             down.append(error.str())
 
     admin = confluent_kafka.admin.AdminClient({**librdkafka_config(settings), "error_cb": on_error,
-                                               "logger": _QUIET_LIBRDKAFKA, "enable.metrics.push": False})
+                                               "logger": _QUIET_LIBRDKAFKA})
     deadline = time.monotonic() + timeout_s
     while True:
         try:

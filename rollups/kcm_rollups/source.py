@@ -289,8 +289,6 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
     consumer = confluent_kafka.Consumer({
         "client.id": "kcm-rollup", **options.librdkafka_config,
         "group.id": "kcm-rollup", "enable.auto.commit": False,  # assigned, never joins the group
-        # A reader of the metrics topic must not push its own telemetry into it: each run would change the input.
-        "enable.metrics.push": False,
         "auto.offset.reset": "error", "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024, "fetch.wait.max.ms": 100,
         "logger": logging.getLogger("kcm.rollup.librdkafka")})
