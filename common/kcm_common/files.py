@@ -6,16 +6,21 @@ import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 
 MAX_SETTINGS_BYTES = 1024 * 1024  # far above any properties or YAML file kcm takes
 
 
-def read_settings(path: str | Path, encoding: str = "utf-8", limit: int = MAX_SETTINGS_BYTES) -> str:
-    """A settings file a user names (client properties, a YAML config), read whole but refused past `limit` bytes: a
-    wrong file or /dev/zero must not take the memory. Raises OSError (strerror says why) or UnicodeDecodeError."""
-    with open(path, "rb") as file:
-        data = file.read(limit + 1)
+def read_settings(path: str | Path | BinaryIO, encoding: str = "utf-8", limit: int = MAX_SETTINGS_BYTES) -> str:
+    """A settings file a user names (client properties, a YAML config), or a stream such as standard input, read whole
+    but refused past `limit` bytes: a wrong file or /dev/zero must not take the memory. Raises OSError (strerror says
+    why) or UnicodeDecodeError."""
+    if isinstance(path, (str, Path)):
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    else:
+        data = path.read(limit + 1)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit // 1024 // 1024} MiB: is it the right file?")
     return data.decode(encoding)

@@ -12,6 +12,7 @@ import yaml
 
 from kcm_common import strict_yaml
 from kcm_common.errors import UserError
+from kcm_common.files import read_settings
 from kcm_operator import schema
 from kcm_operator.errors import InvalidSpecError
 from kcm_operator.reconcile import Desired, desired_from_spec
@@ -61,16 +62,11 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 
 def _read(file: Path) -> str:
-    if file is STDIN:
-        if sys.stdin is None:   # started with standard input closed (`<&-`)
-            raise UserError("-f -: standard input is closed; give the YAML on it, or a file")
-        data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
-    else:
-        with file.open("rb") as stream:
-            data = stream.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise UserError(f"{file} is larger than {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB: split it into several files")
-    return data.decode("utf-8")
+    if file is not STDIN:
+        return read_settings(file, limit=MAX_MANIFEST_BYTES)
+    if sys.stdin is None:   # started with standard input closed (`<&-`)
+        raise UserError("-f -: standard input is closed; give the YAML on it, or a file")
+    return read_settings(sys.stdin.buffer, limit=MAX_MANIFEST_BYTES)
 
 
 def subscriptions(manifests: Sequence[Manifest]) -> list[tuple[Manifest, Desired]]:
