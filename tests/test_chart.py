@@ -672,6 +672,13 @@ def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tu
     # Autoscaling off: its bounds do not matter.
     assert run_helm(helm, "template", "kcm", str(CHART), "--set", "bridge.autoscaling.minReplicas=6",
                     "--set", "bridge.autoscaling.maxReplicas=2").returncode == 0
+    # The chart's check assumes the bridge's own defaults where bridge.config leaves them out: they must stay them.
+    from kcm_bridge.config import DeliveryConfig, KafkaConfig
+
+    drain, check = DeliveryConfig.shutdown_timeout_s, KafkaConfig.connect_timeout_s
+    short = run_helm(helm, "template", "kcm", str(CHART), "--set", "bridge.terminationGracePeriodSeconds=1")
+    assert (f"shutdown_timeout_s ({drain:g}), plus a Kafka check, bridge.config.kafka.connect_timeout_s "
+            f"({check:g})") in short.stderr, short.stderr
     # A grace period that holds the drain and a check, whatever the values' types.
     for fits in (("--set", "bridge.config.delivery.shutdown_timeout_s=30",
                   "--set", "bridge.config.kafka.connect_timeout_s=5"),
