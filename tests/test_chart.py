@@ -664,9 +664,15 @@ def test_the_operator_listen_address_reaches_the_operator(helm: Path) -> None:
      "bridge.config.delivery.shutdown_timeout_s (120), plus a Kafka check, bridge.config.kafka.connect_timeout_s "
      "(10): Kubernetes would kill it mid-drain; give a grace period of at least 131"),
     (("bridge.config.kafka.connect_timeout_s=30",), "bridge.config.kafka.connect_timeout_s (30)"),
+    # The bridge reads KCM_BRIDGE_SHUTDOWN_TIMEOUT_S over its config file.
+    (("bridge.config.delivery.shutdown_timeout_s=5", "bridge.env[0].name=KCM_BRIDGE_SHUTDOWN_TIMEOUT_S",
+      "bridge.env[0].value=:60"),
+     "below the bridge's drain, bridge.env KCM_BRIDGE_SHUTDOWN_TIMEOUT_S (60), plus a Kafka check"),
 ])
 def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tuple[str, ...], refused: str) -> None:
-    args = [arg for item in sets for arg in ("--set", item)]
+    # A value after "=:" is set as text (--set-string), as an env value must be.
+    args = [arg for item in sets
+            for arg in (("--set-string", item.replace("=:", "=")) if "=:" in item else ("--set", item))]
     result = run_helm(helm, "template", "kcm", str(CHART), *args)
     assert result.returncode != 0 and refused in result.stderr, result.stderr
     # Autoscaling off: its bounds do not matter.
@@ -684,7 +690,13 @@ def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tu
                   "--set", "bridge.config.kafka.connect_timeout_s=5"),
                  ("--set-string", "bridge.config.delivery.shutdown_timeout_s=100", "--set",
                   "bridge.terminationGracePeriodSeconds=111"),
-                 ("--set", "bridge.config.delivery.shutdown_timeout_s=null")):
+                 ("--set", "bridge.config.delivery.shutdown_timeout_s=null"),
+                 ("--set", "bridge.config.delivery.shutdown_timeout_s=60", "--set",
+                  "bridge.env[0].name=KCM_BRIDGE_SHUTDOWN_TIMEOUT_S", "--set-string", "bridge.env[0].value=5"),
+                 # From a Secret: not known when rendering.
+                 ("--set", "bridge.env[0].name=KCM_BRIDGE_SHUTDOWN_TIMEOUT_S", "--set",
+                  "bridge.env[0].valueFrom.secretKeyRef.name=drain", "--set",
+                  "bridge.env[0].valueFrom.secretKeyRef.key=seconds")):
         fitted = run_helm(helm, "template", "kcm", str(CHART), *fits)
         assert fitted.returncode == 0, (fits, fitted.stderr)
 
