@@ -955,6 +955,24 @@ def test_a_commit_kafka_refuses_is_not_recorded_and_the_next_one_commits_the_sam
         assert bridge.metrics.value(bridge.metrics.committed, topic="metrics", partition="0") == 4
 
 
+def test_the_confluent_consumer_commits_synchronously_so_a_refusal_reaches_the_bridge(kafka, new_topic):
+    """The bridge records a commit as done when `commit` returns. With librdkafka's asynchronous commit a refusal
+    would come later, to nobody, and the bridge would count offsets Kafka never stored as committed."""
+    from kcm_bridge.consumer import open_consumer
+
+    topic = new_topic()
+    consumer = open_consumer("confluent-kafka", kafka, {}, f"bridge-{topic}", [topic], lambda _: None,
+                             lambda _: None)
+    try:
+        consumer.poll(1.0, 10)
+        consumer.commit({(topic, 0): 5})
+        assert _committed(kafka.bootstrap_servers, f"bridge-{topic}", topic) == 5
+        with pytest.raises(confluent_kafka.KafkaException, match="UNKNOWN_TOPIC_OR_PART"):
+            consumer.commit({(f"{topic}-deleted", 0): 3})
+    finally:
+        consumer.close()
+
+
 class _FlakyDeadLetters:
     """A dead-letter producer whose first `failures` writes fail."""
 
