@@ -357,6 +357,38 @@ def test_a_partition_revoked_before_its_exports_ended_is_not_sent_by_them_any_mo
     assert bridge._tracker.to_commit() == {("metrics", 1): 1}
 
 
+def test_after_a_revoke_the_export_of_the_partitions_still_owned_keeps_its_backoff(tmp_path, collector):
+    """A revoke takes partition 0 from a batch that also holds partition 1's records, while the collector is down.
+    The export goes on with partition 1's records alone, retried with backoff until they are delivered. Given up on
+    for a revoke that no longer concerns it, it would be sent again at once, and again: a request each millisecond
+    at a collector that is down."""
+    import grpc
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "revoke_timeout_s"): 0.3, ("retry", "initial_backoff_s"): 0.25,
+                      ("retry", "max_backoff_s"): 0.25})
+    down = threading.Event()
+    down.set()
+    collector.refuse_when(lambda request: down.is_set(), code=grpc.StatusCode.UNAVAILABLE)
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([("metrics", 0), ("metrics", 1)])
+        try:
+            bridge._add(_pushes(["a"], 0, 0) + _pushes(["b"], 0, 0, partition=1))   # one batch of both partitions
+            bridge._flush()
+            _wait(lambda: collector.rejected_calls >= 1, 10, "the export failing")
+            bridge._on_revoke([("metrics", 0)])
+            before = collector.rejected_calls
+            time.sleep(1.0)
+            # Waits of 0.2–0.25 s: at most five retries in a second (and one more for a request already out).
+            assert collector.rejected_calls - before <= 6, collector.rejected_calls - before
+            down.clear()
+            _wait(lambda: bridge._inflight_bytes() == 0, 10, "partition 1's records delivered")
+        finally:
+            bridge.stop(at_once=True)
+    assert _arrivals(collector) == {"b": [(0, 42)]}
+    assert bridge._tracker.to_commit() == {("metrics", 1): 1}
+
+
 def test_records_held_back_for_the_budget_are_dropped_for_a_revoked_partition_and_never_tracked_again(tmp_path,
                                                                                                      collector):
     """Records fetched but waiting for budget belong to the next owner once their partition is revoked: prepared
