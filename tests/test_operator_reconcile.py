@@ -258,6 +258,43 @@ def test_a_change_made_while_a_drift_check_runs_is_neither_undone_nor_called_dri
     assert cluster.events("Drift") == []
 
 
+def test_a_drift_check_whose_turn_comes_after_the_deletion_began_leaves_kafka_to_the_delete_handler(run_operator):
+    """A drift check queued behind the resource's lock may get it once the resource is being deleted: a deletion
+    under way is the delete handler's to apply (comparing the old spec, it could bring a removed subscription back).
+    The check is called here as kopf calls it, with the resource as it is then."""
+    import asyncio
+
+    import kopf
+
+    cluster = run_operator()
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    admin = SubscriptionAdmin(KafkaSettings(cluster.sandbox.bootstrap))
+    try:   # changed outside kcm: a drift check would revert it
+        admin.alter([Change("team.payments", "update", (Op("interval.ms", SET, "1000"),))])
+    finally:
+        admin.close()
+    (check,) = [handler for handler in build_registry(cluster.config)._spawning.get_all_handlers()
+                if handler.id == "drift"]
+
+    async def drift_check(resource: dict) -> None:
+        from kopf._core.engines import posting
+
+        quiet = operator_settings()
+        quiet.posting.enabled = False   # no operator here to post its Drift event
+        posting.settings_var.set(quiet)
+        await check.fn(body=kopf.Body(resource), patch=kopf.Patch(), claims={})
+
+    resource = cluster.get("payments")
+    resource["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    asyncio.run(drift_check(resource))
+    assert cluster.kafka("team.payments") == {**IN_KAFKA, "interval.ms": "1000"}
+
+    del resource["metadata"]["deletionTimestamp"]   # the same check of a resource not being deleted reverts it
+    asyncio.run(drift_check(resource))
+    assert cluster.kafka("team.payments") == IN_KAFKA
+
+
 def test_a_regex_kafka_refuses_is_invalid_spec_and_kafka_is_untouched(run_operator):
     cluster = run_operator()
 
