@@ -6,6 +6,7 @@ API never hands it over) and the push interval (not given to a plugin before the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -104,22 +105,27 @@ def test_both_receivers_write_the_same_records_apart_from_what_only_one_knows(sa
     assert bare_python["client_id"] == bare_java["client_id"] == ""
 
 
-def test_a_push_handed_with_no_client_id_is_written_with_the_empty_one_a_broker_would_give(sandbox):
+def test_a_push_with_no_client_id_is_written_with_the_empty_one_and_one_without_metrics_not_at_all(sandbox):
     settings = KafkaSettings(sandbox.bootstrap)
     ensure_topic(settings, "no-client-id-python", 1)
     ensure_topic(settings, "no-client-id-java", 1)
     python = TopicReceiver(settings, "no-client-id-python", 111, "kcm-sandbox")
     java = JavaReceiver(sandbox.bootstrap, "no-client-id-java", 111, "kcm-sandbox")
-    handed = (uuid.uuid4(), ClientIdentity(None, "unknown", "unknown", "127.0.0.1", 40000),
-              PushResult(error_code=0, throttle_time_ms=0, payload=b"", subscription_id=1, push_interval_ms=1000,
-                         terminating=False))
+    pushed = PushResult(error_code=0, throttle_time_ms=0, payload=b"\n\x00", subscription_id=1,
+                        push_interval_ms=1000, terminating=False)
+    no_metrics = dataclasses.replace(pushed, payload=b"")   # a subscription selecting none of the client's metrics
+    identity = ClientIdentity(None, "unknown", "unknown", "127.0.0.1", 40000)
     try:
-        python(*handed)
-        java(*handed)
+        for handed in (no_metrics, pushed):
+            python(uuid.uuid4(), identity, handed)
+            java(uuid.uuid4(), identity, handed)
     finally:
         python.close()
         java.close()
 
+    # Neither writes the push without metrics (readers would count an empty value as undecodable): the first
+    # record is the one after it.
     (python_record,) = _read(sandbox.bootstrap, "no-client-id-python", 1)
     (java_record,) = _read(sandbox.bootstrap, "no-client-id-java", 1)
+    assert python_record[1] == java_record[1] == b"\n\x00"
     assert python_record[2]["client_id"] == java_record[2]["client_id"] == ""

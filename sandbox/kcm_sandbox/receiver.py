@@ -65,6 +65,8 @@ class TopicReceiver:
         return instance.encode(), value, headers
 
     def __call__(self, instance_id: uuid.UUID, identity: ClientIdentity, push: PushResult) -> None:
+        if not push.payload:   # no metrics (a subscription selecting none of the client's): kcm's plugin writes none
+            return
         key, value, headers = self.record(instance_id, identity, push)
         try:
             self._producer.send(self.topic, key=key, value=value, headers=headers).get(timeout=self.write_timeout_s)

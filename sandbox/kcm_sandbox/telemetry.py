@@ -343,7 +343,8 @@ class TelemetryManager:
                 decode(payload, [(CONTENT_TYPE_HEADER, CONTENT_TYPE_PROTOBUF)], max_decompressed_bytes=self._max_bytes)
         except DecodeError as err:
             return dataclasses.replace(admitted, error_code=INVALID_RECORD, error_message=str(err), compressed=None)
-        return dataclasses.replace(admitted, payload=payload or None, compressed=None)
+        # Handed on even when empty, as Kafka hands its exporter whatever a non-empty push decompresses to.
+        return dataclasses.replace(admitted, payload=payload, compressed=None)
 
     def settle(self, client_instance_id: uuid.UUID | None, result: PushResult) -> PushResult:
         """Record an unpacked push's outcome as the client's last error (Kafka's lastKnownError)."""

@@ -1,5 +1,6 @@
 package dev.kcm.receiver;
 
+import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
 import org.apache.kafka.server.telemetry.ClientTelemetryContext;
 import org.apache.kafka.server.telemetry.ClientTelemetryExporter;
 import org.apache.kafka.server.telemetry.ClientTelemetryExporterProvider;
@@ -19,12 +20,17 @@ public class KcmTelemetryExporter extends ReceiverReporter implements ClientTele
     }
 
     private void export(ClientTelemetryContext context, ClientTelemetryPayload payload) {
+        AuthorizableRequestContext request;
+        Integer pushIntervalMs;
         try {
-            core.export(context.authorizableRequestContext(), payload, context.pushIntervalMs());
+            request = context.authorizableRequestContext();
+            pushIntervalMs = context.pushIntervalMs();
         // A broken context must not reach the broker either (it would answer the client INVALID_RECORD).
         } catch (Throwable error) {
-            core.exportFailed(error);
+            core.unreadableContext(error);
+            return;
         }
+        core.export(request, payload, pushIntervalMs);
     }
 
     @Override

@@ -78,11 +78,18 @@ final class ReceiverCore implements AutoCloseable {
         if (counters == null || queue == null) {
             return;
         }
+        // Counted first, whatever follows: received = written + dropped + empty + producer and export errors.
+        counters.pushesReceived.increment();
         try {
             // 4.x hands a view of the request buffer, reused once this call returns: copy it now, if it fits.
             ByteBuffer data = payload.data().duplicate();
-            counters.pushesReceived.increment();
             counters.bytesReceived.add(data.remaining());
+            if (!data.hasRemaining()) {
+                // A Java client whose subscription selects none of its metrics pushes an empty MetricsData every
+                // interval: a record of it would hold nothing, and readers count an empty value as undecodable.
+                counters.pushesEmpty.increment();
+                return;
+            }
             if (!queue.hasRoomFor(Push.weightOf(data.remaining(), context))) {
                 counters.pushesDropped.increment();
                 return;
@@ -95,6 +102,15 @@ final class ReceiverCore implements AutoCloseable {
         } catch (Throwable error) {
             exportFailed(error);
         }
+    }
+
+    /** A push whose context could not be read, before {@link #export} took it: received, and an export error. */
+    void unreadableContext(Throwable error) {
+        ReceiverMetrics counters = metrics;
+        if (counters != null) {
+            counters.pushesReceived.increment();
+        }
+        exportFailed(error);
     }
 
     void exportFailed(Throwable error) {

@@ -22,6 +22,7 @@ public final class ReceiverMetrics implements AutoCloseable {
     final LongAdder pushesWritten = new LongAdder();
     final LongAdder bytesWritten = new LongAdder();
     final LongAdder pushesDropped = new LongAdder();
+    final LongAdder pushesEmpty = new LongAdder();
     final LongAdder producerErrors = new LongAdder();
     final LongAdder exportErrors = new LongAdder();
 
@@ -40,6 +41,9 @@ public final class ReceiverMetrics implements AutoCloseable {
         add("pushes-written-total", "Pushes acknowledged by the metrics topic.", pushesWritten::sum);
         add("bytes-written-total", "Bytes of pushes acknowledged by the metrics topic.", bytesWritten::sum);
         add("pushes-dropped-total", "Pushes dropped because the queue was full.", pushesDropped::sum);
+        add("pushes-empty-total",
+                "Pushes without metrics (a subscription selecting none of the client's), not written.",
+                pushesEmpty::sum);
         add("producer-errors-total", "Pushes the internal producer failed to write.", producerErrors::sum);
         add("export-errors-total", "Pushes that failed inside the plugin before reaching the queue.", exportErrors::sum);
         add("queue-bytes", "Bytes of pushes waiting to be written.", queuedBytes);

@@ -231,8 +231,50 @@ class ReceiverCoreTest {
             plugin.configure(Fixtures.brokerConfig());
             assertDoesNotThrow(() -> plugin.clientTelemetryExporter().exportMetrics(
                     context(Fixtures.requestContext(), 1000), broken));
-            assertEquals(1, count(plugin.core(), "export-errors-total"));
+            // A context the broker hands broken: counted too, and as received (the documented identity holds).
+            ClientTelemetryContext unreadable = new ClientTelemetryContext() {
+                @Override
+                public int pushIntervalMs() {
+                    throw new IllegalStateException("no interval");
+                }
+
+                @Override
+                public AuthorizableRequestContext authorizableRequestContext() {
+                    throw new IllegalStateException("no request");
+                }
+            };
+            assertDoesNotThrow(() -> plugin.clientTelemetryExporter().exportMetrics(
+                    unreadable, Fixtures.payload(METRICS, false)));
+            assertEquals(2, count(plugin.core(), "export-errors-total"));
+            assertEquals(2, count(plugin.core(), "pushes-received-total"));
             assertEquals(List.of(), producer.history());
+        }
+    }
+
+    @Test
+    void anEmptyPushIsCountedAndWritesNoRecord() throws Exception {
+        // A Java client whose subscription selects none of its metrics pushes an empty MetricsData (zstd of nothing),
+        // which the broker decompresses to zero bytes and still hands over.
+        MockProducer<byte[], byte[]> first = mockProducer(true);
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> first))) {
+            plugin.configure(Fixtures.brokerConfig());
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(new byte[0], false));
+            assertEquals(1, count(plugin.core(), "pushes-empty-total"));
+            assertEquals(1, count(plugin.core(), "pushes-received-total"));
+        }
+        assertEquals(List.of(), first.history());
+        MockProducer<byte[], byte[]> producer = mockProducer(true);   // a closing plugin closes its producer
+        try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
+            plugin.configure(Fixtures.brokerConfig());
+            plugin.clientTelemetryExporter().exportMetrics(context(Fixtures.requestContext(), 1000),
+                    Fixtures.payload(new byte[0], true));
+            plugin.clientTelemetryExporter().exportMetrics(context(Fixtures.requestContext(), 1000),
+                    Fixtures.payload(METRICS, false));
+            await(() -> producer.history().size() == 1);
+            assertEquals(METRICS.length, producer.history().get(0).value().length);
+            assertEquals(1, count(plugin.core(), "pushes-empty-total"));
+            assertEquals(2, count(plugin.core(), "pushes-received-total"));
+            assertEquals(0, count(plugin.core(), "export-errors-total"));
         }
     }
 
