@@ -225,6 +225,30 @@ def test_a_push_too_large_for_the_jvm_fails_alone_and_the_java_receiver_serves_o
     assert record[1] == bytes(1000)
 
 
+def test_a_reply_not_read_in_time_stops_the_java_receiver_rather_than_answer_the_next_push_with_it(
+        sandbox, monkeypatch):
+    """A reply later than its timeout stays in the pipe: read for the next push, every push after would get the one
+    before's answer (a written push refused INVALID_RECORD, which stops a Java client's telemetry until it restarts).
+    The receiver says it is out of step instead, and the sandbox stops on it as when the JVM dies."""
+    from kcm_sandbox import java_receiver
+
+    java = JavaReceiver(sandbox.bootstrap, sandbox.options.topic, 1, "c")
+    identity = ClientIdentity("late", "apache-kafka-java", "4.3.0", "127.0.0.1", 40000)
+    handed = PushResult(error_code=0, throttle_time_ms=0, payload=b"\n\x00", subscription_id=1,
+                        push_interval_ms=1000, terminating=False)
+    try:
+        monkeypatch.setattr(java_receiver, "_REPLY_TIMEOUT_S", 0.0)   # the JVM stalls past the timeout
+        with pytest.raises(RuntimeError, match="no answer from the Java receiver within 0 s"):
+            java(uuid.uuid4(), identity, handed)
+        monkeypatch.setattr(java_receiver, "_REPLY_TIMEOUT_S", 10.0)
+        time.sleep(0.5)   # the late reply is in the pipe now
+        with pytest.raises(RuntimeError, match="out of step with the pushes"):
+            java(uuid.uuid4(), identity, handed)
+        assert "out of step" in (java.problem() or "")
+    finally:
+        java.close()
+
+
 def test_bad_plugin_config_fails_start_up_with_the_property_named(sandbox):
     with pytest.raises(UserError, match=r"kcm\.receiver\.queue\.max\.bytes"):
         JavaReceiver(sandbox.bootstrap, "kafka-client-metrics", 1, "c", extra_config={

@@ -119,6 +119,9 @@ class JavaReceiver:
                    "-cp", runtime_classpath(build_dir() / "kcm-receiver-host.jar", jar_path()),
                    "dev.kcm.receiver.host.ReceiverHost", api, PLUGIN_CLASSES[api], cluster_id, str(broker_id)]
         self._lock = threading.Lock()
+        # Set when an exchange went out of step (a reply not read in time stays in the pipe, and would be taken
+        # for the next push's): every later push would get another push's answer, so none is sent any more.
+        self._broken: str | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         # Stopped by closing its stdin (the plugin's close runs then).
         # The broker properties (producer credentials among them) go in the environment, which only this user can
@@ -149,17 +152,30 @@ class JavaReceiver:
         ))
         # One exchange at a time: the gateway calls receivers from a thread pool.
         with self._lock:
+            if self._broken is not None:
+                raise RuntimeError(self._broken)
             assert self._process.stdin is not None
             try:
                 self._process.stdin.write(frame)
             except OSError as exc:
                 raise RuntimeError(f"the Java receiver is gone: {self._last_error() or exc}") from None
-            if self._read(1, _REPLY_TIMEOUT_S) == b"\x01":
-                (length,) = struct.unpack(">i", self._read(4, _REPLY_TIMEOUT_S))
-                raise RuntimeError(f"the plugin threw: {self._read(length, _REPLY_TIMEOUT_S).decode()}")
+            try:
+                reply = self._read(1, _REPLY_TIMEOUT_S)
+                if reply == b"\x01":
+                    (length,) = struct.unpack(">i", self._read(4, _REPLY_TIMEOUT_S))
+                    thrown = self._read(length, _REPLY_TIMEOUT_S).decode(errors="replace")
+                elif reply != b"\x00":
+                    raise RuntimeError(f"the Java receiver answered {reply!r}, which is no reply")
+            except RuntimeError as exc:
+                self._broken = f"the Java receiver is out of step with the pushes: {exc}"
+                raise RuntimeError(self._broken) from None
+            if reply == b"\x01":
+                raise RuntimeError(f"the plugin threw: {thrown}")
 
     def problem(self) -> str | None:
-        """Why the JVM is no longer there to take pushes, or None while it runs."""
+        """Why the JVM can no longer take pushes (it exited, or stopped answering in step), or None while it does."""
+        if self._broken is not None:
+            return self._broken
         code = self._process.poll()
         if code is None:
             return None
