@@ -238,3 +238,12 @@ def test_the_key_connections_share_a_probe_by_shows_no_tls_key_password():
     assert key == transport_key(KafkaSettings("kafka:9093", {"security.protocol": "SSL",
                                                              "ssl.key.password": "KEY-PASSW0RD"}))
     assert key != transport_key(KafkaSettings("kafka:9093", {"security.protocol": "SSL"}))
+
+
+def test_a_refusal_of_the_spec_by_kafkas_alter_config_policy_is_invalid_spec_not_kcms_rights():
+    """Only an edit of the spec helps: KafkaRefused would retry it for ever and send the user to the ACLs."""
+    from kcm_operator.admin import _error
+
+    refused = _error(44, "interval.ms must be at least 30000")
+    assert isinstance(refused, InvalidSpecError) and str(refused) == "interval.ms must be at least 30000"
+    assert isinstance(_error(31, "not allowed"), KafkaRefusedError)   # CLUSTER_AUTHORIZATION_FAILED: kcm's rights

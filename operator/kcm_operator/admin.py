@@ -26,6 +26,7 @@ from kcm_common.codes import (
     INVALID_CONFIG,
     INVALID_REQUEST,
     LIST_CONFIG_RESOURCES,
+    POLICY_VIOLATION,
     PUSH_TELEMETRY,
 )
 from kcm_common.kafka import (
@@ -358,7 +359,9 @@ class _Batcher:
 
 
 def _error(code: int, message: str) -> Exception:
-    if code in (INVALID_CONFIG, INVALID_REQUEST):
+    # A cluster's alter.config.policy.class.name judges client-metrics configs too: its refusal is of the spec (only
+    # an edit helps), not of kcm's rights.
+    if code in (INVALID_CONFIG, INVALID_REQUEST, POLICY_VIOLATION):
         return InvalidSpecError(message)
     name = kafka_errors.for_code(code).__name__
     return KafkaRefusedError(f"{name} (error {code}): {message}")
