@@ -118,6 +118,11 @@ def test_nulls_are_dropped_before_defaults_as_the_api_server_does():
     (SUBSCRIPTION, "spec.deletionPolicy", "Orphan", "spec.deletionPolicy: 'Orphan' is not one of ['Delete', 'Retain']"),
     (SUBSCRIPTION, "spec.intervalMS", 1000, "spec.intervalMS: unknown field"),
     (SUBSCRIPTION, "metadata.name", "", "metadata.name: Required value"),
+    # The API server's Go regexp ends `$` at the end of the text: a final newline (a YAML `|` block) fails it.
+    (SUBSCRIPTION, "spec.metrics", ["org.apache.kafka.\n"], "spec.metrics[0]: 'org.apache.kafka.\\n' does not match"),
+    (SUBSCRIPTION, "spec.match", {"clientId": "payments-.*\n"},
+     "spec.match.clientId: 'payments-.*\\n' does not match"),
+    (CONNECTION, "spec.bootstrapServers", "kafka:9092\n", "spec.bootstrapServers: 'kafka:9092\\n' does not match"),
     (CONNECTION, "spec.bootstrapServers", "kafka", "spec.bootstrapServers: 'kafka' does not match"),
     (CONNECTION, "spec.securityProtocol", "SASL", "spec.securityProtocol: 'SASL' is not one of"),
     (CONNECTION, "spec.sasl", _DROP,

@@ -102,12 +102,29 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
     problems += [f"{path}: unknown field" for path in _unknown_fields(schema, obj, "")]
     defaulted = apply_defaults(schema, obj)
     problems += [f"{path}: Duplicate value: {item!r}" for path, item in _duplicates(schema, defaulted, "")]
-    for error in sorted(jsonschema.Draft7Validator(schema).iter_errors(defaulted), key=lambda e: list(e.path)):
+    for error in sorted(_Validator(schema).iter_errors(defaulted), key=lambda e: list(e.path)):
         problems.append(f"{_dotted(error.absolute_path) or '<root>'}: {error.message}")
     if not problems:
         old_defaulted = apply_defaults(schema, old) if old is not None else None
         problems += list(_cel_failures(schema, defaulted, old_defaulted, ""))
     return [problem if len(problem) <= _PROBLEM_CHARS else problem[:_PROBLEM_CHARS - 1] + "…" for problem in problems]
+
+
+@lru_cache(maxsize=64)
+def _go_regex(pattern: str) -> re.Pattern[str]:
+    """The API server reads `pattern` as Go's regexp does, where a final `$` is the end of the text; in Python it
+    also matches before a final newline (what a YAML `|` block leaves), which the API server refuses."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
+    return re.compile(pattern)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]) -> Iterator[Any]:
+    if validator.is_type(instance, "string") and not _go_regex(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _pattern})
 
 
 def _default(schema: Mapping[str, Any], value: Any) -> None:
