@@ -95,6 +95,8 @@ def test_advertised_brokers_are_blamed_only_when_none_of_them_accepts_a_connecti
     closed = f"127.0.0.1:{free_port()}"
     unreachable = diagnose_failure(settings, KafkaConnectionError("111 ECONNREFUSED"), [closed])
     assert f"its brokers advertise {closed}, which this client could not reach" in str(unreachable)
+    # kafka-python's errors start their text with their name: said once.
+    assert str(unreachable).count("KafkaConnectionError") == 1, unreachable
 
 
 def test_advertised_brokers_that_stay_silent_count_as_out_of_reach_however_many():

@@ -401,8 +401,9 @@ def diagnose_failure(settings: KafkaSettings, error: Exception,
     if isinstance(error, KafkaConfigurationError):
         reason = error.args[0] if error.args else error
         return KafkaConfigError(f"the Kafka client rejected its settings: {reason}; check --command-config")
-    detail = str(error).strip()
-    what = type(error).__name__ if detail in ("", type(error).__name__) else f"{type(error).__name__}: {detail}"
+    name, detail = type(error).__name__, str(error).strip()
+    detail = detail.removeprefix(f"{name}:").strip()   # kafka-python's errors start their text with their name
+    what = name if detail in ("", name) else f"{name}: {detail}"
     hint = unreachable_advertised(settings.bootstrap_servers, advertised, ADVERTISED_PROBE_S) if advertised else None
     if hint:
         return KafkaUnavailableError(f"Kafka at {settings.bootstrap_servers} answers, but {hint} ({what})")
