@@ -889,10 +889,18 @@ def test_a_missing_kafka_connection_is_invalid_spec_until_it_is_created(run_oper
 
     cluster.apply("payments", {**SPEC, "connection": "later"})
     missing = cluster.wait_condition("payments", "False", "InvalidSpec")
-    _connection(cluster, "later", {"bootstrapServers": cluster.sandbox.bootstrap})  # GitOps applied it second
+    assert "KafkaConnection team/later does not exist" in missing["message"]
+    _connection(cluster, "later", {"bootstrapServers": cluster.sandbox.bootstrap, "securityProtocol": "SSL",
+                                   "tls": {"caSecretRef": {"name": "later-ca"}}})   # GitOps applied it second
+    # Its Secret is not there yet: the subscription's status says which KafkaConnection names it.
+    wait_for(lambda: "later-ca" in cluster.condition("payments")["message"], "the missing Secret named")
+    assert cluster.condition("payments")["message"] == (
+        "KafkaConnection team/later: Secret team/later-ca does not exist")
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "later", [
+        {"op": "remove", "path": "/spec/tls"}, {"op": "replace", "path": "/spec/securityProtocol",
+                                                "value": "PLAINTEXT"}])
 
     cluster.wait_condition("payments", "True", "Applied")
-    assert "KafkaConnection team/later does not exist" in missing["message"]
     assert cluster.kafka("team.payments") == IN_KAFKA
 
 

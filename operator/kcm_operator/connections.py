@@ -98,8 +98,11 @@ class ConnectionResolver:
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         read: dict[str, Mapping[str, str]] = {}   # each Secret once per resolve, however many of its keys are used
-        settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key, read),
-                                      self._directory(), self._validated)
+        try:
+            settings = settings_from_spec(spec, lambda secret, key: self._secret_value(namespace, secret, key, read),
+                                          self._directory(), self._validated)
+        except MissingReferenceError as exc:   # on the subscription's status: say which KafkaConnection names it
+            raise MissingReferenceError(f"KafkaConnection {namespace}/{name}: {exc}") from None
         self.material.named((namespace, name), settings)
         return settings
 
