@@ -88,9 +88,23 @@ def test_the_claims_a_handler_thread_reads_are_a_copy_kopfs_loop_may_change_mean
     assert handlers._claims_of(Index(), "other") == []
 
 
-def test_an_owner_whose_heir_cannot_be_marked_is_deleted_again_later_not_let_go(sandbox):
+@pytest.fixture
+def events(monkeypatch) -> list[dict]:
+    """The Events handlers post (kopf.event needs a running operator to post them)."""
+    posted: list[dict] = []
+    monkeypatch.setattr(kopf, "event", lambda body, **event: posted.append(event))
+    return posted
+
+
+def _ready(patch: kopf.Patch) -> dict:
+    (ready,) = [condition for condition in patch["status"]["conditions"] if condition["type"] == "Ready"]
+    return ready
+
+
+def test_an_owner_whose_heir_cannot_be_marked_is_deleted_again_later_not_let_go(sandbox, events):
     """Only the mark tells an heir deleted before it reconciles that the subscription is its to remove: an owner
-    that let go without marking it (the Kubernetes API failing) left the subscription in Kafka with nobody owning it."""
+    that let go without marking it (the Kubernetes API failing) left the subscription in Kafka with nobody owning it.
+    While held, the resource says so: a Terminating resource still reading Ready=True would explain nothing."""
     config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
     answers = [client.ApiException(status=503, reason="Service Unavailable"), None]
 
@@ -102,11 +116,43 @@ def test_an_owner_whose_heir_cannot_be_marked_is_deleted_again_later_not_let_go(
     config.wake = wake
     claims = {"payments": [_claim("a", OLDER, "cluster", True), _claim("b", NEWER, None, False)]}
     try:
+        held = kopf.Patch()
         with pytest.raises(kopf.TemporaryError, match=r"could not mark team/b as the heir .* 503 Service Unavailable"):
-            handlers._delete(config, _body("a", OLDER, "cluster"), kopf.Patch(), claims, 0)
+            handlers._delete(config, _body("a", OLDER, "cluster"), held, claims, 0)
+        ready = _ready(held)
+        assert (ready["status"], ready["reason"]) == ("False", "KubernetesError")
+        assert ready["message"].startswith("deletion held: could not mark team/b as the heir of subscription payments")
+        assert [(event["type"], event["reason"]) for event in events] == [("Warning", "KubernetesError")]
         handlers._delete(config, _body("a", OLDER, "cluster"), kopf.Patch(), claims, 1)   # marked this time
         assert answers == []
         config.wake = lambda heir, owner: (_ for _ in ()).throw(client.ApiException(status=404, reason="Not Found"))
         handlers._delete(config, _body("a", OLDER, "cluster"), kopf.Patch(), claims, 2)   # an heir gone needs none
     finally:
         config.close()
+
+
+def test_a_deletion_that_fails_unexpectedly_is_held_and_says_so_without_the_exceptions_text(sandbox, events, caplog):
+    """The delete handler as kopf calls it: a failure nobody foresaw (a bug, a library's surprise) holds the deletion
+    with its own backoff, says so on the resource and in a Warning, and leaves the details to the log."""
+    import asyncio
+
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+
+    def surprise(namespace, connection, recent=False):
+        raise ZeroDivisionError("secret-looking detail")
+
+    config.admin = surprise
+    (delete,) = [handler for handler in handlers.build_registry(config)._changing.get_all_handlers()
+                 if handler.id == "delete"]
+    held = kopf.Patch()
+    try:
+        with pytest.raises(kopf.TemporaryError, match="deletion held: it failed unexpectedly"):
+            asyncio.run(delete.fn(body=_body("a", OLDER, "cluster"), patch=held, claims={}, retry=0))
+    finally:
+        config.close()
+    ready = _ready(held)
+    assert (ready["status"], ready["reason"]) == ("False", "Failed")
+    assert "ZeroDivisionError" in ready["message"] and "secret-looking" not in ready["message"]
+    assert [(event["type"], event["reason"]) for event in events] == [("Warning", "Failed")]
+    assert "secret-looking detail" in caplog.text   # the traceback is in the log
+    assert "subscriptionName" not in held["status"]

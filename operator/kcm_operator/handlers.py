@@ -354,7 +354,16 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     def _locked_delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
-            _delete(config, body, patch, claims, retry)
+            try:
+                _delete(config, body, patch, claims, retry)
+            except (kopf.TemporaryError, kopf.PermanentError):
+                raise
+            except Exception as exc:   # a bug, or a library's surprise: held, said on the resource, retried
+                _say(logging.ERROR, body.metadata.namespace, body.metadata.name, "deleting failed unexpectedly",
+                     exc_info=True)
+                _held(body, patch, body.status.get("subscriptionName"), retry, "Failed",
+                      f"deletion held: it failed unexpectedly ({type(exc).__name__}; the operator's log has the "
+                      "details); retried with backoff")
 
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -588,10 +597,9 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
             # The mark is what tells an heir deleted before it reconciles that the subscription is its to remove:
             # without it, the subscription would stay in Kafka with nobody owning it. So the deletion is retried.
             heir, why = unmarked[0]
-            message = (f"could not mark {heir.ref} as the heir of subscription {desired.name} ({why}); the deletion "
-                       "is retried")
-            _say(logging.WARNING, namespace, name, "%s", message)
-            raise kopf.TemporaryError(message, delay=_backoff(retry))
+            _held(body, patch, desired.name, retry, "KubernetesError",
+                  f"deletion held: could not mark {heir.ref} as the heir of subscription {desired.name} ({why}); "
+                  "the deletion is retried with backoff")
         return
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true" or desired.deletion_policy != DELETE_POLICY:
         _say(logging.INFO, namespace, name, "deleted; subscription %s left in Kafka (paused or deletionPolicy Retain)",
@@ -660,11 +668,17 @@ def _same_cluster(config: OperatorConfig, me: Claim, claim: Claim) -> bool:
 def _hold_deletion(body: kopf.Body, patch: kopf.Patch, desired: Desired, retry: int, error: Exception) -> NoReturn:
     """Retry a removal Kafka did not make (unreachable, refused), saying on the resource why it is held: its Ready
     condition, and a Warning event when that changes."""
-    reason = reason_of(error)
-    message = (f"deletionPolicy Delete: subscription {desired.name} is not removed from Kafka yet, so the resource is "
-               f"held and the removal retried with backoff (set spec.deletionPolicy: Retain, or annotate "
-               f"{PAUSED_ANNOTATION}=true, to let it go and leave the subscription in Kafka): {error}")
-    status = _Status(body, patch, desired.name)
+    _held(body, patch, desired.name, retry, reason_of(error),
+          f"deletionPolicy Delete: subscription {desired.name} is not removed from Kafka yet, so the resource is "
+          f"held and the removal retried with backoff (set spec.deletionPolicy: Retain, or annotate "
+          f"{PAUSED_ANNOTATION}=true, to let it go and leave the subscription in Kafka): {error}")
+
+
+def _held(body: kopf.Body, patch: kopf.Patch, subscription: str | None, retry: int, reason: str,
+          message: str) -> NoReturn:
+    """Retry a deletion, saying on the resource why it is held: its Ready condition (a Terminating resource must not
+    go on reading Ready=True), and a Warning event when that changes."""
+    status = _Status(body, patch, subscription)
     status.set("Ready", "False", reason, message)
     if status.ready_changed:
         _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
@@ -729,7 +743,7 @@ def _backoff(retry: int) -> float:
 class _Status:
     """Status edits for one handler run; conditions and fields are patched only when they change."""
 
-    def __init__(self, body: kopf.Body, patch: kopf.Patch, subscription_name: str) -> None:
+    def __init__(self, body: kopf.Body, patch: kopf.Patch, subscription_name: str | None) -> None:
         self._current = body.status
         self._patch = patch
         self.generation = body.metadata.get("generation")
