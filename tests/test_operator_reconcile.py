@@ -378,6 +378,27 @@ def test_the_older_resource_owns_a_subscription_and_the_newer_takes_over_when_it
     assert cluster.events("Drift") == []  # a takeover is not someone else's edit
 
 
+def test_a_paused_resource_in_conflict_does_not_go_on_naming_an_owner_deleted_since(run_operator):
+    cluster = run_operator()
+    cluster.apply("first", {**SPEC, "subscriptionName": "shared", "deletionPolicy": "Retain"})
+    cluster.wait_condition("first", "True", "Applied")
+    time.sleep(1.0)  # creationTimestamp has one-second resolution: the second resource must be visibly newer
+    cluster.apply("second", {**SPEC, "subscriptionName": "shared", "intervalMs": 1000})
+    cluster.wait_condition("second", "False", "Conflict")
+    cluster.patch("second", {"metadata": {"annotations": {"kcm.dev/paused": "true"}}})
+    cluster.wait_condition("second", "True", "Paused", kind="Paused")
+
+    cluster.delete("first")   # hands the subscription over to second, which is paused
+
+    wait_for(lambda: cluster.get("first") is None, "the owner to go")
+    ready = cluster.wait_condition("second", "Unknown", "Paused")
+    assert ready["message"] == 'subscription shared is not reconciled: annotation kcm.dev/paused is "true"'
+    assert cluster.kafka("shared")["interval.ms"] == "60000"   # paused: Kafka keeps the owner's values
+    cluster.patch("second", {"metadata": {"annotations": {"kcm.dev/paused": None}}})
+    cluster.wait_condition("second", "True", "Applied")
+    assert cluster.kafka("shared")["interval.ms"] == "1000"
+
+
 def test_kafka_down_is_kafka_unavailable_then_recovers_by_itself(run_operator, sandbox_factory):
     with reserved_port() as port:   # refusing connections until the sandbox listens there
         cluster = run_operator(settings=KafkaSettings(f"127.0.0.1:{port}"))

@@ -431,6 +431,12 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             status.set("Ready", "Unknown", "Paused",
                        f"generation {status.generation} is not applied: annotation {PAUSED_ANNOTATION} is \"true\"")
             config.mark_ready(body.metadata.uid, False)
+        elif status.ready_reason in ("Conflict", "Contested"):
+            # Who owns the subscription is not looked at while paused: a Conflict would go on naming an owner
+            # deleted since (which handed it over to this one).
+            status.set("Ready", "Unknown", "Paused", f"subscription {desired.name} is not reconciled: annotation "
+                       f"{PAUSED_ANNOTATION} is \"true\"")
+            config.mark_ready(body.metadata.uid, False)
         metrics.record(started, "skipped", "Paused")
         return
     status.set("Paused", "False", "Reconciling", "")
