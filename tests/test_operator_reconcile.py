@@ -432,6 +432,7 @@ def test_a_removal_kafka_refuses_is_tried_three_times_then_let_go_saying_so(run_
     wait_for(lambda: cluster.get("payments") is None, "the resource to go")
     [event] = cluster.wait_events("NotRemoved")
     assert "subscription team.payments was not removed" in event["message"] and "not now" in event["message"]
+    assert event["message"].endswith("(kcm subscriptions delete team.payments)")   # the default cluster's
     assert cluster.kafka("team.payments") == IN_KAFKA
 
 
@@ -845,6 +846,8 @@ def test_deleting_a_subscription_whose_connection_is_gone_uses_its_last_good_set
     assert event["message"].startswith("subscription team.payments was not removed from Kafka")
     assert "KafkaConnection team/analytics does not exist" in event["message"]
     assert "with its last settings" in event["message"]
+    assert event["message"].endswith("(kcm subscriptions delete team.payments --bootstrap-server … --command-config …, "
+                                     "for the cluster KafkaConnection team/analytics named)")
 
 
 @pytest.mark.parametrize("trouble", ["refused spec", "connection never worked"])

@@ -728,8 +728,10 @@ def _retry_or_let_go(body: kopf.Body, desired: Desired, retry: int, why: object)
     what stays in Kafka."""
     if retry < LET_GO_AFTER_RETRIES:
         raise kopf.TemporaryError(f"removing subscription {desired.name}: {why}", delay=_backoff(retry))
+    where = (f" --bootstrap-server … --command-config …, for the cluster KafkaConnection "
+             f"{body.metadata.namespace}/{desired.connection} named" if desired.connection else "")
     message = (f"subscription {desired.name} was not removed from Kafka, which stays as it is: {why}; "
-               f"remove it there if it should go (kcm subscriptions delete {desired.name})")
+               f"remove it there if it should go (kcm subscriptions delete {desired.name}{where})")
     _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
     kopf.event(body, type="Warning", reason="NotRemoved", message=message)
 
