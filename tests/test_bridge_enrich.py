@@ -232,3 +232,99 @@ def test_records_of_many_real_resources_and_one_resource_with_large_added_attrib
     large = Enricher(EnrichConfig(static_attributes={"note": "x" * 200_000})).enrich(
         client_metrics().SerializeToString(), HEADERS)
     assert _resource(large)["note"] == "x" * 200_000
+
+
+def _keys(data: bytes, index: int = 0) -> list[str]:
+    """Every resource attribute key, repeats included (a dict would hide a duplicate)."""
+    return [a.key for a in MetricsData.FromString(data).resource_metrics[index].resource.attributes]
+
+
+def test_varints_round_trip_at_every_length_boundary():
+    """Every length the enricher writes is a varint: 128 written as one byte would never end."""
+    from kcm_bridge.wire import _read_varint, varint
+
+    assert varint(127) == b"\x7f" and varint(128) == b"\x80\x01"
+    for value in (0, 1, 127, 128, 129, 16383, 16384, 2**21 - 1, 2**21, 2**35, 2**63 - 1):
+        assert _read_varint(varint(value), 0) == (value, len(varint(value))), value
+
+
+def test_every_length_of_an_added_attribute_keeps_the_record_whole():
+    original = client_metrics().SerializeToString()
+    for length in range(90, 300):
+        enriched = Enricher(EnrichConfig(static_attributes={"note": "n" * length})).enrich(original, HEADERS)
+        assert count_points(enriched) == 2 and _resource(enriched)["note"] == "n" * length, length
+
+
+def test_header_attributes_false_adds_only_the_static_ones():
+    """Turned off so that `principal` or the client's address do not reach the backend: they must not."""
+    enriched = Enricher(EnrichConfig(header_attributes=False, static_attributes={"env": "prod"})).enrich(
+        client_metrics().SerializeToString(), HEADERS)
+    assert _keys(enriched) == ["env"]
+
+
+def test_a_static_attribute_named_like_a_header_replaces_the_brokers_value():
+    enriched = Enricher(EnrichConfig(static_attributes={"cluster_id": "prod-eu"})).enrich(
+        client_metrics().SerializeToString(), {**HEADERS, "cluster_id": "abc"})
+    assert _resource(enriched)["cluster_id"] == "prod-eu" and _keys(enriched).count("cluster_id") == 1
+
+
+def test_a_hash_rule_on_a_header_the_client_also_sent_leaves_one_key():
+    original = client_metrics()
+    original.resource_metrics[0].resource.attributes.append(
+        KeyValue(key="principal", value=AnyValue(string_value="User:from-client")))
+    rules = [AttributeRule(action="hash", attribute="principal", salt="pepper")]
+    enriched = Enricher(EnrichConfig(rules=rules)).enrich(original.SerializeToString(), HEADERS)
+    assert sorted(_keys(enriched)) == sorted(HEADERS)
+    assert _resource(enriched)["principal"] == hashlib.sha256(b"pepper" + b"User:alice").hexdigest()
+
+
+def test_a_hashed_and_renamed_attribute_replaces_the_clients_own_of_the_new_name():
+    original = client_metrics()
+    original.resource_metrics[0].resource.attributes.extend([
+        KeyValue(key="pod", value=AnyValue(string_value="7")),
+        KeyValue(key="pod.hash", value=AnyValue(string_value="spoof"))])
+    rules = [AttributeRule(action="hash", attribute="pod", salt="s"),
+             AttributeRule(action="rename", attribute="pod", to="pod.hash")]
+    enriched = Enricher(EnrichConfig(rules=rules)).enrich(original.SerializeToString(), {})
+    assert _keys(enriched) == ["pod.hash"]
+    assert _resource(enriched)["pod.hash"] == hashlib.sha256(b"s7").hexdigest()
+
+
+def test_hash_rules_hash_booleans_as_text_and_arrays_by_their_encoding_and_chain_in_order():
+    original = client_metrics()
+    array = AnyValue()
+    array.array_value.values.add().int_value = 1
+    original.resource_metrics[0].resource.attributes.extend([
+        KeyValue(key="flag", value=AnyValue(bool_value=True)), KeyValue(key="arr", value=array)])
+    rules = [AttributeRule(action="hash", attribute="flag", salt="s"),
+             AttributeRule(action="hash", attribute="arr", salt="s"),
+             AttributeRule(action="hash", attribute="client_id", salt="a"),
+             AttributeRule(action="hash", attribute="client_id", salt="b")]
+    enriched = Enricher(EnrichConfig(rules=rules)).enrich(original.SerializeToString(), {"client_id": "payments-1"})
+    found = _resource(enriched)
+    assert found["flag"] == hashlib.sha256(b"strue").hexdigest()
+    assert found["arr"] == hashlib.sha256(b"s" + array.SerializeToString().hex().encode()).hexdigest()
+    assert found["client_id"] == hashlib.sha256(
+        b"b" + hashlib.sha256(b"apayments-1").hexdigest().encode()).hexdigest()
+
+
+def test_the_growth_bound_holds_at_its_threshold():
+    """Records of many tiny resources each get the added attributes: refused as soon as that would grow the record
+    more than the bound, not 2 or 8 times past it."""
+    from kcm_bridge import enrich
+
+    enricher = Enricher(EnrichConfig())
+    added = len(enricher.encode(HEADERS).resource)
+    # (n - 1) * added > GROWTH * 2n + ALLOWANCE first holds at this n (each empty ResourceMetrics is 2 bytes)
+    refused = next(n for n in range(2, 10**6)
+                   if (n - 1) * added > enrich._GROWTH * 2 * n + enrich._ALLOWANCE)
+    assert count_points(enricher.enrich(b"\x0a\x00" * (refused - 1), HEADERS)) == 0
+    with pytest.raises(contract.DecodeError) as too_large:
+        enricher.enrich(b"\x0a\x00" * refused, HEADERS)
+    assert too_large.value.reason == "too-large"
+
+
+def test_a_half_megabyte_resource_of_empty_attributes_is_counted_and_refused():
+    with pytest.raises(contract.DecodeError) as refused:
+        Enricher(EnrichConfig()).enrich(field(1, field(1, b"\x0a\x00" * 250_000)), HEADERS)
+    assert refused.value.reason == "too-large"
