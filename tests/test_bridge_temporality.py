@@ -363,3 +363,105 @@ def test_a_record_too_large_to_parse_for_conversion_is_refused_before_it_is_pars
     payload = _delta_sum([(T0 + SECOND, 3, {})]).SerializeToString()
     prepared, points = prepare(Record("metrics", 0, 1, b"k", payload, headers))
     assert points == 1 and parsed == [len(payload)]
+
+
+def _sums(*points: tuple[str, str, dict, float | int], t_ns: int = T0) -> MetricsData:
+    """One record with a delta sum point for each (scope, metric name, attributes, value)."""
+    data = MetricsData()
+    resource = data.resource_metrics.add()
+    scopes: dict = {}
+    for scope, name, attributes, value in points:
+        if scope not in scopes:
+            scopes[scope] = resource.scope_metrics.add()
+            scopes[scope].scope.name = scope
+        metric = scopes[scope].metrics.add()
+        metric.name = name
+        metric.sum.aggregation_temporality = AGGREGATION_TEMPORALITY_DELTA
+        metric.sum.is_monotonic = True
+        point = metric.sum.data_points.add()
+        point.time_unix_nano, point.start_time_unix_nano = t_ns, t_ns - SECOND
+        if isinstance(value, int):
+            point.as_int = value
+        else:
+            point.as_double = value
+        point.attributes.extend(KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attributes.items())
+    return data
+
+
+def _values(data: MetricsData) -> list:
+    return [point.as_int if point.WhichOneof("value") == "as_int" else point.as_double
+            for scope in data.resource_metrics[0].scope_metrics for metric in scope.metrics
+            for point in metric.sum.data_points]
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    (("lib-a", "kafka.x", {}), ("lib-b", "kafka.x", {})),          # the same metric in two scopes
+    (("ab", "c", {}), ("a", "bc", {})),                            # scope and name that run together
+    (("s", "m", {"a": "1", "b": "x"}), ("s", "m", {"a": "1", "b": "y"})),   # points differing in a later attribute
+])
+def test_streams_that_differ_in_scope_name_or_any_attribute_keep_their_own_totals(first, second):
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    one, other = _sums((*first, 5)), _sums((*second, 7), t_ns=T0 + SECOND)
+    converter.convert(one, "a", P0, now_s=0)
+    converter.convert(other, "a", P0, now_s=1)
+    assert (_values(one), _values(other), len(converter)) == ([5], [7], 2)
+
+
+def test_a_sum_of_unspecified_temporality_passes_unchanged():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    for i in range(2):
+        push = _sums(("s", "m", {}, 5), t_ns=T0 + i * SECOND)
+        push.resource_metrics[0].scope_metrics[0].metrics[0].sum.aggregation_temporality = 0
+        assert not converter.convert(push, "a", P0, now_s=i)
+        assert push.resource_metrics[0].scope_metrics[0].metrics[0].sum.aggregation_temporality == 0
+        assert _values(push) == [5]
+
+
+def test_eviction_takes_the_least_recently_updated_stream_not_the_oldest():
+    converter = DeltaToCumulative(max_streams=2, idle_expiry_s=600)
+    steps = [("a", 1, 0), ("b", 1, 0), ("a", 2, 1), ("c", 1, 1), ("a", 4, 2)]   # a is updated before c comes
+    totals = []
+    for name, delta, second in steps:
+        push = _sums(("s", name, {}, delta), t_ns=T0 + second * SECOND)
+        converter.convert(push, "i", P0, now_s=second)
+        totals.append(_values(push)[0])
+    assert totals[-1] == 7 and converter.evicted_streams == 1   # b went; a kept its total
+
+
+def test_a_stream_is_kept_as_long_as_its_latest_records_push_interval_asks():
+    """A subscription changed from 10 s to 10 min: the streams must outlive the new interval, not the old one."""
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=60)
+    seen = []
+    for now_s, interval_s, delta in [(0, 10, 5), (10, 600, 1), (1000, 600, 1)]:
+        push = _sums(("s", "m", {}, delta), t_ns=T0 + now_s * SECOND)
+        converter.convert(push, "i", P0, now_s=now_s, push_interval_s=interval_s)
+        seen.append(_values(push)[0])
+    assert seen == [5, 6, 7]
+
+
+def test_a_re_delivered_nan_point_is_dropped_and_so_is_an_older_point_after_it():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    pushes = [_sums(("s", "m", {}, 5.0), t_ns=T0), _sums(("s", "m", {}, float("nan")), t_ns=T0 + SECOND),
+              _sums(("s", "m", {}, float("nan")), t_ns=T0 + SECOND), _sums(("s", "m", {}, 1.0), t_ns=T0 + SECOND // 2)]
+    for i, push in enumerate(pushes):
+        converter.convert(push, "i", P0, now_s=i)
+    assert _values(pushes[0]) == [5.0] and len(_values(pushes[1])) == 1
+    assert (_values(pushes[2]), _values(pushes[3]), converter.dropped_points) == ([], [], 2)
+
+
+@pytest.mark.parametrize(("first", "then"), [(2**63 - 1, 1), (-2**63, -1)])
+def test_a_total_just_past_int64_starts_the_series_again(first, then):
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    one, two = _sums(("s", "m", {}, first)), _sums(("s", "m", {}, then), t_ns=T0 + SECOND)
+    converter.convert(one, "i", P0, now_s=0)
+    converter.convert(two, "i", P0, now_s=1)
+    point = two.resource_metrics[0].scope_metrics[0].metrics[0].sum.data_points[0]
+    assert (point.as_int, point.start_time_unix_nano) == (then, T0)   # its own start: a new series
+
+
+def test_a_stream_idle_exactly_the_expiry_starts_again():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=10)
+    one, two = _sums(("s", "m", {}, 5)), _sums(("s", "m", {}, 2), t_ns=T0 + 10 * SECOND)
+    converter.convert(one, "i", P0, now_s=0)
+    converter.convert(two, "i", P0, now_s=10)
+    assert _values(two) == [2]
