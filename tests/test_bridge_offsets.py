@@ -74,3 +74,39 @@ def test_finished_spans_behind_one_that_stays_unfinished_are_not_kept_and_the_po
     assert tracker.commit_position(P) == 500
     later[499].finish_part()
     assert tracker.commit_position(P) == 1001 and tracker.pending() == 0
+
+
+def test_pending_counts_only_unfinished_batches_without_a_commit_in_between():
+    """A revoke and the shutdown wait while batches are pending: a batch finished since the last commit must not hold
+    them until their timeouts."""
+    tracker = OffsetTracker()
+    ticket = Ticket()
+    for offset in range(500):   # one batch of many records: one pending batch, not 500
+        tracker.add(P, offset, ticket)
+    assert tracker.pending() == 1
+    ticket.finish_part()
+    assert tracker.pending() == 0
+
+
+def test_forget_returns_only_the_unfinished_tickets_and_resets_what_was_committed():
+    tracker = OffsetTracker()
+    done, waiting = Ticket(), Ticket()
+    tracker.add(P, 0, done)
+    tracker.add(P, 1, waiting)
+    done.finish_part()
+    tracker.committed({P: 10})
+    assert tracker.forget([P]) == [waiting]
+    tracker.add(P, 9, None)   # back later, from an earlier position (an offset reset): committed again
+    assert tracker.to_commit() == {P: 10}
+
+
+def test_holds_is_false_for_a_ticket_from_before_the_partition_was_revoked_and_assigned_again():
+    """A letter waiting for its dead-letter write is written only while its batch is still this member's: once the
+    partition was revoked, the next owner reads the record again, even if that owner is this member."""
+    tracker = OffsetTracker()
+    old, new = Ticket(), Ticket()
+    tracker.add(P, 0, old)
+    assert tracker.holds(P, old)
+    tracker.forget([P])
+    tracker.add(P, 0, new)
+    assert not tracker.holds(P, old) and tracker.holds(P, new)
