@@ -705,3 +705,28 @@ def test_many_empty_frames_decompress_in_time_linear_in_the_input(encoding: str)
     ratio = _best_time(lambda: decompress(large, encoding)) / _best_time(lambda: decompress(small, encoding))
 
     assert ratio < 8, f"4x the input took {ratio:.1f}x the time"
+
+
+@pytest.mark.parametrize("unknown", [b"\x28\x01", b"\x29" + b"\0" * 8, b"\x2d" + b"\0" * 4, b"\x2a\x03\0\0\0"],
+                         ids=["varint", "fixed64", "fixed32", "length-delimited"])
+def test_an_unknown_field_of_any_wire_type_in_front_does_not_hide_the_messages_behind_it(unknown) -> None:
+    """Each wire type is stepped over by its own width: one stepped wrongly (a fixed32 as 8 bytes) loses the walk's
+    place, and 1.2 million empty ResourceMetrics behind it were parsed whole."""
+    from kcm_common.message_bound import MAX_MESSAGES, builds_more_than
+
+    hostile = unknown + b"\x2a\x03\0\0\0" + b"\x0a\x00" * (MAX_MESSAGES + 200_000)
+    assert builds_more_than(hostile)
+    assert reason_of(compress(hostile, "zstd"), [("content-encoding", b"zstd")]) == "too-large"
+
+
+def test_content_encoding_is_read_whatever_its_case_and_surrounding_space() -> None:
+    value = compress(MetricsData().SerializeToString() + b"\x0a\x00", "gzip")
+    assert len(decode(value, [("content-encoding", b" GZIP ")]).metrics.resource_metrics) == 1
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_encode_writes_boolean_attributes_as_true_and_false(flag) -> None:
+    _, headers = encode(MetricsData(), attributes={"terminating": flag, "client_id": "c"})
+    assert dict(headers)["terminating"] == (b"true" if flag else b"false")
+    assert decode(*encode(b"\x0a\x00", attributes={"terminating": flag})).attributes["terminating"] == (
+        "true" if flag else "false")
