@@ -53,6 +53,15 @@ def _refused(change) -> ConfigError:
          "Invalid value 1e3 for configuration interval.ms: Not a number of type INT"),
         ([("interval.ms", OP_SET, "4294967296")], INVALID_CONFIG,
          "Invalid value 4294967296 for configuration interval.ms: Not a number of type INT"),
+        # Integer.parseInt's edges: past them not an INT (40), within them an INT out of range (42).
+        ([("interval.ms", OP_SET, "2147483648")], INVALID_CONFIG,
+         "Invalid value 2147483648 for configuration interval.ms: Not a number of type INT"),
+        ([("interval.ms", OP_SET, "-2147483649")], INVALID_CONFIG,
+         "Invalid value -2147483649 for configuration interval.ms: Not a number of type INT"),
+        ([("interval.ms", OP_SET, "2147483647")], INVALID_REQUEST,
+         "Invalid value 2147483647 for interval.ms, interval must be between 100 and 3600000 (1 hour)"),
+        ([("interval.ms", OP_SET, "1000000000")], INVALID_REQUEST,
+         "Invalid value 1000000000 for interval.ms, interval must be between 100 and 3600000 (1 hour)"),
         # Python converts no more than 4300 digits: 5000 raised ValueError and dropped the sandbox's connection.
         ([("interval.ms", OP_SET, "9" * 5000)], INVALID_CONFIG,
          f"Invalid value {'9' * 5000} for configuration interval.ms: Not a number of type INT"),
@@ -425,3 +434,10 @@ def test_hash_order_is_java_hash_set_iteration_order_including_after_a_resize():
 
 def test_split_drops_trailing_empty_strings_as_java_string_split_does():
     assert (split("a,b,,", ","), split("", ","), split(",a", ",")) == (["a", "b"], [""], ["", "a"])
+
+
+def test_a_list_value_is_trimmed_before_it_is_split_as_kafkas_config_def_does():
+    from kcm_common.client_metrics import describe_entries, parse_list
+
+    assert parse_list("  a , b  ") == ["a", "b"] and parse_list(" \t ") == []
+    assert describe_entries({"metrics": " a,b "}, ["metrics"])[0].value == "a,b"
