@@ -161,3 +161,26 @@ def _varint(value: int) -> bytes:
         out.append(value & 0x7F | 0x80)
         value >>= 7
     return bytes(out) + bytes([value])
+
+
+def test_scope_attributes_nested_maps_and_negative_buckets_count_against_the_limit_too():
+    data = MetricsData()
+    scope = data.resource_metrics.add().scope_metrics.add()                             # 1 resource, 1 scope
+    scope.scope.attributes.add(key="s").value.string_value = "x"                       # 1 scope attribute
+    gauge = scope.metrics.add(name="g").gauge                                          # 1 metric
+    point = gauge.data_points.add(as_int=1)                                            # 1 point
+    point.attributes.add(key="m").value.kvlist_value.values.add(key="n").value.int_value = 1   # 1 attribute, 1 nested
+    exponential = scope.metrics.add(name="e").exponential_histogram                    # 1 metric
+    exponential.data_points.add().negative.bucket_counts.extend([1, 2, 3])             # 1 point, 3 negative buckets
+
+    assert not points.holds_more_than(data, 12)
+    assert points.holds_more_than(data, 11)
+
+
+def test_a_sum_that_is_not_monotonic_says_so():
+    total = metrics_pb2.Metric(name="org.apache.kafka.consumer.assigned.partitions")
+    total.sum.is_monotonic = False
+    total.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    total.sum.data_points.add(as_int=3)
+    (metric,) = points.metric_dicts(_data_with(total))
+    assert (metric["monotonic"], metric["temporality"]) == (False, "cumulative")
