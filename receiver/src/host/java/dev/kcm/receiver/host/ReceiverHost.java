@@ -74,7 +74,8 @@ public final class ReceiverHost {
         try {
             plugin.configure(config);
             Map<String, String> labels = new HashMap<>();
-            labels.put("kafka.broker.id", args[3]);
+            // As a KRaft broker (every Kafka 4.x broker) labels its metrics context (Server.createKafkaMetricsContext).
+            labels.put("kafka.node.id", args[3]);
             // A broker without a cluster id (none known yet) gives no label rather than an empty one.
             if (!args[2].isEmpty()) {
                 labels.put("kafka.cluster.id", args[2]);
