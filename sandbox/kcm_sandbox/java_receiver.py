@@ -174,11 +174,9 @@ class JavaReceiver:
 
     def problem(self) -> str | None:
         """Why the JVM can no longer take pushes (it exited, or stopped answering in step), or None while it does."""
-        if self._broken is not None:
-            return self._broken
         code = self._process.poll()
         if code is None:
-            return None
+            return self._broken
         return f"the Java receiver exited with code {code}: {self._last_error() or 'no message'}"
 
     def close(self) -> None:
