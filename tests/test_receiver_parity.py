@@ -18,6 +18,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.java_receiver import JavaReceiver
 from kcm_sandbox.receiver import TopicReceiver
+from kcm_sandbox.runner import Sandbox, SandboxError
 from kcm_sandbox.telemetry import ClientIdentity, PushResult
 from test_sandbox_protocol import NONE, KafkaConnection, announce_software, new_client, push
 
@@ -129,3 +130,15 @@ def test_a_push_with_no_client_id_is_written_with_the_empty_one_and_one_without_
     (java_record,) = _read(sandbox.bootstrap, "no-client-id-java", 1)
     assert python_record[1] == java_record[1] == b"\n\x00"
     assert python_record[2]["client_id"] == java_record[2]["client_id"] == ""
+
+
+def test_while_its_receiver_starts_the_sandbox_accepts_a_push_without_metrics_and_refuses_one_with():
+    # The gateway serves before the metrics topic and receiver exist: a push with nothing to write is accepted then,
+    # as once the receiver is up, while one with metrics is refused (the gateway answers INVALID_RECORD).
+    starting = Sandbox()
+    pushed = PushResult(error_code=0, throttle_time_ms=0, payload=b"\n\x00", subscription_id=1,
+                        push_interval_ms=1000, terminating=False)
+    identity = ClientIdentity("orders", "apache-kafka-java", "4.3.0", "127.0.0.1", 40000)
+    starting._receive(uuid.uuid4(), identity, dataclasses.replace(pushed, payload=b""))
+    with pytest.raises(SandboxError, match="the metrics topic is not ready yet"):
+        starting._receive(uuid.uuid4(), identity, pushed)

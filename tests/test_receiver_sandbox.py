@@ -192,6 +192,46 @@ def test_java_client_pushes_with_each_codec_are_decoded_exactly(sandbox_factory,
     assert len(record.value) > 2000
 
 
+@pytest.mark.parametrize("receiver", ["python", "java"])
+def test_a_java_client_whose_subscription_selects_none_of_its_metrics_is_accepted_and_writes_nothing(
+        sandbox_factory, topic_records, caplog, receiver):
+    # Such a client pushes an empty MetricsData every interval (its zstd frame is 9 bytes): a broker accepts it and
+    # hands the plugin an empty buffer, which kcm's receivers skip (readers would count an empty record undecodable).
+    caplog.set_level("INFO", logger="kcm.sandbox")
+    sandbox = sandbox_factory(receiver=receiver)
+    handed: list[int] = []
+    receive = sandbox.gateway.receiver
+
+    def counting(instance_id, identity, push):
+        handed.append(len(push.payload))
+        return receive(instance_id, identity, push)
+
+    sandbox.gateway.receiver = counting
+    _subscribe(sandbox, "nothing-it-has", metrics="org.apache.kafka.no.such.metric", match="client_id=java-silent",
+               **{"interval.ms": str(INTERVAL_MS)})
+    _subscribe(sandbox, "marker", metrics="*", match="client_id=rdkafka-marker", **{"interval.ms": str(INTERVAL_MS)})
+    ensure_topic(KafkaSettings(sandbox.bootstrap), "traffic", partitions=1)
+    topic = topic_records(sandbox)
+
+    def accepted(client_id: str) -> list[str]:
+        return [m for m in caplog.messages if f"client_id={client_id} " in m and "push accepted" in m]
+
+    with JavaClient(sandbox.bootstrap, client_id="java-silent", role="producer", topic="traffic"):
+        deadline = time.monotonic() + 45
+        while len(accepted("java-silent")) < 3:
+            assert time.monotonic() < deadline, caplog.messages[-20:]
+            time.sleep(0.05)
+    refused = [m for m in caplog.messages if "client_id=java-silent " in m and "push refused" in m]
+    assert refused == [] and all("(0 bytes," in m for m in accepted("java-silent")), accepted("java-silent")
+    assert handed and set(handed) == {0}, handed   # handed on, empty, as a broker hands its plugin
+    # A client with metrics, pushing after them: its record comes after any the empty pushes would have written
+    # (the plugin writes in the order it is handed pushes).
+    with running_producer(sandbox, "rdkafka-marker"):
+        topic.wait_for(lambda _: topic.of("rdkafka-marker"))
+    assert {record.headers["client_id"] for record in topic.records} == {"rdkafka-marker"}
+    assert all(record.value for record in topic.records)
+
+
 def test_a_push_of_a_large_telemetry_max_bytes_is_written_whole_by_the_java_receiver(sandbox_factory):
     # 40 MiB: more than the plugin's default queue (16 MiB) and its producer's default buffer (32 MiB) hold.
     sandbox = sandbox_factory(receiver="java", telemetry_max_bytes=40 << 20)
