@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import confluent_kafka
 import grpc
@@ -28,6 +28,7 @@ from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from fake_collector import FakeCollector
 from payloads import client_metrics
+from ports import reserved_port
 from test_sandbox_clients import _subscribe, running_producer
 
 BACKENDS = ("confluent-kafka", "kafka-python")
@@ -129,13 +130,12 @@ def outcome_of_run(bridge: Bridge, timeout: float) -> object:
     return outcome[0] if outcome else None
 
 
-def _closed_port() -> int:
-    """A loopback port a collector just left: exports to it fail until one starts there again."""
-    down = FakeCollector()
-    down.start()
-    port = down.port
-    down.stop()
-    return port
+@pytest.fixture
+def closed_port() -> Iterator[Callable[[], int]]:
+    """Loopback ports nothing listens on, so connecting is refused, until a collector starts there: each is held
+    bound (not listening) to the test's end, so no other socket takes it meanwhile (ports.reserved_port)."""
+    with ExitStack() as held:
+        yield lambda: held.enter_context(reserved_port())
 
 
 def _produce_pushes(bootstrap: str, topic: str, total: int) -> None:
@@ -421,18 +421,18 @@ def test_kcm_bridge_command_forwards_real_client_pushes_and_exits_cleanly_on_sig
     assert (_committed(sandbox.bootstrap, "kcm-demo-bridge", sandbox.options.topic) or 0) > 0
 
 
-def test_kcm_bridge_logs_json_lines_with_log_format_json(tmp_path):
+def test_kcm_bridge_logs_json_lines_with_log_format_json(closed_port, tmp_path):
     entries = _json_lines_until_kafka_is_reported_down(
-        tmp_path, "--bootstrap-server", f"127.0.0.1:{_closed_port()}", "--endpoint", "127.0.0.1:9", "--insecure",
+        tmp_path, "--bootstrap-server", f"127.0.0.1:{closed_port()}", "--endpoint", "127.0.0.1:9", "--insecure",
         "--log-format", "json")
     assert {"time", "level", "logger", "message"} <= set(entries[0])
     assert any(e["level"] == "ERROR" and "cannot reach Kafka" in e["message"] for e in entries), entries
 
 
-def test_with_json_chosen_in_the_file_the_warning_about_a_misspelt_variable_is_a_json_line_too(tmp_path):
+def test_with_json_chosen_in_the_file_the_warning_about_a_misspelt_variable_is_a_json_line_too(closed_port, tmp_path):
     """The one line that says a setting was not applied must reach a log pipeline that parses JSON lines."""
     config_path = tmp_path / "bridge.yaml"
-    config_path.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:{_closed_port()}'}}\n"
+    config_path.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:{closed_port()}'}}\n"
                            "endpoints: [{endpoint: '127.0.0.1:9', insecure: true}]\nlog_format: json\n")
     entries = _json_lines_until_kafka_is_reported_down(tmp_path, "--config", str(config_path),
                                                        env={"KCM_BRIDGE_BATCH_LINGER": "5"})
@@ -479,8 +479,8 @@ def _terminate(process: subprocess.Popen | None, timeout_s: float = 30) -> int |
         return None
 
 
-def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_unexported(broker, new_topic,
-                                                                                          tmp_path):
+def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_unexported(
+        closed_port, broker, new_topic, tmp_path):
     topic = new_topic()
     _produce(broker.bootstrap, topic, [_push("waiting", "00000000-0000-0000-0000-000000000001")])
     properties = tmp_path / "consumer.properties"
@@ -489,7 +489,7 @@ def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_u
     config_path.write_text(   # a collector that is down, and a long drain
         f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}],"
         " group_id: impatient}\n"
-        f"endpoints: [{{endpoint: '127.0.0.1:{_closed_port()}', insecure: true}}]\n"
+        f"endpoints: [{{endpoint: '127.0.0.1:{closed_port()}', insecure: true}}]\n"
         "retry: {initial_backoff_s: 0.1, max_backoff_s: 0.5}\n"
         "delivery: {shutdown_timeout_s: 120}\n")
     log_path = tmp_path / "bridge.log"
@@ -629,12 +629,12 @@ def test_hash_routing_keeps_each_client_instance_on_one_endpoint(broker, new_top
     assert first_ids | second_ids == {f"client-{i}" for i in range(12)}
 
 
-def test_fanout_commits_only_what_every_endpoint_accepted(broker, new_topic, collector, tmp_path):
+def test_fanout_commits_only_what_every_endpoint_accepted(closed_port, broker, new_topic, collector, tmp_path):
     """Fanout (the default): the healthy endpoint gets everything at once, but nothing is committed while the other
     is down; once it is back it gets everything too, and the commit reaches the end."""
     topic = new_topic()
     _produce_pushes(broker.bootstrap, topic, 20)
-    down = _closed_port()
+    down = closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, [collector.endpoint, f"127.0.0.1:{down}"], "confluent-kafka",
                      {("batch", "max_points"): 8, ("delivery", "commit_interval_s"): 0.1})
     assert config.routing == "fanout"
@@ -691,12 +691,12 @@ def test_two_replicas_share_partitions_across_a_rebalance_and_a_sigkill(broker, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothing(
+def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothing(closed_port, 
         backend, broker, new_topic, tmp_path):
     topic = new_topic()
     total = 120
     _produce_pushes(broker.bootstrap, topic, total)
-    port = _closed_port()
+    port = closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
                      {("batch", "max_points"): 4, ("delivery", "max_inflight_bytes"): 3000})
     with running_bridge(config) as bridge:
@@ -722,14 +722,14 @@ def test_an_endpoint_down_pauses_consumption_with_bounded_memory_and_loses_nothi
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_shutdown_while_kafka_is_down_is_bounded_and_commits_nothing_it_cannot(
+def test_shutdown_while_kafka_is_down_is_bounded_and_commits_nothing_it_cannot(closed_port, 
         backend, broker, new_topic, tmp_path, caplog):
     """Kafka gone: exports still finish, but a commit would wait for the group coordinator up to the session timeout
     (20 s here); the loop does not try, and SIGTERM's drain ends within its own bound."""
     topic = new_topic()
     total = 10
     _produce_pushes(broker.bootstrap, topic, total)
-    port = _closed_port()
+    port = closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
                      {("delivery", "shutdown_timeout_s"): 3, ("kafka", "connect_timeout_s"): 2})
     (tmp_path / "consumer.properties").write_text(
@@ -1029,12 +1029,13 @@ def test_empty_records_waiting_for_a_refusing_dead_letter_topic_fill_the_budget_
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_shutdown_with_exports_outstanding_ends_within_its_own_timeout(backend, broker, new_topic, tmp_path):
+def test_shutdown_with_exports_outstanding_ends_within_its_own_timeout(closed_port, backend, broker, new_topic,
+                                                                     tmp_path):
     """Closing the consumer revokes its partitions: that revoke must not wait `revoke_timeout_s` again for exports
     the shutdown already gave up on."""
     topic = new_topic()
     _produce(broker.bootstrap, topic, [_push("client-0", "00000000-0000-0000-0000-000000000000")])
-    port = _closed_port()
+    port = closed_port()
     config = _config(tmp_path, broker.bootstrap, topic, f"127.0.0.1:{port}", backend,
                      {("delivery", "shutdown_timeout_s"): 1, ("delivery", "revoke_timeout_s"): 6})
     with running_bridge(config) as bridge:
