@@ -60,6 +60,7 @@ def test_flags_alone_run_it_with_defaults():
     ("endpoints: [{endpoint: nocolon}]", "endpoints[0].endpoint"),
     ("endpoints: [{endpoint: 'http://127.0.0.1:4317'}]", "endpoints[0].endpoint"),
     ("endpoints: [{endpoint: 'dns:///otel:4317'}]", "endpoints[0].endpoint"),
+    ("endpoints: [{endpoint: 'otel:0'}]", "endpoints[0].endpoint"),
     ("routing: random", "routing"),
     ("kafka: {client: franz}", "kafka.client"),
     ("enrich: {rules: [{action: hash, attribute: principal}]}", "enrich.rules[0]"),

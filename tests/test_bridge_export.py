@@ -81,10 +81,21 @@ def test_resource_exhausted_without_retry_info_and_bad_requests_are_not_retried(
     assert collector.exports == []
 
 
-def test_partial_success_is_delivered_with_the_rejected_count_and_not_retried(collector):
-    collector.reject_partially_next(1)
-    outcome = _endpoint(collector).export(client_metrics().SerializeToString())
-    assert (outcome.delivered, outcome.attempts, outcome.rejected_points) == (True, 1, 1)
+def test_partial_success_is_delivered_with_the_rejected_count_logged_and_not_retried(collector, caplog):
+    collector.reject_partially_next(2, message="bad unit")
+    collector.reject_partially_next(0, message="a warning only")   # the OTLP spec's warning: nothing rejected
+    collector.reject_partially_next(-3, message="a server bug")   # counted as nothing, never as a negative count
+    endpoint = _endpoint(collector)
+    try:
+        with caplog.at_level("WARNING", logger="kcm"):
+            outcomes = [endpoint.export(client_metrics().SerializeToString()) for _ in range(3)]
+    finally:
+        endpoint.close()
+    assert [(o.delivered, o.attempts, o.rejected_points) for o in outcomes] == [
+        (True, 1, 2), (True, 1, 0), (True, 1, 0)]
+    assert [r.getMessage() for r in caplog.records if r.name == "kcm.otlp"] == [
+        f"export to {collector.endpoint} partially rejected: {count} points ({why})"
+        for count, why in ((2, "bad unit"), (0, "a warning only"), (0, "a server bug"))]
 
 
 def test_a_shutdown_deadline_abandons_retries_without_claiming_delivery(collector):
@@ -123,6 +134,18 @@ def test_refused_credentials_are_final_but_the_next_export_reads_the_token_file_
     assert [export.metadata["authorization"] for export in collector.exports] == ["Bearer new-s3cret"]
 
 
+def test_a_refusal_says_the_headers_are_unchanged_when_the_token_file_is_as_it_was(collector, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("Bearer s3cret\n")
+    endpoint = _endpoint(collector, headers_from_files={"authorization": str(token)})
+    collector.fail_next(grpc.StatusCode.UNAUTHENTICATED)
+    try:
+        refused = endpoint.export(client_metrics().SerializeToString())
+    finally:
+        endpoint.close()
+    assert (refused.error, refused.note) == ("UNAUTHENTICATED", "; the headers were read again")
+
+
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
 def test_refused_credentials_are_retried_with_the_token_file_read_again_when_asked(collector, tmp_path, code,
                                                                                     caplog):
@@ -138,6 +161,7 @@ def test_refused_credentials_are_retried_with_the_token_file_read_again_when_ask
     assert [export.metadata["authorization"] for export in collector.exports] == ["Bearer new-s3cret"]
     retries = [record.getMessage() for record in caplog.records if record.name == "kcm.otlp"]
     assert len(retries) == 2 and all(code.name in line for line in retries)
+    assert f"failed with {code.name}; check the endpoint's headers (" in retries[0]
     assert "the headers were read again and have changed" in retries[0]
     assert "s3cret" not in caplog.text
 
@@ -271,21 +295,78 @@ def test_a_failure_that_is_not_the_servers_answer_is_retried_not_left_behind(col
                              lambda code, retrying: failures.append((code, retrying)))
     call, calls = endpoint._call, []
 
-    def broken_once(*args, **kwargs):
+    def broken_thrice(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) <= 3:
             raise OverflowError("a bug")
         return call(*args, **kwargs)
 
-    endpoint._call = broken_once
+    endpoint._call = broken_thrice
     try:
         with caplog.at_level("ERROR", logger="kcm"):
             outcome = endpoint.export(client_metrics().SerializeToString())
     finally:
         endpoint.close()
-    assert (outcome.delivered, outcome.attempts) == (True, 2) and len(collector.exports) == 1
-    assert failures == [("UNEXPECTED", True)]
-    assert any("failed unexpectedly (attempt 1); retrying in" in r.getMessage() and r.exc_info for r in caplog.records)
+    assert (outcome.delivered, outcome.attempts) == (True, 4) and len(collector.exports) == 1
+    assert failures == [("UNEXPECTED", True)] * 3
+    errors = [r for r in caplog.records if "failed unexpectedly" in r.getMessage()]
+    assert [f"(attempt {n}); retrying in" in r.getMessage() for n, r in enumerate(errors, 1)] == [True] * 3
+    assert [bool(r.exc_info) for r in errors] == [True, False, False]   # the traceback once, not at every retry
+
+
+def test_an_export_after_its_caller_gave_up_and_closed_the_channel_is_abandoned_quietly(collector, caplog):
+    failures: list[tuple[str, bool]] = []
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True), RETRY, lambda: True,
+                             lambda code, retrying: failures.append((code, retrying)))
+    endpoint.close()   # a shutdown: the channel is closed under an export still running
+    with caplog.at_level("WARNING", logger="kcm"):
+        outcome = endpoint.export(client_metrics().SerializeToString())
+    assert (outcome.abandoned, outcome.delivered, outcome.error) == (True, False, "UNEXPECTED")
+    assert failures == [] and [r.getMessage() for r in caplog.records if r.name == "kcm.otlp"] == []
+
+
+def test_a_caller_giving_up_during_a_long_backoff_is_heard_within_a_fraction_of_a_second(collector):
+    collector.fail_next(grpc.StatusCode.UNAVAILABLE, times=100)
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True),
+                             RetryPolicy(initial_backoff_s=5, max_backoff_s=5, jitter=0), lambda: False)
+    started = time.monotonic()
+    try:
+        outcome = endpoint.export(client_metrics().SerializeToString(),
+                                  give_up=lambda: time.monotonic() - started > 0.3)
+    finally:
+        endpoint.close()
+    assert outcome.abandoned and outcome.attempts == 1
+    assert time.monotonic() - started < 2.5   # not the 5 s backoff: a drain's deadline is shorter than a backoff cap
+
+
+def test_a_caller_that_gave_up_during_the_backoff_gets_no_further_attempt(collector):
+    collector.fail_next(grpc.StatusCode.UNAVAILABLE)
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True),
+                             RetryPolicy(initial_backoff_s=0, max_backoff_s=0), lambda: False)
+    asked: list[int] = []
+
+    def gives_up_after_its_first_answer() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    try:
+        outcome = endpoint.export(client_metrics().SerializeToString(), give_up=gives_up_after_its_first_answer)
+    finally:
+        endpoint.close()
+    assert (outcome.abandoned, outcome.attempts) == (True, 1) and collector.exports == []
+
+
+def test_a_long_many_line_unavailable_detail_is_logged_on_one_line_and_cut_short(collector, caplog):
+    collector.fail_next(grpc.StatusCode.UNAVAILABLE, message="one\ntwo\r\n" + "x" * 1000)
+    endpoint = _endpoint(collector)
+    try:
+        with caplog.at_level("WARNING", logger="kcm"):
+            assert endpoint.export(client_metrics().SerializeToString()).delivered
+    finally:
+        endpoint.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kcm.otlp"]
+    assert "(one two  xxx" in line and "…)" in line
+    assert "\n" not in line and "\r" not in line and len(line) < 600
 
 
 def test_a_collector_slower_than_the_timeout_is_named_as_such(collector, caplog):

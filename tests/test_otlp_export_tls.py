@@ -7,7 +7,12 @@ Certificates are made by openssl for each test module.
 from __future__ import annotations
 
 import logging
+import os
+import pty
+import select
+import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -165,6 +170,58 @@ def test_mutual_tls_sends_the_client_certificate_and_fails_without_it(certificat
     mutual = Tls(ca, str(certificates / "client.pem"), str(certificates / "client.key"))
     assert _send(Endpoint(collector.endpoint, FAST, _within(10), tls=mutual, timeout_s=5)).delivered
     assert len(collector.calls) == 1
+
+
+@pytest.mark.parametrize("form", ["pkcs1-rsa", "sec1-ec"])
+def test_mutual_tls_takes_the_traditional_key_forms_cert_manager_and_openssl_write(certificates, tls_collector, form):
+    # cert-manager writes PKCS#1 keys by default (privateKey.encoding: PKCS1), `openssl ecparam -genkey` SEC1 ones:
+    # "BEGIN RSA PRIVATE KEY" and "BEGIN EC PRIVATE KEY", not PKCS#8's "BEGIN PRIVATE KEY".
+    if form == "pkcs1-rsa":
+        _openssl("rsa", "-in", "client.key", "-traditional", "-out", "client-pkcs1.key", cwd=certificates)
+        key, cert, marker = certificates / "client-pkcs1.key", certificates / "client.pem", b"BEGIN RSA PRIVATE KEY"
+    else:
+        _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "client-ec.key", cwd=certificates)
+        _openssl("req", "-new", "-key", "client-ec.key", "-subj", "/CN=client-ec", "-out", "client-ec.csr",
+                 cwd=certificates)
+        _openssl("x509", "-req", "-in", "client-ec.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-out", "client-ec.pem", "-extfile", "client.ext", cwd=certificates)
+        key, cert, marker = certificates / "client-ec.key", certificates / "client-ec.pem", b"BEGIN EC PRIVATE KEY"
+    assert marker in key.read_bytes()
+    collector = tls_collector(require_client_certificate=True)
+    OtlpTarget(collector.endpoint, ca_file=str(certificates / "ca.pem"), cert_file=str(cert), key_file=str(key))
+    config = EndpointConfig(endpoint=collector.endpoint, tls=TlsConfig(
+        ca_file=str(certificates / "ca.pem"), cert_file=str(cert), key_file=str(key)))
+    assert _send(open_endpoint(config, FAST, _within(10))).delivered
+    assert len(collector.calls) == 1
+
+
+def test_an_encrypted_key_is_refused_at_start_not_prompted_for_on_a_terminal(certificates):
+    # gRPC takes no key password; OpenSSL without a password callback would ask for one on the terminal and wait.
+    _openssl("genrsa", "-aes256", "-passout", "pass:x", "-out", "encrypted.key", "2048", cwd=certificates)
+    _openssl("req", "-new", "-key", "encrypted.key", "-passin", "pass:x", "-subj", "/CN=encrypted",
+             "-out", "encrypted.csr", cwd=certificates)
+    _openssl("x509", "-req", "-in", "encrypted.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-out", "encrypted.pem", "-extfile", "client.ext", cwd=certificates)
+    script = ("from kcm_common.otlp_export import Tls, tls_problem\n"
+              f"print('problem:', tls_problem(Tls(cert_file={str(certificates / 'encrypted.pem')!r}, "
+              f"key_file={str(certificates / 'encrypted.key')!r})))\n")
+    pid, terminal = pty.fork()
+    if pid == 0:   # the child, on a terminal of its own, as a user running `kcm bridge` or `kcm rollup` is
+        os.execv(sys.executable, [sys.executable, "-c", script])
+    output, deadline = b"", time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and b"phrase" not in output:   # to the child's end, or its prompt
+            ready, _, _ = select.select([terminal], [], [], 0.5)
+            if ready:
+                try:
+                    output += os.read(terminal, 4096)
+                except OSError:   # the child ended and closed the terminal
+                    break
+    finally:
+        os.kill(pid, signal.SIGKILL) if os.waitpid(pid, os.WNOHANG) == (0, 0) else None
+        os.close(terminal)
+    text = output.decode(errors="replace")
+    assert "pass phrase" not in text and "problem:" in text and "the key is not encrypted" in text, text
 
 
 def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificates, tls_collector, caplog):

@@ -88,7 +88,7 @@ def test_each_request_gets_its_own_minute_to_be_delivered(collector):
     assert len(collector.exports) == 2 and collector.rejected_calls == 2
 
 
-@pytest.mark.parametrize("endpoint", ["otel", "otel:", "http://otel:4317", "otel:70000"])
+@pytest.mark.parametrize("endpoint", ["otel", "otel:", "http://otel:4317", "otel:70000", "otel:0"])
 def test_an_endpoint_that_is_not_host_and_port_is_refused(endpoint):
     with pytest.raises(UserError, match="is not HOST:PORT"):
         check_endpoint(endpoint)
