@@ -71,6 +71,24 @@ def test_flags_alone_run_it_with_defaults():
     ("delivery: {dead_letter_topic: '..'}", "delivery.dead_letter_topic: '..' is not a Kafka topic name"),
     ("metrics_host: 999.1.1.1", "metrics_host '999.1.1.1' is not an IP address"),
     ("endpoints: [{endpoint: 'c:4317', concurrency: 1000000}]", "endpoints[0].concurrency must be at most 64"),
+    ("endpoints: [{endpoint: 'c:4317', concurrency: 65}]", "endpoints[0].concurrency must be at most 64"),
+    ("retry: {initial_backoff_s: 10, max_backoff_s: 5}",
+     "retry.max_backoff_s must be at least retry.initial_backoff_s"),
+    ("retry: {jitter: -0.5}", "retry.jitter must be between 0 and 1, not -0.5"),   # waits past the cap
+    ("retry: {jitter: 1.5}", "retry.jitter must be between 0 and 1, not 1.5"),
+    ("retry: {multiplier: 0.5}", "retry.multiplier must be a finite number, 1 or more, not 0.5"),
+    ("batch: {linger_ms: -1}", "batch.linger_ms must be 0 or more"),
+    ("batch: {linger_ms: 31536000001}", "batch.linger_ms must be at most 31536000000 .a year., not 31536000001"),
+    ("delivery: {revoke_timeout_s: -1}", "delivery.revoke_timeout_s"),
+    # The bridge would read its own dead letters back, and a record refused again would loop.
+    ("delivery: {dead_letter_topic: kafka-client-metrics}",
+     "delivery.dead_letter_topic must not be one of kafka.topics"),
+    ("enrich: {rules: [{action: hash, attribute: principal, salt: a, salt_env: KCM_SALT}]}",
+     "enrich.rules[0]: a hash rule needs exactly one of salt, salt_file, salt_env"),
+    ("enrich: {rules: [{action: drop, attribute: principal, salt: a}]}",
+     "enrich.rules[0]: salts only apply to hash rules"),
+    ("endpoints: [{endpoint: 'c:4317', headers_from_env: {authorization: KCM_TEST_VARIABLE_NOBODY_SETS}}]",
+     "endpoints[0].headers_from_env.authorization: environment variable KCM_TEST_VARIABLE_NOBODY_SETS is not set"),
 ])
 def test_a_bad_setting_is_an_error_naming_its_field(tmp_path, yaml_text, field):
     document = {"kafka": {"bootstrap_servers": "k:9092"}, "endpoints": [{"endpoint": "c:4317"}]}
@@ -80,6 +98,42 @@ def test_a_bad_setting_is_an_error_naming_its_field(tmp_path, yaml_text, field):
     path.write_text(yaml.safe_dump(document))
     with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         load(path, env={})
+
+
+@pytest.mark.parametrize("yaml_text", [
+    "retry: {initial_backoff_s: 2, max_backoff_s: 2}", "retry: {jitter: 0}", "retry: {jitter: 1}",
+    "retry: {multiplier: 1}", "batch: {linger_ms: 0}", "batch: {linger_ms: 31536000000}",
+    "delivery: {revoke_timeout_s: 0}",   # a revoke then gives up on exports at once
+    "endpoints: [{endpoint: 'c:4317', concurrency: 64}]", "kafka: {connect_timeout_s: 31536000}",
+])
+def test_a_setting_at_the_edge_of_what_is_allowed_is_accepted(tmp_path, yaml_text):
+    document = {"kafka": {"bootstrap_servers": "k:9092"}, "endpoints": [{"endpoint": "c:4317"}]}
+    for section, value in yaml.safe_load(yaml_text).items():
+        document[section] = {**document[section], **value} if isinstance(document.get(section), dict) else value
+    path = tmp_path / "bridge.yaml"
+    path.write_text(yaml.safe_dump(document))
+    config = load(path, env={})
+    for section, value in yaml.safe_load(yaml_text).items():
+        if section != "endpoints":
+            assert {key: getattr(getattr(config, section), key) for key in value} == value
+
+
+def test_flags_beat_the_environment_which_beats_the_file(tmp_path):
+    path = tmp_path / "bridge.yaml"
+    path.write_text(YAML)
+    env = {"KCM_BRIDGE_GROUP_ID": "from-env", "KCM_BRIDGE_ENDPOINTS": "env-collector:4317",
+           "KCM_BRIDGE_INSECURE": "false"}
+    config = load(path, env=env, overrides={("kafka", "group_id"): "from-flag"}, endpoints=["flag-collector:4317"],
+                  insecure=True)
+    assert config.kafka.group_id == "from-flag"
+    assert [(e.endpoint, e.insecure) for e in config.endpoints] == [("flag-collector:4317", True)]
+    # Without the flags, the environment's: its endpoints replace the file's, and its insecure applies to them all.
+    config = load(path, env={**env, "KCM_BRIDGE_INSECURE": "true"})
+    assert config.kafka.group_id == "from-env"
+    assert [(e.endpoint, e.insecure) for e in config.endpoints] == [("env-collector:4317", True)]
+    config = load(path, env={"KCM_BRIDGE_INSECURE": "false"})
+    assert [(e.endpoint, e.insecure) for e in config.endpoints] == [("collector-a:4317", False),
+                                                                    ("collector-b:4317", False)]
 
 
 def _rename(attribute: str, to: str) -> dict:
@@ -380,6 +434,14 @@ def test_a_misspelt_environment_variable_is_named_not_silently_ignored(caplog, m
             ("kafka", "bootstrap_servers"): "k:9092",
             ("endpoints",): [{"endpoint": "c:4317", "headers_from_env": {"authorization": "KCM_BRIDGE_TOKEN"}}]})
         warn_of_unknown_variables(config, {"KCM_BRIDGE_TOKEN": "t"})
+    assert caplog.records == []
+
+    monkeypatch.setenv("KCM_BRIDGE_SALT", "pepper")  # so is one a hash rule's salt_env names
+    with caplog.at_level("WARNING", logger="kcm.bridge"):
+        config = load(env={"KCM_BRIDGE_SALT": "pepper"}, overrides={
+            ("kafka", "bootstrap_servers"): "k:9092", ("endpoints",): [{"endpoint": "c:4317"}],
+            ("enrich", "rules"): [{"action": "hash", "attribute": "principal", "salt_env": "KCM_BRIDGE_SALT"}]})
+        warn_of_unknown_variables(config, {"KCM_BRIDGE_SALT": "pepper"})
     assert caplog.records == []
 
 
