@@ -1064,3 +1064,52 @@ def test_a_client_resetting_its_connection_is_not_reported_as_an_upstream_failur
     assert not [record for record in caplog.records if record.name == "kcm.sandbox" and record.levelno >= logging.WARNING]
     with KafkaConnection(sandbox.bootstrap) as fresh:
         assert new_client(fresh)[0] != ZERO
+
+
+def test_advertised_versions_keep_the_gateways_own_kip714_apis_and_cap_config_apis_at_what_it_parses():
+    from kcm_sandbox.gateway import _api_version_entries
+
+    offered = {e.api_key: (e.min_version, e.max_version)
+               for e in _api_version_entries({32: (0, 99), 44: (0, 99), 71: (0, 9), 72: (0, 9)})}
+    assert offered[32] == (0, DescribeConfigsRequest.max_version)
+    assert offered[44] == (0, IncrementalAlterConfigsRequest.max_version)
+    assert offered[71] == (0, 0) and offered[72] == (0, 0)
+
+
+def test_a_receiver_that_throws_makes_the_push_an_invalid_record(sandbox, caplog):
+    # What Kafka answers when its exporter plugin throws; the sandbox's Java receiver does when its JVM fails.
+    def broken(*_):
+        raise RuntimeError("the plugin threw")
+
+    sandbox.gateway.receiver = broken
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        instance_id, subscription_id = new_client(connection)
+        assert push(connection, instance_id, subscription_id) == INVALID_RECORD
+    assert any("could not write the push to the metrics topic: the plugin threw" in m for m in caplog.messages)
+
+
+def test_a_legacy_alter_of_a_topic_the_broker_cannot_alter_is_refused_beside_an_applied_subscription(sandbox):
+    # The embedded broker has no AlterConfigs (33): the topic is answered INVALID_REQUEST, the subscription applied.
+    request = AlterConfigsRequest[2](resources=[(TOPIC, "some-topic", [("retention.ms", "1000")]),
+                                                (CLIENT_METRICS, "sub", [("interval.ms", "1000")])],
+                                     validate_only=False)
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        results = connection.call(request, AlterConfigsResponse).responses
+        assert [(r.resource_name, r.error_code) for r in results] == [("some-topic", INVALID_REQUEST), ("sub", 0)]
+        assert listed(connection, 0) == [("sub", CLIENT_METRICS)]
+
+
+def test_a_legacy_alter_that_only_validates_stores_nothing(sandbox):
+    request = AlterConfigsRequest[2](resources=[(CLIENT_METRICS, "dry", [("interval.ms", "1000")])],
+                                     validate_only=True)
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        (result,) = connection.call(request, AlterConfigsResponse).responses
+        assert result.error_code == 0
+        assert listed(connection, 0) == []
+
+
+@pytest.mark.parametrize("types", [[TOPIC], [32]], ids=["topic", "group"])
+def test_listing_a_type_kafka_lists_but_the_sandbox_cannot_is_an_invalid_request(sandbox, types):
+    with KafkaConnection(sandbox.bootstrap) as connection:
+        response = connection.call(ListConfigResourcesRequest[1](resource_types=types), ListConfigResourcesResponse)
+    assert (response.error_code, response.config_resources) == (INVALID_REQUEST, [])

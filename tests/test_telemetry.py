@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 import uuid
 
 import pytest
@@ -22,6 +23,7 @@ from kcm_sandbox.store import SubscriptionStore
 from kcm_sandbox.telemetry import (
     ClientIdentity,
     TelemetryManager,
+    java_host_address,
     kafka_uuid_text,
     subscription_id,
 )
@@ -524,3 +526,59 @@ def test_closing_the_connection_a_client_started_on_forgets_it(manager):
 
     assert manager.client_count() == 0
     assert manager.get_subscriptions(client, PAYMENTS).error_code == 0
+
+
+def _one_subscription_manager(max_bytes: int = 1048576) -> tuple[TelemetryManager, FakeClock]:
+    store, clock = SubscriptionStore(), FakeClock()
+    subscribe(store, "s", metrics="a.", interval_ms="1000")
+    return TelemetryManager(store, telemetry_max_bytes=max_bytes, clock=clock), clock
+
+
+@pytest.mark.parametrize("payload", [b"", METRICS], ids=["empty", "metrics"])
+def test_an_accepted_push_clears_a_remembered_codec_failure(payload):
+    manager, clock = _one_subscription_manager()
+    got = manager.get_subscriptions(None, PAYMENTS)
+    refused = manager.push(got.client_instance_id, got.subscription_id, False, 9, METRICS, PAYMENTS)
+    assert refused.error_code == UNSUPPORTED_COMPRESSION_TYPE
+    clock.advance_ms(1000)
+    assert manager.push(got.client_instance_id, got.subscription_id, False, 0, payload, PAYMENTS).error_code == 0
+    # Kafka's lastKnownError is NONE again, so an early Get is throttled like any other (after 76 it would not be).
+    assert manager.get_subscriptions(got.client_instance_id, PAYMENTS).error_code == THROTTLING_QUOTA_EXCEEDED
+
+
+def test_subscription_id_folds_the_uuid_halves_with_xor_as_uuid_hash_code_does():
+    # Halves whose bits overlap (the other tests' ids have complementary halves or one zero half); the values are
+    # what Kafka's computeSubscriptionId gives with kafka-clients 4.3.0's Uuid and Crc32C on a JVM.
+    client = uuid.UUID("0123456789abcdef0f1e2d3c4b5a6978")
+    assert subscription_id([], 1000, client) == -1503982844
+    assert subscription_id(["org.apache.kafka.producer."], 60000, client) == 254245164
+
+
+def test_ipv4_mapped_and_scoped_ipv6_addresses_read_as_java_prints_them():
+    # A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d; InetAddress.getHostAddress prints a.b.c.d, which
+    # is what a client_source_address pattern is written against.
+    assert java_host_address("::ffff:10.0.0.7") == "10.0.0.7"
+    assert java_host_address("fe80::1%eth0") == "fe80:0:0:0:0:0:0:1%eth0"
+
+
+def test_a_client_that_expired_and_came_back_on_another_connection_survives_the_first_one_closing():
+    manager, clock = _one_subscription_manager()
+    client = manager.get_subscriptions(None, PAYMENTS, connection_id="c1").client_instance_id
+    clock.advance_ms(61_000)   # expired: the next request creates it again, on its new connection
+    manager.get_subscriptions(client, PAYMENTS, connection_id="c2")
+    manager.connection_closed("c1")
+    assert manager.client_count() == 1
+
+
+def test_decompression_stops_at_telemetry_max_bytes_not_at_what_the_push_expands_to():
+    manager, _ = _one_subscription_manager(max_bytes=4096)
+    got = manager.get_subscriptions(None, PAYMENTS)
+    bomb = compress(bytes(64 * 1024 * 1024), "zstd")   # a few KiB that expand to 64 MiB
+    tracemalloc.start()
+    try:
+        result = manager.push(got.client_instance_id, got.subscription_id, False, 4, bomb, PAYMENTS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.error_code == INVALID_RECORD
+    assert peak < 4 * 1024 * 1024, peak
