@@ -235,6 +235,13 @@ def test_the_rollup_export_speaks_tls_with_a_token_and_never_logs_it(certificate
     assert export([row], target, retry=FAST, give_up_after_s=10) == (1, 0)
     assert collector.calls[0]["authorization"] == "Bearer s3cret-token"
     assert "s3cret" not in repr(target) and "s3cret" not in caplog.text
+    assert "plaintext" not in caplog.text   # the token went over TLS: nothing to warn about
+    caplog.clear()
+    # --otlp-tls alone trusts the system's roots, which do not hold the test CA: a TLS handshake, never plaintext.
+    with pytest.raises(UserError, match="still UNAVAILABLE .*handshake"):
+        export([row], OtlpTarget(collector.endpoint, tls=True, header_files=target.header_files), retry=FAST,
+               give_up_after_s=0)
+    assert "plaintext" not in caplog.text
     # Plaintext against the TLS port fails, given up at once here (no "retrying" line for a retry that will not
     # come), and says so in one line naming the receiver; the token that would have gone in plaintext is warned
     # about, and appears in no log line and no error.

@@ -14,7 +14,8 @@ from kcm_common.errors import UserError
 from kcm_common.otlp_export import RetryPolicy
 from kcm_common.points import attributes, metric_dicts
 from kcm_rollups.otlp import (BOUNDS_ATTRIBUTE, RESOLUTION_ATTRIBUTE, SCOPE_NAME, STATISTICS, OtlpTarget,
-                              check_endpoint, export, export_requests, export_rows)
+                              check_endpoint, export, export_requests, export_rows, parse_header_file,
+                              resource_columns)
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from spark_support import spark  # noqa: F401  (the session-scoped fixture)
 
@@ -86,6 +87,59 @@ def test_each_request_gets_its_own_minute_to_be_delivered(collector):
     patient = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=2.0)  # honours the receiver's 1 s
     assert export(rows, OtlpTarget(collector.endpoint), retry=patient, give_up_after_s=1.9, max_points=2) == (4, 0)
     assert len(collector.exports) == 2 and collector.rejected_calls == 2
+
+
+def test_point_attributes_keep_their_types_and_rows_of_one_metric_share_it():
+    rows = [row("lat", count=1, attributes='{"flag": true, "nested": {"a": 1}, "n": 2, "x": 1.5, "list": ["a"]}'),
+            row("lat", count=2, attributes='{"flag": false}')]
+    [request] = list(export_requests(rows))
+    [metric] = request.resource_metrics[0].scope_metrics[0].metrics   # one metric, two points
+    first, second = metric.gauge.data_points
+    values = {kv.key: kv.value for kv in first.attributes}
+    assert values["flag"].WhichOneof("value") == "bool_value" and values["flag"].bool_value is True
+    assert values["nested"].WhichOneof("value") == "kvlist_value"
+    assert [(kv.key, kv.value.int_value) for kv in values["nested"].kvlist_value.values] == [("a", 1)]
+    assert (values["n"].int_value, values["x"].double_value, values["list"].array_value.values[0].string_value) == (
+        2, 1.5, "a")
+    assert {kv.key: kv.value.WhichOneof("value") for kv in second.attributes}["flag"] == "bool_value"
+
+
+def test_point_attributes_never_become_resource_attributes():
+    assert resource_columns(("client_id", "metric", "attributes", "principal")) == (
+        "client_id", "client_software_name", "client_software_version", "metric", "principal")
+
+
+def test_nothing_to_export_sends_nothing_and_a_receiver_claiming_more_rejections_than_points_rejected_them_all(
+        collector):
+    assert export([], OtlpTarget(collector.endpoint), retry=FAST) == (0, 0) and collector.exports == []
+    # With no rows, a receiver that is down is no failure: nothing was to go there.
+    assert export([], OtlpTarget("127.0.0.1:1"), retry=FAST, give_up_after_s=0) == (0, 0)
+    collector.reject_partially_next(100)
+    assert export([row("lat", count=1, min=1.0)], OtlpTarget(collector.endpoint)) == (2, 2)
+
+
+def test_an_endpoint_is_taken_without_the_spaces_around_it_and_a_header_file_needs_a_file():
+    assert OtlpTarget(" 127.0.0.1:4317 ").endpoint == "127.0.0.1:4317"
+    with pytest.raises(UserError, match="is not NAME=FILE"):
+        parse_header_file("authorization=")
+
+
+def test_a_tls_file_gone_since_the_start_check_is_one_clear_error(collector, tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(_self_signed(tmp_path))
+    target = OtlpTarget(collector.endpoint, ca_file=str(ca))
+    ca.unlink()   # a Secret rotated away during a long Spark run
+    with pytest.raises(UserError, match=f"OTLP export to {collector.endpoint}: cannot read .*ca.pem: No such file"):
+        export([row("lat", count=1)], target, retry=FAST, give_up_after_s=0)
+
+
+def _self_signed(directory) -> bytes:
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test", "-days", "2",
+                    "-keyout", str(directory / "k.pem"), "-out", str(directory / "c.pem")], check=True,
+                   capture_output=True, timeout=60)
+    return (directory / "c.pem").read_bytes()
 
 
 @pytest.mark.parametrize("endpoint", ["otel", "otel:", "http://otel:4317", "otel:70000", "otel:0"])
