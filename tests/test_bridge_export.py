@@ -9,9 +9,12 @@ import time
 import grpc
 import pytest
 
-from kcm_bridge.config import EndpointConfig
+from kcm_bridge.config import ConfigError, EndpointConfig, load
 from kcm_bridge.export import open_endpoint
+from kcm_common.errors import UserError
 from kcm_common.otlp_export import Endpoint, RetryPolicy
+from kcm_rollups.otlp import OtlpTarget
+from fake_collector import FakeCollector
 from payloads import client_metrics
 
 RETRY = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=1.0)
@@ -420,3 +423,42 @@ def test_export_latency_buckets_reach_past_the_retries_an_outage_takes():
     sample = metrics.registry.get_sample_value
     assert sample("kcm_bridge_export_seconds_bucket", {"endpoint": "c:4317", "le": "30.0"}) == 0
     assert sample("kcm_bridge_export_seconds_bucket", {"endpoint": "c:4317", "le": "60.0"}) == 1
+
+
+@pytest.mark.parametrize("host", ["ipv4", "unix", "dns"])
+def test_a_host_named_like_a_grpc_scheme_is_a_host_to_resolve_not_a_scheme(host):
+    # gRPC reads "ipv4:9" as an ipv4: URI, an invalid target (UNKNOWN, refused for good: every batch dropped), and
+    # "unix:9" as a socket path; given "dns:///" first, the name is looked up, and an unknown one is retried.
+    endpoint = Endpoint(f"{host}:9", RETRY, lambda: True, insecure=True, timeout_s=5)
+    try:
+        outcome = endpoint.export(client_metrics().SerializeToString())
+    finally:
+        endpoint.close()
+    assert outcome.abandoned and outcome.error in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), outcome
+    assert "No such file" not in outcome.detail   # not a unix socket path
+
+
+def test_an_ipv6_endpoint_in_brackets_is_delivered_to():
+    try:
+        collector = FakeCollector(host="[::1]")
+        collector.start()
+    except RuntimeError:   # a machine without IPv6 loopback
+        pytest.skip("no IPv6 loopback address to listen on")
+    endpoint = Endpoint(f"[::1]:{collector.port}", RETRY, lambda: False, insecure=True, timeout_s=5)
+    try:
+        assert endpoint.export(client_metrics().SerializeToString()).delivered
+    finally:
+        endpoint.close()
+        collector.stop()
+    assert len(collector.exports) == 1
+
+
+@pytest.mark.parametrize("name", ["content-type", "te", "content-length", "user-agent", "connection", "keep-alive",
+                                  "proxy-connection", "transfer-encoding", "upgrade"])
+def test_a_header_grpc_sets_itself_or_http2_forbids_is_refused_at_start(name):
+    # gRPC drops or replaces the first four without a word; a strict server refuses a request with the others.
+    with pytest.raises(ConfigError, match=f"endpoints.0..headers.{name}: header '{name}' is one gRPC sets itself"):
+        load(env={}, overrides={("kafka", "bootstrap_servers"): "k:9092",
+                                ("endpoints",): [{"endpoint": "c:4317", "headers": {name: "x"}}]})
+    with pytest.raises(UserError, match=f"header '{name}' is one gRPC sets itself"):
+        OtlpTarget("c:4317", header_files=((name, __file__),))

@@ -76,15 +76,25 @@ _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s/]+):(\d{1,5})")
 
 def is_endpoint(text: str) -> bool:
     """Whether `text` is HOST:PORT (IPv6 in brackets) as kcm's exporters take it: no scheme, path or gRPC resolver
-    prefix (http://, dns:///, unix:), which gRPC would read as something else."""
+    prefix (http://, dns:///, unix:/path). The exporter hands gRPC `dns:///HOST:PORT`, so a host named like a
+    scheme (`unix:4317`) is a host."""
     found = _ENDPOINT.fullmatch(text)
     return found is not None and 0 < int(found.group(2)) < 65536
+
+
+# Names gRPC sets itself (a value given for them is dropped or replaced without a word), and HTTP/2's
+# connection-specific headers, which make a request malformed for a strict server (RFC 9113, 8.2.2).
+_RESERVED_HEADERS = frozenset({"content-type", "te", "content-length", "user-agent", "connection", "keep-alive",
+                               "proxy-connection", "transfer-encoding", "upgrade"})
 
 
 def metadata_problem(name: str, value: str | None = None) -> str | None:
     """Why gRPC would refuse this call metadata (checked before anything is sent), or None. Never quotes the value."""
     if not _METADATA_KEY.fullmatch(name) or name.startswith("grpc-"):
         return f"header {name!r} must be lower-case letters, digits, '-', '_' or '.', and not start with grpc-"
+    if name in _RESERVED_HEADERS:
+        return (f"header {name!r} is one gRPC sets itself or HTTP/2 forbids in a request: it would not arrive as "
+                "given; name another")
     if name.endswith("-bin"):
         return f"header {name!r}: names ending in -bin carry binary values, which kcm does not send"
     if value is not None and not value:
@@ -208,13 +218,15 @@ class Endpoint:
         self._timeout_s = timeout_s
         self._rng = random.Random()
         options = channel_options(retry)
+        # With the scheme spelt out, no host name is read as one (a host "unix" or "ipv4" would be, before a colon).
+        target = f"dns:///{endpoint}"
         if insecure:
-            self._channel = grpc.insecure_channel(endpoint, options=options)
+            self._channel = grpc.insecure_channel(target, options=options)
         else:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(tls.ca_file), private_key=_read(tls.key_file),
                 certificate_chain=_read(tls.cert_file))
-            self._channel = grpc.secure_channel(endpoint, credentials, options=options)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         # Raw bytes go out as they are: a serialised request, or concatenated MetricsData, which are one.
         self._call = self._channel.unary_unary(_METHOD, request_serializer=None,
                                                response_deserializer=ExportMetricsServiceResponse.FromString)
