@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -513,3 +514,127 @@ def test_a_histogram_point_without_a_sum_shows_its_count_only():
     assert _point_value({"count": 4, "sum": 10.5}) == "count=4 sum=10.5"
     assert _point_value({"count": 4, "sum": None}) == "count=4"
     assert _point_value({"value": float("nan")}) == "nan"
+
+
+def _record(value: bytes, headers=(), key: bytes | None = INSTANCE.encode()):
+    """What kafka-python hands tail for one record (the fields tail reads)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(topic="t", partition=0, offset=7, key=key, value=value, headers=list(headers))
+
+
+def test_a_record_of_no_resources_is_printed_with_the_broker_s_identity_and_no_metrics():
+    from kcm_cli.tail import record_json
+
+    _, headers = contract.encode(client_metrics(), attributes={"client_instance_id": INSTANCE, "client_id": "idle"},
+                                 content_encoding="none")
+    item, error = record_json(_record(b"\x10\x01", headers))   # MetricsData of one unknown field: no resources
+    assert error is None and item["metrics"] == []
+    assert item["resource"] == {"client_instance_id": INSTANCE, "client_id": "idle"}
+
+
+def test_a_key_that_is_not_utf8_is_shown_with_replacement_characters():
+    from kcm_cli.tail import record_json
+
+    value, headers = _contract_record()
+    item, error = record_json(_record(value, headers, key=b"\xff\xfeab"))
+    assert error is None and item["key"] == "\ufffd\ufffdab"
+
+
+def test_the_record_resource_of_several_resources_holds_only_what_all_of_them_share():
+    from kcm_cli.tail import record_json
+
+    data = MetricsData()
+    for client, zone in (("a", "z1"), ("b", "z1"), ("c", "z2")):
+        resource_metrics = data.resource_metrics.add()
+        resource_metrics.resource.attributes.add(key="client.id").value.string_value = client
+        resource_metrics.resource.attributes.add(key="zone").value.string_value = zone
+        resource_metrics.resource.attributes.add(key="k8s.cluster.name").value.string_value = "eu-1"
+        resource_metrics.scope_metrics.add().metrics.add(name="m").gauge.data_points.add(as_double=1.0)
+    item, _ = record_json(_record(data.SerializeToString(), key=None))
+    assert item["resource"] == {"k8s.cluster.name": "eu-1"}   # zone is shared by two of the three only
+
+
+def test_infinities_are_the_json_strings_protobuf_uses_and_the_key_names_a_plain_record_s_instance():
+    from kcm_cli.tail import _json_safe, table_lines
+
+    assert _json_safe({"v": [math.inf, -math.inf, math.nan, 1.5]}) == {"v": ["Infinity", "-Infinity", "NaN", 1.5]}
+    item = {"topic": "t", "partition": 0, "offset": 0, "key": "abcdef0123", "error": None,
+            "resource": {"client.id": "plain"}, "metrics": [{"name": "m", "points": [{"attributes": {}, "value": 1}]}]}
+    [row] = list(table_lines(item))
+    assert row.split()[:2] == ["plain", "abcdef01"]
+
+
+def test_kafka_lost_and_back_is_said_once_each(monkeypatch, caplog):
+    from kcm_cli import tail
+    from kcm_common.errors import UserError
+    from kcm_common.kafka import KafkaSettings
+
+    answers = iter([UserError("cannot reach Kafka at k:9092"), UserError("cannot reach Kafka at k:9092"), None])
+
+    def probe(settings, timeout_s):
+        answer = next(answers)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(tail, "check_reachable", probe)
+    lost, seen = False, []
+    with caplog.at_level("INFO", logger="kcm"):
+        for _ in range(3):
+            lost = tail._still_there(KafkaSettings("k:9092"), 1.0, lost)
+            seen.append(lost)
+    assert seen == [True, True, False]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("kcm")] == [
+        ("WARNING", "cannot reach Kafka at k:9092; still trying"), ("INFO", "Kafka at k:9092 answers again")]
+
+
+def test_max_records_of_zero_is_a_one_line_error_with_exit_code_2():
+    result = _kcm("tail", "--bootstrap-server", "127.0.0.1:9", "--max-records", "0")
+    assert result.returncode == 2 and result.stderr.strip() == "kcm tail: --max-records must be at least 1"
+
+
+def test_records_of_several_partitions_are_printed_in_timestamp_order(broker, new_topic, producer):
+    topic = new_topic(partitions=2)
+    value, headers = _contract_record()
+    for index, (partition, stamp) in enumerate(((0, 1000), (1, 2000), (0, 3000), (1, 4000))):
+        producer.send(topic, key=str(index).encode(), value=value, headers=list(headers), partition=partition,
+                      timestamp_ms=1_700_000_000_000 + stamp).get(timeout=10)
+    result = _kcm("tail", "--bootstrap-server", broker.bootstrap, "--topic", topic, "--from-beginning",
+                  "--output", "jsonl", "--max-records", "4")
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["key"] for line in result.stdout.splitlines()] == ["0", "1", "2", "3"]
+
+
+def test_timeout_counts_from_the_last_record_not_from_the_start(broker, new_topic, producer):
+    topic = new_topic()
+    value, headers = _contract_record()
+    tail = subprocess.Popen([sys.executable, "-m", "kcm_cli.main", "tail", "--bootstrap-server", broker.bootstrap,
+                             "--topic", topic, "--output", "jsonl", "--timeout", "1.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while "reading " + topic not in (line := tail.stderr.readline()):
+            assert line, "kcm tail exited before it started reading"
+        for _ in range(10):   # a record every 0.4 s for 4 s: never 1.5 s without one
+            _send(producer, topic, value, headers)
+            time.sleep(0.4)
+        out, _ = tail.communicate(timeout=30)
+    finally:
+        tail.kill()
+    assert len(out.splitlines()) == 10
+
+
+def test_a_kafka_error_while_reading_is_one_line_not_a_traceback(broker, new_topic, monkeypatch):
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaConnectionError
+
+    from kcm_cli.main import build_parser
+    from kcm_cli.tail import run
+    from kcm_common.kafka import KafkaUnavailableError
+
+    def lost(self, *args, **kwargs):
+        raise KafkaConnectionError("socket disconnected")
+
+    monkeypatch.setattr(KafkaConsumer, "poll", lost)
+    args = build_parser().parse_args(["tail", "--bootstrap-server", broker.bootstrap, "--topic", new_topic()])
+    with pytest.raises(KafkaUnavailableError, match="lost the connection to Kafka: .*socket disconnected"):
+        run(args)
