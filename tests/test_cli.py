@@ -378,8 +378,10 @@ def test_a_sandbox_state_file_too_large_to_be_one_is_refused_without_reading_it_
 
 
 def test_offsets_or_a_kubeconfig_nesting_deeper_than_python_can_read_are_one_line(tmp_path):
-    _one_line_error(_kcm("rollup", "--bootstrap-server", "127.0.0.1:9", "--topic", "t", "--output", str(tmp_path),
-                         "--starting-offsets", "[" * 5000 + "]" * 5000), "--starting-offsets must be")
+    deep = _kcm("rollup", "--bootstrap-server", "127.0.0.1:9", "--topic", "t", "--output", str(tmp_path),
+                "--starting-offsets", "[" * 5000 + "]" * 5000)
+    _one_line_error(deep, "--starting-offsets must be")
+    assert deep.stderr.rstrip().endswith("… (10000 characters)") and len(deep.stderr) < 400   # not all it was given
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("clusters: " + "[" * 1000 + "]" * 1000 + "\n")
     result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "operator", "--bootstrap-server", "127.0.0.1:9",

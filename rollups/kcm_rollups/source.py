@@ -179,8 +179,9 @@ def offset_spec(name: str, text: str, default: int, label: str | None = None) ->
             raise ValueError
     except (ValueError, RecursionError):   # RecursionError: nested deeper than json can read
         words = '"earliest"' if name == "startingOffsets" else '"latest"'
+        shown = repr(text) if len(text) <= 120 else f"{text[:120]!r}… ({len(text)} characters)"
         raise KafkaSourceError(f'{label} must be {words} or JSON like '
-                               f'{{"topic":{{"0":23,"1":{default}}}}}, not {text!r}') from None
+                               f'{{"topic":{{"0":23,"1":{default}}}}}, not {shown}') from None
     if any(o == refused for parts in spec.values() for o in parts.values()):
         raise KafkaSourceError(f"{label} cannot hold {refused} ({refused_word}) in a batch read, as in Spark")
     return {topic: {str(int(p)): o for p, o in parts.items()} for topic, parts in spec.items()}
