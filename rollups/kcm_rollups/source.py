@@ -299,26 +299,30 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
         rows: list[Record] = []
         position = offsets.start
         waited_since = time.monotonic()
+        problems: list[str] = []   # the last error librdkafka reported without giving up (say, reading not allowed)
         while position < offsets.end:
             # Asking for no more than the range holds: consume() waits out its timeout for a batch it cannot fill.
-            polled = _consume(consumer, offsets, position, min(_BATCH_RECORDS, offsets.end - position), 0.5)
+            polled = _consume(consumer, offsets, position, min(_BATCH_RECORDS, offsets.end - position), 0.5,
+                              problems)
             if not polled:
                 # Offsets without a record (transaction markers, compacted away) move the position, not the data.
                 position = max(position, consumer.position([assigned])[0].offset)
                 if position >= offsets.end:
                     break
                 if (time.monotonic() - waited_since) * 1000 > options.poll_timeout_ms:
+                    why = (f"Kafka's last error: {problems[-1]}" if problems
+                           else "is endingOffsets beyond the end?")
                     raise KafkaSourceError(
                         f"{offsets.topic}-{offsets.partition} returned records up to offset {position} only, within "
-                        f"{options.poll_timeout_ms} ms; the range ends at {offsets.end} "
-                        "(is endingOffsets beyond the end?)")
+                        f"{options.poll_timeout_ms} ms; the range ends at {offsets.end} ({why})")
                 continue
             waited_since = time.monotonic()
+            problems.clear()   # whatever went wrong before, records come again
             position = polled[-1].offset + 1
             if offsets.open_end and position >= offsets.end:
                 # A broker that under-reports its end offset (Tansu counts batches) must not cut off the tail of the
                 # batch that crosses it: librdkafka queues a fetched batch whole, so take what is queued already.
-                while tail := _consume(consumer, offsets, position, _BATCH_RECORDS, 0):
+                while tail := _consume(consumer, offsets, position, _BATCH_RECORDS, 0, problems):
                     polled += tail
                     position = tail[-1].offset + 1
             rows += polled if offsets.open_end else [record for record in polled if record.offset < offsets.end]
@@ -331,7 +335,10 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
         consumer.close()
 
 
-def _consume(consumer: Any, offsets: OffsetRange, position: int, count: int, timeout_s: float) -> list[Record]:
+def _consume(consumer: Any, offsets: OffsetRange, position: int, count: int, timeout_s: float,
+             problems: list[str]) -> list[Record]:
+    """The records `consume` gives; raises KafkaSourceError for an error that ends the read, and keeps the last other
+    one in `problems` (librdkafka retries it; the read's timeout then names it)."""
     import confluent_kafka
 
     from kcm_common.librdkafka import message_headers
@@ -356,6 +363,8 @@ def _consume(consumer: Any, offsets: OffsetRange, position: int, count: int, tim
                                    "(deleted by retention?); rerun with a later range")
         elif error.fatal():
             raise KafkaSourceError(f"reading {offsets.topic}-{offsets.partition} failed: {error.str()}")
+        else:
+            problems[:] = [error.str()]
     return records
 
 
