@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 MAX_VALUES = 1_000_000  # values of one document with every alias expanded; real manifests and configs are far below
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -22,6 +23,8 @@ class StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:
+                continue   # `<<: *defaults`, as kubectl reads it: merged below, the keys written beside it win
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int, float, bool)):
                 continue   # PyYAML refuses an unhashable key itself, naming its place
@@ -44,13 +47,13 @@ class StrictLoader(yaml.SafeLoader):
 
 
 class PlainTextLoader(StrictLoader):
-    """StrictLoader reading every unquoted scalar but null as the text written: `0777` stays "0777" (not 511),
-    `3.10` "3.10", `on` "on", `12:30` "12:30". For files whose fields have declared types, which the reader converts
-    from text as it converts environment variables."""
+    """StrictLoader reading every unquoted scalar but null (and a merge key, `<<`) as the text written: `0777` stays
+    "0777" (not 511), `3.10` "3.10", `on` "on", `12:30` "12:30". For files whose fields have declared types, which
+    the reader converts from text as it converts environment variables."""
 
 
 PlainTextLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag == "tag:yaml.org,2002:null"]
+    first: [(tag, pattern) for tag, pattern in resolvers if tag in ("tag:yaml.org,2002:null", MERGE_TAG)]
     for first, resolvers in StrictLoader.yaml_implicit_resolvers.items()}
 
 
