@@ -428,11 +428,21 @@ def test_a_problem_quoting_a_long_value_is_shortened():
 
 
 
-@pytest.mark.parametrize("text", ["1: a\n1: b\n", "true: a\ntrue: b\n", "1.5: a\n1.5: b\n"])
+@pytest.mark.parametrize("text", [
+    "1: a\n1: b\n", "true: a\ntrue: b\n", "1.5: a\n1.5: b\n", "~: a\nnull: b\n", "2024-01-02: a\n2024-01-02: b\n",
+    "2024-01-02T03:04:05Z: a\n2024-01-02 03:04:05Z: b\n"])
 def test_a_key_given_twice_is_refused_whatever_its_type(text):
-    """Kills Y01: repeated non-text keys kept the last silently."""
+    """Kills Y01: repeated non-text keys kept the last silently (null and date keys too, as kubectl refuses them)."""
     with pytest.raises(yaml.constructor.ConstructorError, match="given twice"):
         strict_yaml.load(text)
+
+
+def test_a_null_key_given_twice_is_named_null_and_a_sequence_key_is_pyyamls_refusal():
+    with pytest.raises(yaml.YAMLError) as err:
+        strict_yaml.load("a: 1\n~: x\n~: y\n")
+    assert strict_yaml.describe(err.value) == " at line 3, column 1: the key `null` is given twice in one mapping"
+    with pytest.raises(yaml.YAMLError, match="unhashable"):
+        strict_yaml.load("? [a, b]\n: 1\n")
 
 
 def test_an_impossible_value_is_a_yaml_error_at_its_place_not_pythons():

@@ -26,11 +26,14 @@ class StrictLoader(yaml.SafeLoader):
             if key_node.tag == MERGE_TAG:
                 continue   # `<<: *defaults`, as kubectl reads it: merged below, the keys written beside it win
             key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, (str, int, float, bool)):
-                continue   # PyYAML refuses an unhashable key itself, naming its place
-            if key in seen:
+            try:
+                repeated = key in seen
+            except TypeError:
+                continue   # unhashable (a sequence or mapping as key): PyYAML refuses it itself, naming its place
+            if repeated:
                 # In backquotes, which `describe` keeps: a key is a name, not a value.
-                raise yaml.constructor.ConstructorError(None, None, f"the key `{key}` is given twice in one mapping",
+                name = "null" if key is None else key
+                raise yaml.constructor.ConstructorError(None, None, f"the key `{name}` is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
