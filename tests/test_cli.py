@@ -230,6 +230,22 @@ def test_a_missing_package_names_the_extra_of_the_command_that_needs_it(monkeypa
                                        f"pip install 'kcm[{extra}]'\n")
 
 
+def test_demo_rollup_without_spark_says_so_before_the_demo_runs(monkeypatch, capsys):
+    """The 'demo' extra has no Spark: `--rollup` names the 'rollup' extra at once, not the 'demo' extra after the
+    clients ran for a minute."""
+    import importlib.util
+
+    import kcm_demo.run
+    from kcm_cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real(name, *a))
+    monkeypatch.setattr(kcm_demo.run, "run_demo", lambda *a, **k: pytest.fail("the demo ran"))
+    assert main(["demo", "--rollup"]) == 2
+    assert capsys.readouterr().err == ("kcm demo: --rollup needs the 'rollup' extra (missing module pyspark): "
+                                       "pip install 'kcm[rollup]'\n")
+
+
 @pytest.mark.parametrize("missing", ["yaml", "kcm_bridge.nonexistent", "google.protobuf.nonexistent"])
 def test_a_missing_module_no_extra_installs_is_a_bug_with_its_traceback(monkeypatch, missing):
     import importlib

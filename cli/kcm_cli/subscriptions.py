@@ -23,10 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka_connection(connection, servers="Kafka bootstrap servers")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", parents=[connection], help="every subscription in the cluster")
-    listing.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    listing.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                         help="a table, or JSON (default: %(default)s)")
     describe = actions.add_parser("describe", parents=[connection], help="one subscription's configs")
     describe.add_argument("name", help="the subscription (CLIENT_METRICS resource) name")
-    describe.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    describe.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                          help="its configs as text, or JSON (default: %(default)s)")
     apply = actions.add_parser("apply", parents=[connection],
                                help="make Kafka hold the subscriptions that YAML files define")
     apply.add_argument("-f", "--filename", action="append", required=True, metavar="FILE|DIR",

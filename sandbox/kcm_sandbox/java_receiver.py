@@ -72,7 +72,8 @@ def ensure_built() -> Path:
     needed = (jar_path(), build_dir() / "kcm-receiver-host.jar", build_dir() / "kcm-test-clients.jar")
     missing = [path.name for path in needed if not path.exists()]
     if missing:
-        raise UserError(f"{', '.join(missing)} missing in {build_dir()}; run receiver/build.py from a kcm checkout")
+        raise UserError(f"{', '.join(missing)} missing in {build_dir()}; run receiver/build.py from a kcm checkout "
+                        "and point KCM_RECEIVER_BUILD at its build/receiver")
     return build_dir()
 
 
