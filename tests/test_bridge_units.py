@@ -10,7 +10,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
 from kcm_bridge.consumer import Record
