@@ -78,7 +78,21 @@ class TopicReceiver:
                       exc)
 
     def close(self) -> None:
-        self._producer.close(timeout=5)
+        try:
+            self._producer.close(timeout=5)
+        except KafkaError as exc:
+            # kafka-python's close() flushes first and raises when that times out (a broker gone with a push queued),
+            # before it stops its sender thread, which is no daemon: the process could not exit. What is still
+            # queued is dropped, as a write that fails is.
+            log.error("pushes not yet written to %s are dropped as the receiver closes: %s", self.topic, exc)
+            sender = getattr(self._producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()   # it fails what is queued on its way out
+                sender.join(5)
+            try:
+                self._producer.close(timeout=0)   # nothing queued now: closed for good (else __del__ raises again)
+            except KafkaError:
+                pass
 
 
 def _known(software: str | None) -> str | None:

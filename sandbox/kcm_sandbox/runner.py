@@ -187,23 +187,31 @@ class Sandbox:
         return None
 
     def stop(self) -> None:
-        # The receiver's producer goes first, while the gateway it writes through is still there.
-        if self._receiver is not None:
-            self._receiver.close()
-            self._receiver = None
-        if self._loop is not None:
-            if self.gateway is not None and self._loop.is_running():
-                asyncio.run_coroutine_threadsafe(self.gateway.stop(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=10)
-            self._loop.close()
-            self._loop = None
-        if self._listener is not None:   # the gateway's server closed it already, unless it never started
-            self._listener.close()
-            self._listener = None
-        if self.broker is not None:
-            self.broker.stop()
+        # The receiver's producer goes first, while the gateway it writes through is still there; the rest stops
+        # whatever its close raises.
+        receiver, self._receiver = self._receiver, None
+        try:
+            if receiver is not None:
+                receiver.close()
+        finally:
+            self._stop_serving()
+
+    def _stop_serving(self) -> None:
+        try:
+            if self._loop is not None:
+                if self.gateway is not None and self._loop.is_running():
+                    asyncio.run_coroutine_threadsafe(self.gateway.stop(), self._loop).result(10)
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                if self._thread is not None:
+                    self._thread.join(timeout=10)
+                self._loop.close()
+                self._loop = None
+        finally:
+            if self._listener is not None:   # the gateway's server closed it already, unless it never started
+                self._listener.close()
+                self._listener = None
+            if self.broker is not None:
+                self.broker.stop()
 
     def __enter__(self) -> Sandbox:
         self.start()
