@@ -493,8 +493,8 @@ def test_a_write_the_broker_never_acknowledges_is_waited_for_then_logged_as_drop
 
 def test_a_sandbox_whose_broker_died_during_a_write_still_stops_whole():
     """kafka-python's close() raised KafkaTimeoutError with a dropped push still queued, and Sandbox.stop() stopped
-    there: the gateway, its event loop and the listener ran on, and the producer's sender thread (no daemon) kept
-    the process from exiting."""
+    there: the gateway, its event loop and the listener ran on, and the producer's sender thread went on trying the
+    dead broker."""
     import uuid
 
     from kcm_sandbox.runner import Sandbox, SandboxOptions

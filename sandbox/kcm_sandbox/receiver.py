@@ -82,8 +82,8 @@ class TopicReceiver:
             self._producer.close(timeout=5)
         except KafkaError as exc:
             # kafka-python's close() flushes first and raises when that times out (a broker gone with a push queued),
-            # before it stops its sender thread, which is no daemon: the process could not exit. What is still
-            # queued is dropped, as a write that fails is.
+            # before it stops its sender thread, which would go on trying the broker for as long as the process
+            # lives. What is still queued is dropped, as a write that fails is.
             log.error("pushes not yet written to %s are dropped as the receiver closes: %s", self.topic, exc)
             sender = getattr(self._producer, "_sender", None)
             if sender is not None:
