@@ -4,8 +4,12 @@ mutant of that review the test was checked against."""
 
 from __future__ import annotations
 
+import logging
 import random
+import socket
+import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -16,7 +20,7 @@ from kcm_bridge.consumer import Record
 from kcm_bridge.offsets import Ticket
 from kcm_common import contract
 from kcm_common.retry import RetryPolicy
-from test_bridge_pipeline import _config, _FlakyDeadLetters, _push, _unstarted_bridge
+from test_bridge_pipeline import _CommittingConsumer, _config, _FlakyDeadLetters, _push, _unstarted_bridge
 
 
 def _offline_config(tmp_path, overrides=None):
@@ -543,3 +547,409 @@ def test_an_unreadable_error_without_an_offset_is_not_stepped_past(monkeypatch):
     consumer, sought = _scripted_consumer(monkeypatch, [lambda on_error: [_Message(-1001, broken), _Message(3)]])
     assert [record.offset for record in consumer.poll(0.1, 10)] == [3]
     assert sought == []
+
+
+# -- pipeline.py: revokes ------------------------------------------------------------------------------------------
+
+def test_a_revoke_forgets_the_delta_streams_of_the_revoked_partitions(tmp_path):
+    """Delta-to-cumulative state of a revoked partition goes: its next owner starts those streams again, and a
+    member getting it back must not add new deltas to sums it stopped keeping (kills P43)."""
+    config = _offline_config(tmp_path, {("temporality", "delta_to_cumulative"): True,
+                                        ("delivery", "revoke_timeout_s"): 0.0})
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([("metrics", 0)], high=0)
+        forgotten = []
+        bridge._converter.forget = lambda partitions: forgotten.append(list(partitions))
+        bridge._on_revoke([("metrics", 0)])
+        assert forgotten == [[("metrics", 0)]]
+
+
+# -- pipeline.py: lag ----------------------------------------------------------------------------------------------
+
+class _AskingConsumer(_CommittingConsumer):
+    def __init__(self, assignment, high):
+        super().__init__(assignment, high)
+        self.asked = []
+
+    def high_watermarks(self, partitions, ask_s):
+        self.asked.append(ask_s)
+        return super().high_watermarks(partitions, ask_s)
+
+
+def test_lag_asks_kafka_for_watermarks_only_while_fetching_is_paused_and_is_never_negative(tmp_path):
+    """A paused partition fetches nothing, so its last fetched watermark goes stale: the lag then asks Kafka (kills
+    P37). A watermark behind the commit position (a stale one) is no lag, not a negative one (kills P38)."""
+    from kcm_bridge import pipeline
+
+    with _unstarted_bridge(_offline_config(tmp_path)) as bridge:
+        partition = ("metrics", 0)
+        consumer = bridge._consumer = _AskingConsumer([partition], high=2)
+        bridge._kafka.recovered()
+        for offset in range(5):
+            bridge._tracker.add(partition, offset, None)
+        bridge._report_lag()
+        bridge._paused = True
+        bridge._report_lag()
+        assert consumer.asked == [0.0, pipeline._WATERMARK_ASK_S]
+        assert bridge.metrics.value(bridge.metrics.lag, topic="metrics", partition="0") == 0
+
+
+# -- pipeline.py: shutdown -----------------------------------------------------------------------------------------
+
+class _ClosingDeadLetters:
+    def __init__(self):
+        self.closed = []
+
+    def send(self, topic, record, reason, on_done):
+        on_done(True)
+
+    def flush(self, timeout_s):
+        pass
+
+    def close(self, timeout_s):
+        self.closed.append(timeout_s)
+
+
+class _ClosableConsumer(_CommittingConsumer):
+    def close(self):
+        self.assigned = []
+
+
+def test_the_drain_exports_the_open_batch_commits_it_and_closes_dead_letters_within_its_deadline(tmp_path, collector):
+    """At shutdown the open batch is exported, not left to be read again (kills P44); the dead-letter producer gets
+    what is left of the shutdown timeout, never more (kills P47)."""
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "shutdown_timeout_s"): 5.0, ("delivery", "dead_letter_topic"): "metrics-dlq"})
+    with _unstarted_bridge(config) as bridge:
+        partition = ("metrics", 0)
+        consumer = bridge._consumer = _ClosableConsumer([partition], high=1)
+        letters = bridge._dead_letters = _ClosingDeadLetters()
+        bridge._kafka.recovered()
+        bridge._add([Record("metrics", 0, 0, *_push("app", "00000000-0000-0000-0000-000000000001"))])
+        bridge._drain()
+    assert consumer.commits == [{partition: 1}]
+    assert len(collector.exports) == 1
+    assert len(letters.closed) == 1 and 0 <= letters.closed[0] <= 5.0
+
+
+def test_a_second_stop_gives_up_on_exports_at_once_and_a_stopping_bridge_is_not_ready(tmp_path):
+    """stop(at_once=True) ends the wait for exports now (kills P54); from the first stop /readyz says not ready, so
+    no traffic is routed to a bridge shutting down (kills P53)."""
+    with _unstarted_bridge(_offline_config(tmp_path)) as bridge:
+        bridge._ready = True
+        bridge._kafka.recovered()
+        assert bridge.ready
+        bridge._drain_deadline = time.monotonic() + 60   # a drain in progress
+        bridge.stop()
+        assert not bridge.ready and not bridge._give_up()
+        bridge.stop(at_once=True)
+        assert bridge._give_up()
+
+
+def test_handing_an_export_to_stopped_threads_is_an_error_unless_the_bridge_is_stopping(tmp_path):
+    """Only the drain shuts the export threads down: anywhere else a refused hand-over must surface, not leave a batch
+    that never ends holding its partition's commits (kills P58)."""
+    from kcm_bridge.pipeline import _BatchTicket
+
+    with _unstarted_bridge(_offline_config(tmp_path)) as bridge:
+        endpoint = bridge._endpoints[0]
+        bridge._pools[id(endpoint)].shutdown()
+        with pytest.raises(RuntimeError):
+            bridge._start(endpoint, [], _BatchTicket(), None, None)
+        bridge._stopping.set()
+        bridge._start(endpoint, [], _BatchTicket(), None, None)   # the drain's deadline: read again later
+
+
+# -- pipeline.py: polling ------------------------------------------------------------------------------------------
+
+class _RecordingEvent(threading.Event):
+    def __init__(self):
+        super().__init__()
+        self.waits = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+class _DownConsumer(_CommittingConsumer):
+    def check(self, timeout_s, stop):
+        from kcm_bridge.consumer import KafkaUnavailableError
+
+        raise KafkaUnavailableError("cannot reach Kafka at 127.0.0.1:9")
+
+
+def test_a_failed_kafka_check_waits_out_the_poll_timeout_and_one_cut_short_by_a_stop_is_no_failure(
+        tmp_path, monkeypatch, caplog):
+    """While Kafka is down the loop waits the poll's timeout instead of spinning (kills P50); a check cut short by a
+    shutdown says nothing about Kafka: not reported, not counted (kills P49)."""
+    from kcm_bridge import pipeline
+
+    monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
+    with _unstarted_bridge(_offline_config(tmp_path)) as bridge:
+        bridge._consumer = _DownConsumer([("metrics", 0)], high=0)
+        stopping = bridge._stopping = _RecordingEvent()
+        with caplog.at_level(logging.INFO, logger="kcm.bridge"):
+            assert bridge._poll(0.25) == []
+            assert stopping.waits == [0.25]
+            assert "cannot reach Kafka at 127.0.0.1:9; retrying in" in caplog.text
+            caplog.clear()
+            bridge._kafka = type(bridge._kafka)()   # a fresh health: a check is due at once
+            stopping.set()
+            assert bridge._poll(0.25) == []
+        assert "retrying in" not in caplog.text
+        assert bridge._kafka.check_due()   # not counted as a failure: no backoff started
+
+
+def test_each_poll_fetches_what_fits_in_the_in_flight_budget_at_the_average_record_size(tmp_path):
+    """Memory stays bounded by the budget however large the backlog (kills P51), at the size records really have
+    once some were read (kills P52)."""
+    from kcm_bridge import pipeline
+
+    config = _offline_config(tmp_path, {("delivery", "max_inflight_bytes"): 1_000_000})
+    record = Record("metrics", 0, 0, *_push("app", "00000000-0000-0000-0000-000000000001"))
+    with _unstarted_bridge(config) as bridge:
+        bridge._average_size = 10_000.0
+        assert bridge._poll_size() == 100
+        bridge._hold(Ticket(size=600_000))
+        assert bridge._poll_size() == 40
+        bridge._hold(Ticket(size=600_000))
+        assert bridge._poll_size() == 1
+    with _unstarted_bridge(config) as bridge:
+        size = len(bridge._prepare(record)[0])
+        for offset in range(40):
+            bridge._add([record._replace(offset=offset)])
+            bridge._batch = type(bridge._batch)()   # exported, as far as the budget goes
+        assert abs(bridge._average_size - size) < 0.05 * size
+        assert bridge._poll_size() == min(pipeline._POLL_RECORDS, int(1_000_000 // bridge._average_size))
+
+
+# -- consumer.py -----------------------------------------------------------------------------------------------------
+
+def test_an_unreadable_batch_read_again_after_good_records_is_stepped_from_its_own_offset(monkeypatch):
+    """A good record ends the stepping through a broken batch: if the partition is read again from before it (a
+    rebalance, a seek back), the broken batch is stepped from its own offset, not past the good record read since,
+    which would be skipped unread (kills C08)."""
+    import confluent_kafka
+
+    broken = confluent_kafka.KafkaError(confluent_kafka.KafkaError._BAD_COMPRESSION, "bad compression")
+    script = [lambda on_error: [_Message(5, broken)], lambda on_error: [_Message(6)],
+              lambda on_error: [_Message(5, broken)]]
+    consumer, sought = _scripted_consumer(monkeypatch, script)
+    records = [record for _ in range(3) for record in consumer.poll(0.1, 10)]
+    assert [(record.offset, record.unreadable is None) for record in records] == [(5, False), (6, True), (5, False)]
+    assert sought == [6, 6]
+
+
+class _Metadata:
+    brokers: dict = {}
+    topics: dict = {}
+
+
+def _answering_consumer(monkeypatch):
+    """A ConfluentConsumer over a fake librdkafka consumer that answers metadata; returns it and its callbacks."""
+    import confluent_kafka
+
+    from kcm_bridge.consumer import ConfluentConsumer
+    from kcm_common.kafka import KafkaSettings
+
+    made = {}
+
+    class Librdkafka:
+        def __init__(self, config):
+            made["on_error"] = config["error_cb"]
+
+        def subscribe(self, topics, **callbacks):
+            made.update(callbacks)
+
+        def list_topics(self, topic=None, timeout=None):
+            if made.get("silent"):
+                raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(confluent_kafka.KafkaError._TRANSPORT))
+            return _Metadata()
+
+        def consume(self, count, timeout):
+            return made.pop("events", lambda on_error: [])(made["on_error"])
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Librdkafka)
+    return ConfluentConsumer(KafkaSettings("127.0.0.1:9"), {}, "group", ["metrics"], lambda _: None,
+                             lambda _: None), made
+
+
+def test_a_check_that_kafka_answers_makes_one_unreachable_broker_a_warning(monkeypatch, caplog):
+    """Before Kafka answered, a failed broker connection is part of the outage; after a successful check it is one
+    broker down, said as a warning (kills C12)."""
+    import confluent_kafka
+
+    consumer, made = _answering_consumer(monkeypatch)
+    consumer.check(1.0)
+    made["events"] = lambda on_error: (on_error(confluent_kafka.KafkaError(
+        confluent_kafka.KafkaError._TRANSPORT, "127.0.0.1:9093/2: Connect to ipv4#127.0.0.1:9093 failed")), [])[1]
+    with caplog.at_level(logging.WARNING, logger="kcm.bridge"):
+        consumer.poll(0, 1)
+    assert "a broker cannot be reached (127.0.0.1:9093/2" in caplog.text
+
+
+def test_joining_the_group_clears_a_group_authorization_refusal(monkeypatch):
+    """Once an ACL is granted and the group joined, checks stop reporting the old refusal (kills C06)."""
+    import confluent_kafka
+
+    from kcm_bridge.consumer import KafkaUnavailableError
+
+    consumer, made = _answering_consumer(monkeypatch)
+    made["on_error"](confluent_kafka.KafkaError(confluent_kafka.KafkaError.GROUP_AUTHORIZATION_FAILED, "denied"))
+    with pytest.raises(KafkaUnavailableError, match="READ on group group"):
+        consumer.check(1.0)
+    made["on_assign"](None, [])
+    consumer.check(1.0)
+
+
+def test_the_confluent_consumer_commits_synchronously(monkeypatch):
+    """A commit returns once Kafka stored it: the tracker then forgets those offsets (kills C16)."""
+    import confluent_kafka
+
+    from kcm_bridge.consumer import ConfluentConsumer
+
+    commits = []
+
+    class Librdkafka:
+        def commit(self, offsets=None, asynchronous=True):
+            commits.append(([(tp.partition, tp.offset) for tp in offsets], asynchronous))
+
+    consumer = ConfluentConsumer.__new__(ConfluentConsumer)
+    consumer._consumer, consumer._tp = Librdkafka(), confluent_kafka.TopicPartition
+    consumer.commit({("t", 0): 4})
+    assert commits == [([(0, 4)], False)]
+
+
+def test_confluent_dead_letters_flush_waits_only_when_given_time(monkeypatch):
+    """(kills C20)"""
+    from kcm_bridge.consumer import ConfluentDeadLetters
+
+    calls = []
+
+    class Producer:
+        def poll(self, timeout):
+            calls.append(("poll", timeout))
+
+        def flush(self, timeout):
+            calls.append(("flush", timeout))
+
+    letters = ConfluentDeadLetters.__new__(ConfluentDeadLetters)
+    letters._producer = Producer()
+    letters.flush(0)
+    letters.flush(0.5)
+    assert calls == [("poll", 0), ("poll", 0), ("flush", 0.5)]
+
+
+def test_the_kafka_python_dead_letter_producer_blocks_the_consuming_thread_briefly_at_most(monkeypatch):
+    """A missing dead-letter topic must not hold the consuming thread kafka-python's default minute (kills C21)."""
+    import kafka
+
+    from kcm_bridge.consumer import KafkaPythonDeadLetters
+    from kcm_common.kafka import KafkaSettings
+
+    built = {}
+
+    class Producer:
+        def __init__(self, **options):
+            built.update(options)
+
+        def send(self, *args, **kwargs):
+            raise kafka.errors.KafkaTimeoutError("no metadata")
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    letters, outcomes = KafkaPythonDeadLetters(KafkaSettings("127.0.0.1:9")), []
+    letters.send("dlq", Record("metrics", 0, 1, b"k", b"v", []), "too-large", outcomes.append)
+    assert outcomes == [False] and 0 < built["max_block_ms"] <= 1000
+
+
+class _KafkaPython:
+    """kafka-python's KafkaConsumer, as far as KafkaPythonConsumer uses it when losing its client and polling."""
+
+    def __init__(self, coordinator_unknown=False):
+        self.closed, self.unknown = [], coordinator_unknown
+        self._coordinator = types.SimpleNamespace(coordinator_unknown=lambda: self.unknown)
+        self._cluster = types.SimpleNamespace(unauthorized_topics=set())
+
+    def assignment(self):
+        from kafka import TopicPartition
+
+        return {TopicPartition("metrics", 0)}
+
+    def close(self, autocommit=True):
+        self.closed.append(autocommit)
+
+    def poll(self, timeout_ms, max_records):
+        return {}
+
+
+def test_kafka_python_losing_its_client_revokes_its_partitions_first_and_never_autocommits(monkeypatch):
+    """What was exported may still be committed by the revoke; closing must not commit kafka-python's own idea of the
+    position (kills C25, C26)."""
+    from kcm_bridge.consumer import KafkaPythonConsumer
+    from kcm_common.kafka import KafkaSettings
+
+    revoked = []
+    consumer = KafkaPythonConsumer(KafkaSettings("127.0.0.1:9"), {}, "group", ["metrics"], lambda _: None,
+                                   revoked.append)
+    client = consumer._consumer = _KafkaPython()
+    consumer._lose_client()
+    assert revoked == [[("metrics", 0)]] and client.closed == [False] and consumer._consumer is None
+
+
+def test_kafka_python_polls_raise_once_the_coordinator_is_unknown_for_the_check_timeout(monkeypatch):
+    """kafka-python reconnects in silence while the brokers are down: empty polls with the coordinator unknown for
+    connect_timeout_s are the outage (kills C23, C31)."""
+    from kcm_bridge import consumer as consumer_module
+    from kcm_bridge.consumer import KafkaPythonConsumer, KafkaUnavailableError
+    from kcm_common.kafka import KafkaSettings
+
+    now = [100.0]
+    monkeypatch.setattr(consumer_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    consumer = KafkaPythonConsumer(KafkaSettings("127.0.0.1:9"), {}, "group", ["metrics"], lambda _: None,
+                                   lambda _: None)
+    consumer._consumer, consumer._timeout_s = _KafkaPython(coordinator_unknown=True), 10.0
+    assert consumer.poll(0.1, 10) == []
+    now[0] += 9.0
+    assert consumer.poll(0.1, 10) == []
+    now[0] += 1.0
+    with pytest.raises(KafkaUnavailableError, match="cannot reach Kafka's group coordinator"):
+        consumer.poll(0.1, 10)
+
+
+def test_librdkafkas_log_of_each_failed_connection_is_dropped_and_its_other_lines_kept(caplog):
+    """Every failed connection attempt also arrives as an error event, reported once per backoff period (kills C27)."""
+    from kcm_bridge.consumer import _LIBRDKAFKA_LOG
+
+    with caplog.at_level(logging.INFO, logger=_LIBRDKAFKA_LOG.name):
+        _LIBRDKAFKA_LOG.error("%s [%s] %s", "FAIL", "rdkafka#consumer-1", "Connect to 127.0.0.1:9 failed")
+        _LIBRDKAFKA_LOG.warning("%s [%s] %s", "SESSTMOUT", "rdkafka#consumer-1", "session timed out")
+    assert "Connect to" not in caplog.text and "session timed out" in caplog.text
+
+
+def test_consumer_tuning_values_are_read_without_surrounding_spaces():
+    """A properties file's `auto.offset.reset = latest` (kills C29)."""
+    from kcm_bridge.consumer import split_properties
+
+    _, tuning = split_properties({"auto.offset.reset": " latest "})
+    assert tuning == {"auto.offset.reset": "latest"}
+
+
+# -- metrics.py ----------------------------------------------------------------------------------------------------
+
+def test_a_scraper_that_connects_and_says_nothing_does_not_hold_up_the_metrics_server_closing():
+    """The handler threads are daemons: an idle connection must not keep the process from exiting (kills M04)."""
+    from kcm_bridge.metrics import BridgeMetrics, serve
+
+    server = serve(BridgeMetrics(), "127.0.0.1", 0, lambda: True)
+    idle = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5)
+    try:
+        time.sleep(0.2)   # lets the server hand the connection to a handler thread (a shorter wait only weakens it)
+        closing = threading.Thread(target=lambda: (server.shutdown(), server.server_close()), daemon=True)
+        closing.start()
+        closing.join(10)
+        closed = not closing.is_alive()
+    finally:
+        idle.close()
+    closing.join(10)
+    assert closed, "closing the metrics server waited for an idle connection"
