@@ -953,3 +953,35 @@ def test_a_scraper_that_connects_and_says_nothing_does_not_hold_up_the_metrics_s
         idle.close()
     closing.join(10)
     assert closed, "closing the metrics server waited for an idle connection"
+
+
+def test_closing_kafka_python_dead_letters_with_a_write_still_out_stops_the_producers_sender():
+    """kafka-python's close() raises when its flush times out, before it stops its sender thread: the bridge's
+    dead-letter producer (and the sandbox's receiver, through the same close_producer) force-closes the sender and
+    closes the producer for good, within the time it was given."""
+    from kafka.errors import KafkaTimeoutError
+
+    from kcm_bridge.consumer import KafkaPythonDeadLetters
+    from kcm_common.kafka import KafkaSettings
+
+    calls = []
+
+    class Sender:
+        def force_close(self):
+            calls.append("force_close")
+
+        def join(self, timeout):
+            calls.append(("join", timeout))
+
+    class Producer:
+        _sender = Sender()
+
+        def close(self, timeout):
+            calls.append(("close", timeout))
+            if len(calls) == 1:
+                raise KafkaTimeoutError("Timeout waiting for future")
+
+    letters = KafkaPythonDeadLetters(KafkaSettings("127.0.0.1:9"))
+    letters._producer = Producer()
+    letters.close(0.5)
+    assert calls == [("close", 0.5), "force_close", ("join", 0.5), ("close", 0)]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kcm_common.errors import UserError
-from kcm_common.kafka import (ADVERTISED_PROBE_S, CONSUMER_PROPERTIES, STOPPED_CHECKING, KafkaSettings,
+from kcm_common.kafka import (ADVERTISED_PROBE_S, CONSUMER_PROPERTIES, STOPPED_CHECKING, KafkaSettings, close_producer,
                               KafkaUnavailableError, advertised_brokers, denied_message, diagnose_failure,
                               rejected_message, step_past_unreadable, unreachable_advertised)
 from kcm_common.librdkafka import librdkafka_config, message_headers
@@ -640,10 +640,5 @@ class KafkaPythonDeadLetters:
                 pass
 
     def close(self, timeout_s: float) -> None:
-        from kafka.errors import KafkaError
-
-        if self._producer is not None:
-            try:
-                self._producer.close(timeout=timeout_s)
-            except KafkaError:   # writes still out stay unwritten, and their records uncommitted
-                pass
+        if self._producer is not None:   # writes still out stay unwritten, and their records uncommitted
+            close_producer(self._producer, timeout_s)

@@ -448,6 +448,31 @@ def unreachable_advertised(bootstrap_servers: str, advertised: Iterable[str], ti
         return None if any(pool.map(connects, addresses)) else hint
 
 
+def close_producer(producer: Any, timeout_s: float) -> str | None:
+    """Close a kafka-python KafkaProducer within about `timeout_s`; returns why records still queued were dropped, or
+    None when everything was written.
+
+    kafka-python's close() flushes first and raises when that times out (a broker gone with records queued) before it
+    stops its sender thread, which would go on trying the brokers for as long as the process lives (and its __del__
+    raises again): the sender is then force-closed, failing what is queued, and the producer closed for good."""
+    from kafka.errors import KafkaError
+
+    try:
+        producer.close(timeout=timeout_s)
+        return None
+    except KafkaError as exc:
+        dropped = str(exc)
+    sender = getattr(producer, "_sender", None)
+    if sender is not None:
+        sender.force_close()
+        sender.join(timeout_s)
+    try:
+        producer.close(timeout=0)   # nothing queued once the sender has failed it: closed for good
+    except KafkaError:
+        pass
+    return dropped
+
+
 def advertised_brokers(consumer: Any) -> list[str]:
     """The broker addresses a kafka-python client's metadata names (none before it bootstrapped)."""
     try:

@@ -9,7 +9,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from kcm_common import contract
-from kcm_common.kafka import KafkaSettings
+from kcm_common.kafka import KafkaSettings, close_producer
 from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, UNKNOWN_SOFTWARE, ClientIdentity, PushResult
 
 log = logging.getLogger("kcm.sandbox.receiver")
@@ -78,21 +78,9 @@ class TopicReceiver:
                       exc)
 
     def close(self) -> None:
-        try:
-            self._producer.close(timeout=5)
-        except KafkaError as exc:
-            # kafka-python's close() flushes first and raises when that times out (a broker gone with a push queued),
-            # before it stops its sender thread, which would go on trying the broker for as long as the process
-            # lives. What is still queued is dropped, as a write that fails is.
-            log.error("pushes not yet written to %s are dropped as the receiver closes: %s", self.topic, exc)
-            sender = getattr(self._producer, "_sender", None)
-            if sender is not None:
-                sender.force_close()   # it fails what is queued on its way out
-                sender.join(5)
-            try:
-                self._producer.close(timeout=0)   # nothing queued now: closed for good (else __del__ raises again)
-            except KafkaError:
-                pass
+        # What is still queued (a broker gone) is dropped, as a write that fails is.
+        if (dropped := close_producer(self._producer, 5.0)) is not None:
+            log.error("pushes not yet written to %s are dropped as the receiver closes: %s", self.topic, dropped)
 
 
 def _known(software: str | None) -> str | None:
