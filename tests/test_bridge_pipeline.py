@@ -213,6 +213,88 @@ def test_records_the_collector_calls_invalid_cost_only_themselves_not_their_batc
     assert bridge.metrics.value(bridge.metrics.points) == 2 * len(delivered)
 
 
+def test_a_record_the_collector_keeps_failing_retryably_is_isolated_and_dead_lettered_the_rest_delivered(
+        broker, new_topic, collector, tmp_path, caplog):
+    """One abusive record must not stall the others: a request the collector fails retryably (for ever, here) while
+    it answers an empty request is split by client instance after `poison_after_s`; the others go, and the one it
+    fails for goes to the dead-letter topic once the collector has taken other data."""
+    caplog.set_level(logging.WARNING, logger="kcm.bridge")
+    topic, dead_letters = new_topic(), new_topic(prefix="dlq")
+    clients = ["poison-0"] + [f"client-{i}" for i in range(1, 8)]   # first: the others must go before it is judged
+    _produce(broker.bootstrap, topic, [_push(client, f"00000000-0000-0000-0000-{i:012d}")
+                                       for i, client in enumerate(clients)])
+    collector.refuse_when(lambda request: "poison-0" in _request_client_ids(request), grpc.StatusCode.UNAVAILABLE,
+                          "cannot process this")
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
+                     {("batch", "linger_ms"): 3000, ("delivery", "poison_after_s"): 2.0,
+                      ("delivery", "dead_letter_topic"): dead_letters})
+    started = time.monotonic()
+    with running_bridge(config) as bridge:
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 60, "commit past all eight")
+    assert time.monotonic() - started >= 2.0   # not before it had failed for poison_after_s
+    assert sorted(_client_ids(collector.exports)) == sorted(clients[1:])   # each once
+    assert bridge.metrics.value(bridge.metrics.dead_lettered) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kcm.bridge"]
+    (error,) = errors
+    assert error.startswith(f"export to {collector.endpoint} failed with UNAVAILABLE for ") and (
+        "while the collector answered an empty request: cannot process this; dead-lettering 1 of the batch's 8 "
+        f"records (2 points; the others were delivered) to {dead_letters}") in error, error
+    assert any("the batch of 8 records was split by client instance: 7 delivered in" in r.getMessage()
+               for r in caplog.records)
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, consumer_timeout_ms=3000)
+    reader.assign([TopicPartition(dead_letters, 0)])
+    reader.seek_to_beginning()
+    (letter,) = list(reader)
+    reader.close()
+    assert dict(letter.headers)["kcm.dlq.reason"] == b"failing-at-collector"
+    assert dict(letter.headers)["kcm.dlq.offset"] == b"0"
+
+
+@pytest.mark.parametrize("case", ["all-data-failing", "collector-down", "no-dead-letter-topic"])
+def test_records_are_never_set_aside_while_the_collector_fails_all_data_or_without_a_dead_letter_topic(
+        broker, new_topic, collector, closed_port, tmp_path, caplog, case):
+    """A collector failing every request with data (an overload: its memory limiter) while it answers empty ones
+    is not a poison: nothing is set aside, and all goes once it recovers. A collector down is not asked to judge
+    (the batch goes whole once it is back). Nor is anything set aside without a dead-letter topic (at least once):
+    the bridge says once what it sees, and retries."""
+    caplog.set_level(logging.WARNING, logger="kcm.bridge")
+    topic, dead_letters = new_topic(), new_topic(prefix="dlq")
+    clients = ["poison-0"] + [f"client-{i}" for i in range(1, 8)]
+    _produce(broker.bootstrap, topic, [_push(client, f"00000000-0000-0000-0000-{i:012d}")
+                                       for i, client in enumerate(clients)])
+    failing = {"poison-0"} if case == "no-dead-letter-topic" else set(clients)
+    collector.refuse_when(lambda request: not failing.isdisjoint(_request_client_ids(request)),
+                          grpc.StatusCode.UNAVAILABLE, "overloaded")
+    overrides = {("batch", "linger_ms"): 1000, ("delivery", "poison_after_s"): 1.0}
+    if case != "no-dead-letter-topic":
+        overrides[("delivery", "dead_letter_topic")] = dead_letters
+    port = closed_port()
+    endpoint = f"127.0.0.1:{port}" if case == "collector-down" else collector.endpoint
+    config = _config(tmp_path, broker.bootstrap, topic, endpoint, "confluent-kafka", overrides)
+    with ExitStack() as stack, running_bridge(config) as bridge:
+        failures = bridge.metrics.export_failures
+        _wait(lambda: bridge.metrics.value(failures) >= 10, 60, "ten failed exports")
+        time.sleep(1.0)   # past poison_after_s once more
+        assert bridge.metrics.value(bridge.metrics.dead_lettered) == 0
+        assert (_committed(broker.bootstrap, config.kafka.group_id, topic) or 0) < 8
+        if case == "collector-down":
+            collector = stack.enter_context(FakeCollector(port=port))
+        collector.clear_faults()
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 60, "commit past all eight")
+    assert sorted(set(_client_ids(collector.exports))) == sorted(clients)
+    assert bridge.metrics.value(bridge.metrics.dead_lettered) == 0
+    if case == "collector-down":   # not split: one request, every client
+        assert [len(export.request.resource_metrics) for export in collector.exports] == [8]
+    told = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kcm.bridge"]
+    if case == "no-dead-letter-topic":
+        (line,) = told
+        assert line.startswith(f"export of 8 records to {collector.endpoint} has failed for ") and line.endswith(
+            "while the collector answers an empty request: it may be failing on some of these records; they are "
+            "retried for ever (set delivery.dead_letter_topic to have such records set aside)"), line
+    else:
+        assert told == []
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_records_the_collector_calls_invalid_go_to_the_dead_letter_topic_as_they_were_read(
         backend, broker, new_topic, collector, tmp_path, caplog):
@@ -961,8 +1043,9 @@ def test_the_confluent_consumer_commits_synchronously_so_a_refusal_reaches_the_b
     from kcm_bridge.consumer import open_consumer
 
     topic = new_topic()
-    consumer = open_consumer("confluent-kafka", kafka, {}, f"bridge-{topic}", [topic], lambda _: None,
-                             lambda _: None)
+    # A short session: Tansu holds each JoinGroup for half of it, and the first commit waits for the join.
+    consumer = open_consumer("confluent-kafka", kafka, {"session.timeout.ms": 4000, "heartbeat.interval.ms": 500},
+                             f"bridge-{topic}", [topic], lambda _: None, lambda _: None)
     try:
         consumer.poll(1.0, 10)
         consumer.commit({(topic, 0): 5})
@@ -1113,6 +1196,27 @@ def test_kafka_python_dead_letters_with_writes_still_out_flush_and_close_without
     letters._producer = _Stuck()
     letters.flush(0.05)
     letters.close(0)
+
+
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+def test_closed_dead_letters_leave_no_connection_to_kafka(broker, client):
+    """A closed bridge lets go of Kafka: librdkafka keeps its connections until its client is destroyed, and Tansu
+    stops on SIGTERM only once every client has disconnected (a client left connected cost every test that
+    dead-lettered 5 s of the broker's kill grace)."""
+    from kcm_bridge.consumer import Record, open_dead_letter_producer
+
+    letters, outcomes = open_dead_letter_producer(client, KafkaSettings(broker.bootstrap)), []
+    record = Record("metrics", 0, 7, b"key", b"value", [], None, 1_700_000_000_000)
+    deadline = time.monotonic() + 30
+    while not outcomes and time.monotonic() < deadline:   # the first write may wait for the topic to be created
+        letters.send("dlq", record, "invalid-protobuf", outcomes.append)
+        letters.flush(5)
+        if outcomes == [False]:
+            outcomes.clear()
+            time.sleep(0.2)
+    assert outcomes == [True]
+    letters.close(5)
+    assert broker.stop(), "the broker had to be killed: a dead-letter client stayed connected after close"
 
 
 def test_a_flood_of_one_kind_of_event_is_logged_once_per_period_with_a_count(caplog):

@@ -299,7 +299,7 @@ def test_a_refused_batch_being_split_when_the_shutdown_deadline_passes_sends_not
     with _unstarted_bridge(config) as bridge:
         sent: list[int] = []
 
-        def refuse(endpoint, records, ticket) -> Outcome:   # the collector refuses every request as invalid
+        def refuse(endpoint, records, ticket, watch=None) -> Outcome:   # the collector refuses every request as invalid
             sent.append(len(records))
             if len(sent) == 2:
                 bridge.stop(at_once=True)   # a second Ctrl-C while the first half is out

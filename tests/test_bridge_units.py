@@ -985,3 +985,22 @@ def test_closing_kafka_python_dead_letters_with_a_write_still_out_stops_the_prod
     letters._producer = Producer()
     letters.close(0.5)
     assert calls == [("close", 0.5), "force_close", ("join", 0.5), ("close", 0)]
+
+
+def test_a_request_found_failing_is_split_by_client_instance_each_kept_whole_and_in_order():
+    """_isolate sends the parts in any order: they must share no client instance, and each instance's records keep
+    the order read; records with neither instance nor key are not ordered, so each counts as one of its own."""
+    from kcm_bridge.pipeline import _by_instance
+
+    def part(instance, offset):
+        return (b"", 1, instance, None, ("metrics", offset))
+
+    parts = [part("a", 0), part("b", 1), part("a", 2), part(b"", 3), part("c", 4), part("b", 5), part(b"", 6)]
+    first, second = _by_instance(parts)
+    assert sorted(first + second, key=lambda p: p[4]) == parts
+    assert {p[2] for p in first if p[2]}.isdisjoint(p[2] for p in second if p[2])
+    for half in (first, second):
+        assert [p[4][1] for p in half] == sorted(p[4][1] for p in half)   # in the order read
+    assert [p[4][1] for p in first] == [0, 1, 2, 5]   # a and b: the first two of five keys (a, b, 3, c, 6)
+    assert _by_instance([part("a", 0), part("a", 1)]) == [[part("a", 0), part("a", 1)]]   # one instance: whole
+    assert [len(p) for p in _by_instance([part(b"", 0), part(b"", 1)])] == [1, 1]

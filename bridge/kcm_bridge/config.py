@@ -123,6 +123,9 @@ class DeliveryConfig:
     shutdown_timeout_s: float = 20.0
     revoke_timeout_s: float = 5.0
     dead_letter_topic: str | None = None
+    # A request a collector keeps failing retryably while it answers an empty request: after this long it is split
+    # to find the records it fails for, and a record failing alone this long is dead-lettered. 0: retried for ever.
+    poison_after_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,7 @@ def validate(config: BridgeConfig) -> None:
     _seconds(config.delivery.commit_interval_s, "delivery.commit_interval_s")
     _seconds(config.delivery.shutdown_timeout_s, "delivery.shutdown_timeout_s")
     _seconds(config.delivery.revoke_timeout_s, "delivery.revoke_timeout_s", allow_zero=True)
+    _seconds(config.delivery.poison_after_s, "delivery.poison_after_s", allow_zero=True)
     if config.delivery.dead_letter_topic is not None and config.delivery.dead_letter_topic in config.kafka.topics:
         raise ConfigError("delivery.dead_letter_topic must not be one of kafka.topics (the bridge would read it back)")
     if config.metrics_port is not None and not 0 <= config.metrics_port <= 65535:

@@ -600,7 +600,15 @@ class ConfluentDeadLetters:
             self._producer.flush(timeout_s)
 
     def close(self, timeout_s: float) -> None:
-        self._producer.flush(timeout_s)
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        producer.flush(timeout_s)
+        # Writes still out stay unwritten, and their records uncommitted. librdkafka keeps its connections until the
+        # client is destroyed: purge what is left so destroying it does not wait for a broker that is gone.
+        producer.purge()
+        producer.flush(0)
+        del producer
 
 
 class KafkaPythonDeadLetters:

@@ -7,9 +7,11 @@ dead-lettered (see offsets.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
+import math
 import random
 import threading
 import time
@@ -50,8 +52,15 @@ UNPROCESSABLE = "unprocessable"
 # The reason given to a record a collector refused as invalid (INVALID_ARGUMENT) or too large (RESOURCE_EXHAUSTED
 # without a retry delay: over its message size limit), alone or in the smallest part of its batch the splitting reached.
 REFUSED = "refused-by-collector"
+# The reason given to a record a collector kept failing retryably on its own for `delivery.poison_after_s` while it
+# answered empty requests (see _Watch).
+FAILING = "failing-at-collector"
+# Not a gRPC code: an export the bridge stopped retrying because it kept failing while the collector answered (_Watch).
+_KEPT_FAILING = "KEPT_FAILING"
 # The refusals that may be about some records of a request only: a smaller request (its other records) may pass.
 _SPLIT_CODES = frozenset({"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"})
+# A part of a request found failing (_isolate) is split again, or given up, after this many failed attempts.
+_PART_ATTEMPTS = 2
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
 _DEAD_LETTER_TURN_S = 0.05
@@ -184,6 +193,36 @@ class _DeadLetter:
     ticket: Ticket
     attempts: int = 1
     due: float = 0.0
+
+
+class _Watch:
+    """Asked after each retryable failure of one export (`Endpoint.export`'s `stop_retrying`): whether to stop
+    retrying it as a request the collector keeps failing for its data. Only after `after_s` of failing and
+    `attempts` failed attempts, only if `evidence()` holds (when given), and only while the collector accepts an
+    empty request: it is up and takes the credentials, so an outage never stops a retry. Without a dead-letter topic
+    (`fires` false) it never stops one (at least once), and says once what it sees."""
+
+    __slots__ = ("_after_s", "_attempts", "_endpoint", "_evidence", "_fires", "_records", "_started", "_told")
+
+    def __init__(self, endpoint: Endpoint, records: int, after_s: float, attempts: int = 0, fires: bool = True,
+                 evidence: Callable[[], bool] | None = None) -> None:
+        self._endpoint, self._records, self._after_s, self._attempts = endpoint, records, after_s, attempts
+        self._fires, self._evidence, self._started, self._told = fires, evidence, time.monotonic(), False
+
+    def __call__(self, attempt: int) -> bool:
+        failing_s = time.monotonic() - self._started
+        if attempt < self._attempts or failing_s < self._after_s or (self._told and not self._fires):
+            return False
+        if (self._evidence is not None and not self._evidence()) or not self._endpoint.answers():
+            return False
+        if not self._fires:
+            self._told = True
+            log.error("export of %d records to %s has failed for %.0f s while the collector answers an empty "
+                      "request: it may be failing on some of these records; they are retried for ever (set "
+                      "delivery.dead_letter_topic to have such records set aside)", self._records,
+                      self._endpoint.name, failing_s)
+            return False
+        return True
 
 
 class _Turn:
@@ -323,8 +362,11 @@ class Bridge:
         # Hash routing: each client instance's endpoint, worked out once (bounded like the header cache).
         self._hashing = config.routing == "hash" and len(self._endpoints) > 1
         # Records carry their client instance for hash routing and for keeping each instance's exports in order.
-        self._keyed = self._hashing or any(e.concurrency > 1 for e in config.endpoints)
+        # And for _isolate, which may send the client instances of a batch in any order.
+        self._keyed = (self._hashing or any(e.concurrency > 1 for e in config.endpoints)
+                       or bool(config.delivery.poison_after_s and config.delivery.dead_letter_topic))
         self._routes: dict[str | bytes, Endpoint] = {}
+        self._delivered_at: dict[int, float] = {}   # per endpoint: when it last took a request (_isolate)
         # Dead letters to write from the consuming thread: failed writes to retry (appended from producer threads)
         # and records a collector refused (appended from export threads).
         self._letters_due: deque[_DeadLetter] = deque()
@@ -607,20 +649,24 @@ class Bridge:
         bad or oversized record must not cost every other client in its batch its data. The halves go in order, each
         settled (split again as needed) before the next is sent, so the records taken still arrive in the order read.
         The splitting is bounded (4·bit_length(records) extra requests), so a collector refusing everything costs a few
-        requests per batch, not one per record. The records refused in the end go to the dead-letter topic when there
-        is one, and `ticket` waits for those writes too. Records of partitions revoked from under the batch (a revoke
-        that could not wait for it) are no longer sent, nor retried: their next owner sends them, and copies sent later
-        would reach the collector after its newer records."""
+        requests per batch, not one per record. A batch the collector keeps failing retryably while it answers an
+        empty request (for `delivery.poison_after_s`, with a dead-letter topic) is split by client instance instead
+        (_isolate). The records refused in the end go to the dead-letter topic when there is one, and `ticket` waits
+        for those writes too. Records of partitions revoked from under the batch (a revoke that could not wait for it)
+        are no longer sent, nor retried: their next owner sends them, and copies sent later would reach the collector
+        after its newer records."""
         if self._give_up():   # the shutdown deadline passed while this waited: the next owner reads it again
             return Outcome(False, 0, abandoned=True)
-        attempts = 0
+        attempts, began = 0, time.monotonic()
         while records := _owned(records, ticket):
-            outcome = self._send(endpoint, records, ticket)
+            outcome = self._send(endpoint, records, ticket, self._watch(endpoint, len(records)))
             attempts += outcome.attempts
             if not outcome.abandoned or self._give_up():
                 break   # else a revoke took some of its records meanwhile: the rest go again
         if not records:   # every record's partition was revoked: settled, their next owner sends them
             return Outcome(True, attempts)
+        if outcome.error == _KEPT_FAILING:
+            return self._isolate(endpoint, records, ticket, outcome, began)
         if outcome.error not in _SPLIT_CODES or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
@@ -637,13 +683,20 @@ class Bridge:
             if not chunk:
                 continue
             sent += 1
-            result = self._send(endpoint, chunk, ticket)
+            chunk_began = time.monotonic()
+            result = self._send(endpoint, chunk, ticket, self._watch(endpoint, len(chunk)))
             if result.abandoned:
                 if self._give_up():
                     return result
                 unsent.append(chunk)   # a revoke took some of its records meanwhile: the rest go again
                 continue
             if result.delivered:
+                continue
+            if result.error == _KEPT_FAILING:   # settled before the next part, which keeps the order read
+                result = self._isolate(endpoint, chunk, ticket, result, chunk_began)
+                sent += result.attempts
+                if result.abandoned:
+                    return result
                 continue
             if result.error in _SPLIT_CODES and len(chunk) > 1 and budget >= 2:
                 budget -= 2
@@ -658,12 +711,67 @@ class Bridge:
                         "requests", endpoint.name, outcome.error, outcome.detail, len(records), sent - 1)
         return Outcome(True, sent)   # what the collector takes was delivered
 
-    def _send(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket) -> Outcome:
+    def _isolate(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket, outcome: Outcome,
+                 began: float) -> Outcome:
+        """Deliver the records of a request the collector kept failing retryably while it answered an empty request
+        (since `began`), but those it fails for. They are split by client instance: each instance's records stay
+        together and in the order read, and parts share no instance, so they may go in any order. A part that keeps
+        failing goes to the back, split again after _PART_ATTEMPTS failed attempts, so the others go first. One
+        client instance's records are given up (dead-lettered) only once the collector has taken other data since
+        `began`: never in an outage, nor while it fails all data (its memory limiter, say). The splitting is bounded
+        like _export's; a part that can be split no further is given up as a whole the same way."""
+        budget, sent = 4 * len(records).bit_length() - 2, 0
+        pending = deque(_by_instance(records))
+        delivered = 0
+
+        def evidence() -> bool:
+            return self._delivered_at.get(id(endpoint), -math.inf) > began
+
+        while pending:
+            if self._give_up():   # the shutdown deadline: uncommitted, the next owner sends all of it again
+                return Outcome(False, sent, abandoned=True)
+            part = _owned(pending.popleft(), ticket)
+            if not part:
+                continue
+            splits = budget >= 2 and len(parts := _by_instance(part)) > 1
+            sent += 1
+            result = self._send(endpoint, part, ticket, _Watch(endpoint, len(part), 0.0, _PART_ATTEMPTS,
+                                                              evidence=None if splits else evidence))
+            if result.abandoned:
+                if self._give_up():
+                    return result
+                pending.appendleft(part)   # a revoke took some of its records meanwhile: the rest go again
+            elif result.delivered:
+                delivered += len(part)
+            elif result.error == _KEPT_FAILING and splits:
+                budget -= 2
+                pending.extend(parts)
+            else:
+                self._refused(endpoint, result, part, len(records), ticket)
+        log.warning("export to %s %s; the batch of %d records was split by client instance: %d delivered in %d "
+                    "requests", endpoint.name, outcome.detail, len(records), delivered, sent)
+        return Outcome(True, sent)
+
+    def _watch(self, endpoint: Endpoint, records: int) -> _Watch | None:
+        after_s = self.config.delivery.poison_after_s
+        if not after_s:
+            return None
+        return _Watch(endpoint, records, after_s, fires=self.config.delivery.dead_letter_topic is not None)
+
+    def _send(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket,
+              watch: _Watch | None = None) -> Outcome:
         started = time.monotonic()
         # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest; retried until delivered,
-        # refused, the shutdown deadline, or a revoke taking one of its records' partitions.
+        # refused, the shutdown deadline, a revoke taking one of its records' partitions, or `watch` finding that
+        # the collector keeps failing it while it answers.
         outcome = endpoint.export(b"".join(record[0] for record in records), give_up=lambda: bool(
-            ticket.revoked) and not ticket.revoked.isdisjoint(record[4] for record in records))
+            ticket.revoked) and not ticket.revoked.isdisjoint(record[4] for record in records), stop_retrying=watch)
+        if outcome.delivered:
+            self._delivered_at[id(endpoint)] = time.monotonic()
+        elif outcome.stopped:
+            outcome = dataclasses.replace(outcome, error=_KEPT_FAILING, detail=(
+                f"failed with {outcome.error} for {time.monotonic() - started:.0f} s ({outcome.attempts} attempts) "
+                f"while the collector answered an empty request{': ' + outcome.detail if outcome.detail else ''}"))
         labels = {"endpoint": endpoint.name}
         self.metrics.export_seconds.labels(**labels).observe(time.monotonic() - started)
         if outcome.delivered:
@@ -683,11 +791,16 @@ class Bridge:
         which = (f"the batch of {points} points" if len(records) == total else
                  f"{len(records)} of the batch's {total} records ({points} points; the others were delivered)")
         topic = self.config.delivery.dead_letter_topic
-        letters = [_DeadLetter(record[3], REFUSED, ticket) for record in records
-                   if outcome.error in _SPLIT_CODES and record[3] is not None]
+        reason = FAILING if outcome.error == _KEPT_FAILING else REFUSED
+        letters = [_DeadLetter(record[3], reason, ticket) for record in records
+                   if (outcome.error in _SPLIT_CODES or outcome.error == _KEPT_FAILING) and record[3] is not None]
         action = f"dead-lettering {which} to {topic}" if letters else f"dropping {which}"
-        log.error("export to %s rejected with %s: %s; %s (not retryable)%s%s", endpoint.name, outcome.error,
-                  outcome.detail, action, refusal_hint(outcome.error), outcome.note)
+        if outcome.error == _KEPT_FAILING:
+            log.error("export to %s %s; %s (the collector fails it, not the others)", endpoint.name, outcome.detail,
+                      action)
+        else:
+            log.error("export to %s rejected with %s: %s; %s (not retryable)%s%s", endpoint.name, outcome.error,
+                      outcome.detail, action, refusal_hint(outcome.error), outcome.note)
         if letters:
             ticket.add_parts(len(letters))   # before this export's own part ends, so the ticket cannot end first
             with self._inflight_lock:   # what the batch counts once its exports have ended
@@ -865,6 +978,18 @@ class Bridge:
         for pool in self._pools.values():
             pool.shutdown(wait=True)
         log.info("bridge stopped")
+
+
+def _by_instance(parts: list[Part]) -> list[list[Part]]:
+    """`parts` in two by client instance, each in the order read (records with neither instance nor key are not
+    ordered: each counts as one of its own); one part when they all share one."""
+    keys = [part[2] or index for index, part in enumerate(parts)]
+    instances = list(dict.fromkeys(keys))
+    if len(instances) < 2:
+        return [parts]
+    first = set(instances[:len(instances) // 2])
+    return [[part for part, key in zip(parts, keys) if key in first],
+            [part for part, key in zip(parts, keys) if key not in first]]
 
 
 def _rendezvous(instance: str | bytes, endpoints: list[Endpoint]) -> Endpoint:

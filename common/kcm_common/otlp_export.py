@@ -48,6 +48,7 @@ class Outcome:
     detail: str = ""           # the server's message with it
     note: str = ""             # "; what kcm did about it", for the caller's log line (headers read again)
     abandoned: bool = False    # stopped retrying because the caller gave up
+    stopped: bool = False      # stopped retrying a retryable failure because the caller's `stop_retrying` said so
 
 
 def retry_delay_s(error: grpc.RpcError) -> float | None:
@@ -233,9 +234,12 @@ class Endpoint:
         self._metadata = list(metadata() if callable(metadata) else metadata)
         self._compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
 
-    def export(self, request: bytes, give_up: Callable[[], bool] | None = None) -> Outcome:
+    def export(self, request: bytes, give_up: Callable[[], bool] | None = None,
+               stop_retrying: Callable[[int], bool] | None = None) -> Outcome:
         """Send a serialised ExportMetricsServiceRequest until delivered, refused for good, or given up on: when the
-        endpoint's `give_up()` or this call's own `give_up()` says so (the request's records are no longer wanted)."""
+        endpoint's `give_up()` or this call's own `give_up()` says so (the request's records are no longer wanted).
+        `stop_retrying(attempt)`, asked after each retryable failure, ends the retries with that failure (`stopped`):
+        the caller's way to treat a request that keeps failing differently (splitting it, say)."""
         attempt, traced = 0, False
 
         def gave_up() -> bool:
@@ -257,6 +261,8 @@ class Endpoint:
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", note=note)
                 if gave_up():  # the caller has stopped waiting (a shutdown closed the channel): no retry to log
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
+                if stop_retrying is not None and stop_retrying(attempt):
+                    return Outcome(False, attempt, error=code.name, detail=error.details() or "", stopped=True)
                 # RetryInfo says how long to wait at least: a delay of 0 must not make a throttling collector a
                 # target of back-to-back retries, so the backoff stays the floor.
                 wait = max(delay or 0.0, backoff_s(attempt, self._retry, self._rng))
@@ -289,6 +295,15 @@ class Endpoint:
                 log.warning("export to %s partially rejected: %d points (%s)", self.name, rejected,
                             response.partial_success.error_message)
             return Outcome(True, attempt, rejected_points=rejected)
+
+    def answers(self) -> bool:
+        """Whether the collector accepts an empty export request now (one call, no retry): it is up, and takes these
+        credentials, whatever it makes of the data of a request that keeps failing."""
+        try:
+            self._call(b"", timeout=self._timeout_s, metadata=self._metadata, compression=self._compression)
+        except Exception:   # grpc.RpcError, or a closed channel at shutdown
+            return False
+        return True
 
     def _reread_metadata(self) -> str:
         """Read the call metadata again, for the next retry; what happened, for the retry's log line."""

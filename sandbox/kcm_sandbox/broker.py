@@ -137,21 +137,24 @@ class EmbeddedBroker:
             return None
         return f"the embedded broker exited with code {code}; see its log at {self.log_path}"
 
-    def stop(self) -> None:
-        """Stop the broker process (terminate, then kill after a grace period)."""
+    def stop(self) -> bool:
+        """Stop the broker process (terminate, then kill after a grace period); whether it ended on SIGTERM within
+        the grace (Tansu waits for its clients to disconnect: a client still connected makes it be killed)."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
-            return
+            return True
         process.terminate()
         try:
             process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
-        if self._own_log and process.returncode in (0, -signal.SIGTERM):  # a clean stop; a kill keeps the evidence
+        clean = process.returncode in (0, -signal.SIGTERM)
+        if self._own_log and clean:  # a kill keeps the evidence
             self.log_path.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self.log_path.parent.rmdir()
+        return clean
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
