@@ -149,7 +149,7 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_live_view_renders_each_client_in_a_terminal(tmp_path):
-    screen, status, left = _demo_in_terminal(tmp_path, ["--duration", "25", "--java", "no"], 150)
+    screen, status, left = _demo_in_terminal(tmp_path, ["--duration", "15", "--java", "no"], 150)
     text = screen.decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
     for client_id in LIBRDKAFKA_CLIENTS:
