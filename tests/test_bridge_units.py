@@ -1004,3 +1004,139 @@ def test_a_request_found_failing_is_split_by_client_instance_each_kept_whole_and
     assert [p[4][1] for p in first] == [0, 1, 2, 5]   # a and b: the first two of five keys (a, b, 3, c, 6)
     assert _by_instance([part("a", 0), part("a", 1)]) == [[part("a", 0), part("a", 1)]]   # one instance: whole
     assert [len(p) for p in _by_instance([part(b"", 0), part(b"", 1)])] == [1, 1]
+
+
+# -- pipeline.py: isolating the records a collector keeps failing (_isolate), with a fake endpoint -------------------
+
+class _VerdictEndpoint:
+    """An endpoint whose `verdict(client names, call number)` is None (delivered) or a gRPC code name; UNAVAILABLE is
+    retried as Endpoint.export retries it (quickly), asking `stop_retrying` after each failure. It answers empty
+    requests."""
+
+    name = "fake:4317"
+
+    def __init__(self, verdict, bridge):
+        self.verdict, self.bridge, self.calls, self.delivered = verdict, bridge, 0, []
+
+    def export(self, request, give_up=None, stop_retrying=None):
+        from kcm_common.otlp_export import Outcome
+
+        names, attempt = request.decode().split(",")[:-1], 0
+        while True:
+            attempt += 1
+            self.calls += 1
+            code = self.verdict(names, self.calls)
+            if code is None:
+                self.delivered.append(names)
+                return Outcome(True, attempt)
+            if code != "UNAVAILABLE":
+                return Outcome(False, attempt, error=code, detail="refused")
+            if self.bridge._give_up() or (give_up is not None and give_up()):
+                return Outcome(False, attempt, error=code, abandoned=True)
+            if stop_retrying is not None and stop_retrying(attempt):
+                return Outcome(False, attempt, error=code, detail="failing", stopped=True)
+            time.sleep(0.01)
+
+    def answers(self):
+        return True
+
+
+def _isolating(tmp_path, names, verdict, stop_after=5.0, poison_after_s=0.05, backoff_s=(0.01, 0.02)):
+    """`_export` of one record per client name (offsets in that order) through a _VerdictEndpoint, with a dead-letter
+    topic; the shutdown deadline after `stop_after` s ends a stuck one. Returns the outcome, the endpoint and the
+    dead letters as (name, reason)."""
+    from kcm_bridge.pipeline import _BatchTicket
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka", {
+        ("delivery", "poison_after_s"): poison_after_s, ("delivery", "dead_letter_topic"): "dlq",
+        ("retry", "initial_backoff_s"): backoff_s[0], ("retry", "max_backoff_s"): backoff_s[1]})
+    parts = [(f"{name},".encode(), 1, name, Record("metrics", 0, index, None, name.encode(), []), ("metrics", 0))
+             for index, name in enumerate(names)]
+    with _unstarted_bridge(config) as bridge:
+        endpoint = _VerdictEndpoint(verdict, bridge)
+        ticket = _BatchTicket()
+        ticket.set_parts(1)
+        timer = threading.Timer(stop_after, lambda: bridge.stop(at_once=True))
+        timer.start()
+        try:
+            outcome = bridge._export(endpoint, parts, ticket)
+        finally:
+            timer.cancel()
+        letters = [(letter.record.value.decode(), letter.reason) for letter in bridge._letters_due]
+    return outcome, endpoint, letters
+
+
+@pytest.mark.parametrize("names", [["P", "A"], ["P", "A", "B"]])
+def test_the_clients_after_a_failing_one_go_first_and_it_is_dead_lettered_after_failing_alone(tmp_path, names):
+    """A part of one client instance that keeps failing goes behind the others (their delivery is what shows the
+    collector takes data), whatever its place in the batch (review 25, F1)."""
+    outcome, endpoint, letters = _isolating(tmp_path, names, lambda sent, n: "UNAVAILABLE" if "P" in sent else None)
+    assert outcome.delivered and not outcome.abandoned
+    assert sorted(name for sent in endpoint.delivered for name in sent) == sorted(names[1:])
+    assert letters == [("P", "failing-at-collector")]
+
+
+def test_after_a_collector_failing_all_data_recovers_the_others_go_and_only_the_failing_one_is_set_aside(tmp_path):
+    """The collector fails all data for a second (its memory limiter), so the batch is split down to single clients,
+    the failing one first; once it recovers, the seven others are delivered (review 25, F1)."""
+    start = time.monotonic()
+    names = ["P"] + [f"c{i}" for i in range(1, 8)]
+    outcome, endpoint, letters = _isolating(
+        tmp_path, names, lambda sent, n: "UNAVAILABLE" if "P" in sent or time.monotonic() - start < 1.0 else None)
+    assert sorted(name for sent in endpoint.delivered for name in sent) == sorted(names[1:])
+    assert letters == [("P", "failing-at-collector")]
+
+
+def test_a_collector_that_fails_some_requests_of_every_client_never_has_one_set_aside(tmp_path):
+    """No poison: requests of more than two records always fail, smaller ones pass one call in three (a rate limiter,
+    a memory limiter near its limit). Every client fails now and then, none alone for `poison_after_s` (review 25,
+    F2; 0.3 s here, some 20 attempts)."""
+    names, luck = [f"c{i}" for i in range(8)], random.Random(25)
+    outcome, endpoint, letters = _isolating(
+        tmp_path, names, lambda sent, n: "UNAVAILABLE" if len(sent) > 2 or luck.random() < 2 / 3 else None,
+        stop_after=10, poison_after_s=0.3)
+    assert letters == []
+    assert sorted(name for sent in endpoint.delivered for name in sent) == names
+
+
+def test_a_collector_failing_all_data_has_nothing_set_aside_and_is_asked_at_a_retrys_pace(tmp_path):
+    """Nothing delivered, nothing dead-lettered, whatever the time; rounds of parts that deliver nothing wait as a
+    retry does, so the collector is not asked without pause."""
+    outcome, endpoint, letters = _isolating(tmp_path, [f"c{i}" for i in range(8)], lambda sent, n: "UNAVAILABLE",
+                                            stop_after=1.5, backoff_s=(0.2, 0.4))
+    assert outcome.abandoned and letters == [] and endpoint.delivered == []
+    assert endpoint.calls < 100   # some 60 with the rounds' waits; without them, 200 and more
+
+
+def test_a_record_refused_as_invalid_inside_an_isolated_part_costs_only_itself(tmp_path):
+    """A refusal for good of a part of several clients is split, as _export splits one (review 25, F3)."""
+    def verdict(sent, n):
+        if "P" in sent:
+            return "UNAVAILABLE"
+        return "INVALID_ARGUMENT" if "BAD" in sent else None
+
+    names = ["P", "A", "B", "BAD", "C", "D", "E", "F"]
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict)
+    assert sorted(letters) == [("BAD", "refused-by-collector"), ("P", "failing-at-collector")]
+    assert sorted(name for sent in endpoint.delivered for name in sent) == sorted(set(names) - {"P", "BAD"})
+
+
+def test_a_halved_batch_with_a_failing_part_is_isolated_from_there_and_not_said_delivered(tmp_path, caplog):
+    """Refused as too large (here: INVALID_ARGUMENT above four records), halved, and a half holding a failing client:
+    it and every record after it are isolated by client instance; no line says the batch was delivered (review 25,
+    F4)."""
+    caplog.set_level(logging.WARNING, logger="kcm.bridge")
+
+    def verdict(sent, n):
+        if len(sent) > 4:
+            return "INVALID_ARGUMENT"
+        return "UNAVAILABLE" if "P" in sent else None
+
+    names = ["A", "P", "B", "C", "D", "E", "F", "G"]
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict)
+    assert letters == [("P", "failing-at-collector")]
+    assert sorted(name for sent in endpoint.delivered for name in sent) == sorted(set(names) - {"P"})
+    said = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge"]
+    assert not any("was delivered in" in line for line in said), said
+    assert any(line.endswith("the batch of 8 records was split by client instance: 7 delivered in 6 requests, "
+                             "1 dead-lettered") for line in said), said

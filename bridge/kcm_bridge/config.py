@@ -123,8 +123,9 @@ class DeliveryConfig:
     shutdown_timeout_s: float = 20.0
     revoke_timeout_s: float = 5.0
     dead_letter_topic: str | None = None
-    # A request a collector keeps failing retryably while it answers an empty request: after this long it is split
-    # to find the records it fails for, and a record failing alone this long is dead-lettered. 0: retried for ever.
+    # With a dead-letter topic, a request a collector keeps failing retryably while it answers an empty request is
+    # split by client instance after this long, and an instance's records failing alone this long while the
+    # collector takes other data are dead-lettered (Bridge._isolate). 0: retried for ever.
     poison_after_s: float = 120.0
 
 

@@ -29,7 +29,7 @@ from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachab
 from kcm_common.names import ATTRIBUTE_HEADERS
 from kcm_common.otlp_export import Endpoint, Outcome, refusal_hint
 from kcm_common.pacing import PacedLog
-from kcm_common.retry import backoff_s
+from kcm_common.retry import backoff_s, wait_unless
 
 from kcm_bridge.config import BridgeConfig
 from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
@@ -52,14 +52,14 @@ UNPROCESSABLE = "unprocessable"
 # The reason given to a record a collector refused as invalid (INVALID_ARGUMENT) or too large (RESOURCE_EXHAUSTED
 # without a retry delay: over its message size limit), alone or in the smallest part of its batch the splitting reached.
 REFUSED = "refused-by-collector"
-# The reason given to a record a collector kept failing retryably on its own for `delivery.poison_after_s` while it
-# answered empty requests (see _Watch).
+# The reason given to the records of a client instance a collector kept failing retryably on their own for
+# `delivery.poison_after_s` while it took other data (see Bridge._isolate).
 FAILING = "failing-at-collector"
 # Not a gRPC code: an export the bridge stopped retrying because it kept failing while the collector answered (_Watch).
 _KEPT_FAILING = "KEPT_FAILING"
 # The refusals that may be about some records of a request only: a smaller request (its other records) may pass.
 _SPLIT_CODES = frozenset({"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"})
-# A part of a request found failing (_isolate) is split again, or given up, after this many failed attempts.
+# A part of a request found failing (_isolate) is split again, or sent after the others, after this many attempts.
 _PART_ATTEMPTS = 2
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
@@ -196,24 +196,21 @@ class _DeadLetter:
 
 
 class _Watch:
-    """Asked after each retryable failure of one export (`Endpoint.export`'s `stop_retrying`): whether to stop
-    retrying it as a request the collector keeps failing for its data. Only after `after_s` of failing and
-    `attempts` failed attempts, only if `evidence()` holds (when given), and only while the collector accepts an
-    empty request: it is up and takes the credentials, so an outage never stops a retry. Without a dead-letter topic
-    (`fires` false) it never stops one (at least once), and says once what it sees."""
+    """Asked after each retryable failure of a batch's request (`Endpoint.export`'s `stop_retrying`): whether to stop
+    retrying it as a request the collector keeps failing for its data (Bridge._isolate takes it from there). Only
+    after `after_s` of failing, and only while the collector accepts an empty request: it is up and takes the
+    credentials, so an outage never stops a retry. Without a dead-letter topic (`fires` false) it never stops one (at
+    least once), and says once what it sees."""
 
-    __slots__ = ("_after_s", "_attempts", "_endpoint", "_evidence", "_fires", "_records", "_started", "_told")
+    __slots__ = ("_after_s", "_endpoint", "_fires", "_records", "_started", "_told")
 
-    def __init__(self, endpoint: Endpoint, records: int, after_s: float, attempts: int = 0, fires: bool = True,
-                 evidence: Callable[[], bool] | None = None) -> None:
-        self._endpoint, self._records, self._after_s, self._attempts = endpoint, records, after_s, attempts
-        self._fires, self._evidence, self._started, self._told = fires, evidence, time.monotonic(), False
+    def __init__(self, endpoint: Endpoint, records: int, after_s: float, fires: bool) -> None:
+        self._endpoint, self._records, self._after_s, self._fires = endpoint, records, after_s, fires
+        self._started, self._told = time.monotonic(), False
 
     def __call__(self, attempt: int) -> bool:
         failing_s = time.monotonic() - self._started
-        if attempt < self._attempts or failing_s < self._after_s or (self._told and not self._fires):
-            return False
-        if (self._evidence is not None and not self._evidence()) or not self._endpoint.answers():
+        if failing_s < self._after_s or self._told or not self._endpoint.answers():
             return False
         if not self._fires:
             self._told = True
@@ -666,7 +663,7 @@ class Bridge:
         if not records:   # every record's partition was revoked: settled, their next owner sends them
             return Outcome(True, attempts)
         if outcome.error == _KEPT_FAILING:
-            return self._isolate(endpoint, records, ticket, outcome, began)
+            return self._isolate(endpoint, records, ticket, outcome, began, len(records))
         if outcome.error not in _SPLIT_CODES or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
@@ -692,12 +689,12 @@ class Bridge:
                 continue
             if result.delivered:
                 continue
-            if result.error == _KEPT_FAILING:   # settled before the next part, which keeps the order read
-                result = self._isolate(endpoint, chunk, ticket, result, chunk_began)
-                sent += result.attempts
-                if result.abandoned:
-                    return result
-                continue
+            if result.error == _KEPT_FAILING:
+                # The chunk and every record after it, in the order read: _isolate sends them by client instance.
+                for why, parts in dropped.values():
+                    self._refused(endpoint, why, parts, len(records), ticket)
+                rest = chunk + [part for later in reversed(unsent) for part in later]
+                return self._isolate(endpoint, rest, ticket, result, chunk_began, len(records))
             if result.error in _SPLIT_CODES and len(chunk) > 1 and budget >= 2:
                 budget -= 2
                 half = len(chunk) // 2
@@ -712,44 +709,88 @@ class Bridge:
         return Outcome(True, sent)   # what the collector takes was delivered
 
     def _isolate(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket, outcome: Outcome,
-                 began: float) -> Outcome:
-        """Deliver the records of a request the collector kept failing retryably while it answered an empty request
-        (since `began`), but those it fails for. They are split by client instance: each instance's records stay
-        together and in the order read, and parts share no instance, so they may go in any order. A part that keeps
-        failing goes to the back, split again after _PART_ATTEMPTS failed attempts, so the others go first. One
-        client instance's records are given up (dead-lettered) only once the collector has taken other data since
-        `began`: never in an outage, nor while it fails all data (its memory limiter, say). The splitting is bounded
-        like _export's; a part that can be split no further is given up as a whole the same way."""
-        budget, sent = 4 * len(records).bit_length() - 2, 0
-        pending = deque(_by_instance(records))
-        delivered = 0
+                 began: float, total: int) -> Outcome:
+        """Deliver the records of a request the collector kept failing retryably (`outcome`, since `began`) while it
+        answered an empty request, but the client instances it fails for; `records` are `total` of the batch's.
 
-        def evidence() -> bool:
-            return self._delivered_at.get(id(endpoint), -math.inf) > began
+        They are split by client instance: each instance's records stay together and in the order read, and parts
+        share no instance, so they may go in any order. After _PART_ATTEMPTS failed attempts (the collector still
+        answering) a part of several instances is split in two (the halves go to the back), and a part of one
+        instance goes to the back, so the others go first. A part of one instance is given up (dead-lettered) only
+        when it has failed on its own for `poison_after_s` and the collector took other data while its records kept
+        failing: never in an outage, nor while the collector fails all data (its memory limiter, say), nor, but by
+        a long run of bad luck, for a collector that fails some requests of every client (a rate limiter). A round
+        of parts that delivers nothing waits as a retry does before the next. Refusals for good are split and dropped as in _export; the splitting is bounded like its
+        (a part of several instances that can be split no further is only retried)."""
+        after_s, retry = self.config.delivery.poison_after_s, self.config.retry
+        budget, sent, delivered, fruitless, rounds = 4 * len(records).bit_length() - 2, 0, 0, 0, 0
+        # Each part, with when its records began failing in every request holding them, and when it began failing as
+        # a part of one instance (None: not yet).
+        pending: deque[tuple[list[Part], float | None, float | None]] = deque(
+            (part, None, None) for part in _by_instance(records))
+        refused: dict[str | None, tuple[Outcome, list[Part]]] = {}
+        failing: list[tuple[list[Part], float]] = []   # given up: each part, with how long it failed on its own
+
+        def poisoned(failing_since: float, alone_since: float | None) -> bool:
+            """Failed alone for `poison_after_s`, and the collector took other data while its records failed."""
+            return (alone_since is not None and time.monotonic() - alone_since >= after_s
+                    and self._delivered_at.get(id(endpoint), -math.inf) > failing_since)
 
         while pending:
             if self._give_up():   # the shutdown deadline: uncommitted, the next owner sends all of it again
                 return Outcome(False, sent, abandoned=True)
-            part = _owned(pending.popleft(), ticket)
-            if not part:
+            if fruitless > len(pending):   # every part failed since the last delivery: wait as a retry would
+                fruitless, rounds = 0, rounds + 1
+                if wait_unless(backoff_s(rounds, retry, self._rng), self._give_up):
+                    return Outcome(False, sent, abandoned=True)
+            part, failing_since, alone_since = pending.popleft()
+            if not (part := _owned(part, ticket)):
                 continue
-            splits = budget >= 2 and len(parts := _by_instance(part)) > 1
+            halves = _by_instance(part)
+            splits, one, others = budget >= 2 and len(halves) > 1, len(halves) == 1, bool(pending)
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            alone_since = now if one and alone_since is None else alone_since
+
+            def settle(attempt: int, splits: bool = splits, others: bool = others,
+                       failing_since: float = failing_since, alone_since: float | None = alone_since) -> bool:
+                if attempt < _PART_ATTEMPTS or not (splits or others or poisoned(failing_since, alone_since)):
+                    return False
+                return endpoint.answers()
+
             sent += 1
-            result = self._send(endpoint, part, ticket, _Watch(endpoint, len(part), 0.0, _PART_ATTEMPTS,
-                                                              evidence=None if splits else evidence))
+            result = self._send(endpoint, part, ticket, settle)
+            if result.delivered:
+                delivered, fruitless, rounds = delivered + len(part), 0, 0
+                continue
+            fruitless += 1
             if result.abandoned:
                 if self._give_up():
                     return result
-                pending.appendleft(part)   # a revoke took some of its records meanwhile: the rest go again
-            elif result.delivered:
-                delivered += len(part)
-            elif result.error == _KEPT_FAILING and splits:
+                # A revoke took some of its records meanwhile: the rest go again.
+                pending.appendleft((part, failing_since, alone_since))
+            elif splits and (result.error == _KEPT_FAILING or result.error in _SPLIT_CODES):
                 budget -= 2
-                pending.extend(parts)
-            else:
-                self._refused(endpoint, result, part, len(records), ticket)
+                pending.extend((half, failing_since, None) for half in halves)
+            elif result.error == _KEPT_FAILING and poisoned(failing_since, alone_since):
+                failing.append((part, time.monotonic() - alone_since))
+            elif result.error == _KEPT_FAILING:   # the others first: their delivery shows the collector takes data
+                pending.append((part, failing_since, alone_since))
+            else:   # refused for good, and too small to split
+                refused.setdefault(result.error, (result, []))[1].extend(part)
+        for why, parts in refused.values():
+            self._refused(endpoint, why, parts, total, ticket, rest="")
+        if failing:
+            parts = [record for part, _ in failing for record in part]
+            longest = max(seconds for _, seconds in failing)
+            self._refused(endpoint, outcome, parts, total, ticket, quiet=True)
+            log.error("export to %s: the collector kept failing %d client instance(s) alone for %.0f s or more while "
+                      "it took other data (%s); dead-lettering %s to %s (reason %s)", endpoint.name, len(failing),
+                      longest, outcome.detail, _share(parts, total, ""), self.config.delivery.dead_letter_topic,
+                      FAILING)
         log.warning("export to %s %s; the batch of %d records was split by client instance: %d delivered in %d "
-                    "requests", endpoint.name, outcome.detail, len(records), delivered, sent)
+                    "requests%s", endpoint.name, outcome.detail, total, delivered, sent,
+                    f", {sum(len(part) for part, _ in failing)} dead-lettered" if failing else "")
         return Outcome(True, sent)
 
     def _watch(self, endpoint: Endpoint, records: int) -> _Watch | None:
@@ -759,7 +800,7 @@ class Bridge:
         return _Watch(endpoint, records, after_s, fires=self.config.delivery.dead_letter_topic is not None)
 
     def _send(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket,
-              watch: _Watch | None = None) -> Outcome:
+              watch: Callable[[int], bool] | None = None) -> Outcome:
         started = time.monotonic()
         # Concatenated MetricsData are byte-identical to one ExportMetricsServiceRequest; retried until delivered,
         # refused, the shutdown deadline, a revoke taking one of its records' partitions, or `watch` finding that
@@ -782,23 +823,19 @@ class Bridge:
         return outcome
 
     def _refused(self, endpoint: Endpoint, outcome: Outcome, records: list[Part], total: int,
-                 ticket: Ticket) -> None:
-        """Log records refused for good; those refused as invalid or too large are handed to the consuming thread for
-        the dead-letter topic when there is one (the others were refused for the endpoint's sake, not their own)."""
+                 ticket: Ticket, rest: str = "; the others were delivered", quiet: bool = False) -> None:
+        """Log records refused for good (unless `quiet`: the caller says it); those refused as invalid or too large,
+        or failing at the collector (_isolate), are handed to the consuming thread for the dead-letter topic when
+        there is one (the others were refused for the endpoint's sake, not their own)."""
         if outcome.error is None or outcome.delivered or outcome.abandoned:
             return
-        points = sum(record[1] for record in records)
-        which = (f"the batch of {points} points" if len(records) == total else
-                 f"{len(records)} of the batch's {total} records ({points} points; the others were delivered)")
         topic = self.config.delivery.dead_letter_topic
         reason = FAILING if outcome.error == _KEPT_FAILING else REFUSED
         letters = [_DeadLetter(record[3], reason, ticket) for record in records
                    if (outcome.error in _SPLIT_CODES or outcome.error == _KEPT_FAILING) and record[3] is not None]
+        which = _share(records, total, rest)
         action = f"dead-lettering {which} to {topic}" if letters else f"dropping {which}"
-        if outcome.error == _KEPT_FAILING:
-            log.error("export to %s %s; %s (the collector fails it, not the others)", endpoint.name, outcome.detail,
-                      action)
-        else:
+        if not quiet:
             log.error("export to %s rejected with %s: %s; %s (not retryable)%s%s", endpoint.name, outcome.error,
                       outcome.detail, action, refusal_hint(outcome.error), outcome.note)
         if letters:
@@ -978,6 +1015,14 @@ class Bridge:
         for pool in self._pools.values():
             pool.shutdown(wait=True)
         log.info("bridge stopped")
+
+
+def _share(records: list[Part], total: int, rest: str) -> str:
+    """How much of a batch of `total` records `records` are, for a log line."""
+    points = sum(record[1] for record in records)
+    if len(records) == total:
+        return f"the batch of {points} points"
+    return f"{len(records)} of the batch's {total} records ({points} points{rest})"
 
 
 def _by_instance(parts: list[Part]) -> list[list[Part]]:

@@ -11,7 +11,6 @@ import logging
 import random
 import re
 import ssl
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from kcm_common.retry import RetryPolicy, backoff_s
+from kcm_common.retry import RetryPolicy, backoff_s, wait_unless
 
 __all__ = ["AUTH_REFUSALS", "RETRYABLE", "Endpoint", "Outcome", "RetryPolicy", "Tls", "TlsProblem", "is_endpoint",
            "metadata_problem", "pem_problem", "read_metadata_value", "retry_delay_s", "tls_problem"]
@@ -275,7 +274,7 @@ class Endpoint:
                     why = _unavailable_detail(error.details() or "")
                 log.warning("export to %s failed with %s%s (attempt %d); retrying in %.2fs",
                             self.name, code.name, why, attempt, wait)
-                if self._wait(wait, gave_up):
+                if wait_unless(wait, gave_up):
                     return Outcome(False, attempt, error=code.name, detail=error.details() or "", abandoned=True)
                 continue
             except Exception as error:  # not the server's answer: a closed channel at shutdown, or a bug
@@ -286,7 +285,7 @@ class Endpoint:
                 log.error("export to %s failed unexpectedly (attempt %d); retrying in %.2fs", self.name, attempt,
                           wait, exc_info=not traced)  # the traceback once, not at every retry
                 traced = True
-                if self._wait(wait, gave_up):
+                if wait_unless(wait, gave_up):
                     return Outcome(False, attempt, error="UNEXPECTED", detail=str(error), abandoned=True)
                 continue
             # A count below zero is the server's error; it must not turn into points delivered twice.
@@ -316,16 +315,6 @@ class Endpoint:
         changed = metadata != self._metadata
         self._metadata = metadata
         return "; the headers were read again and have changed" if changed else "; the headers were read again"
-
-    @staticmethod
-    def _wait(seconds: float, gave_up: Callable[[], bool]) -> bool:
-        """Sleep `seconds` in short steps; True when the caller gave up on pending work meanwhile."""
-        end = time.monotonic() + seconds
-        while (remaining := end - time.monotonic()) > 0:
-            if gave_up():
-                return True
-            time.sleep(min(remaining, 0.1))
-        return gave_up()
 
     def close(self) -> None:
         self._channel.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # The longest timeout, interval or idle time any kcm setting may ask for: longer means nothing, and keeps
@@ -29,3 +31,13 @@ def backoff_s(attempt: int, retry: RetryPolicy, rng: random.Random) -> float:
         steps_to_cap = math.log(retry.max_backoff_s / base, retry.multiplier)
         base = retry.max_backoff_s if attempt - 1 >= steps_to_cap else base * retry.multiplier ** (attempt - 1)
     return min(retry.max_backoff_s, base) * (1 - retry.jitter * rng.random())
+
+
+def wait_unless(seconds: float, gave_up: Callable[[], bool]) -> bool:
+    """Sleep `seconds` in short steps; True when the caller gave up on pending work meanwhile."""
+    end = time.monotonic() + seconds
+    while (remaining := end - time.monotonic()) > 0:
+        if gave_up():
+            return True
+        time.sleep(min(remaining, 0.1))
+    return gave_up()
