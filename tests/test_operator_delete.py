@@ -156,3 +156,40 @@ def test_a_deletion_that_fails_unexpectedly_is_held_and_says_so_without_the_exce
     assert [(event["type"], event["reason"]) for event in events] == [("Warning", "Failed")]
     assert "secret-looking detail" in caplog.text   # the traceback is in the log
     assert "subscriptionName" not in held["status"]
+
+
+def test_an_heir_that_never_applied_the_subscription_removes_it_once_nothing_else_names_it(sandbox):
+    """The owner a is deleted and hands the subscription to b, whose spec Kafka refuses (so b never applies it);
+    a leaves kopf's index. b deleted then must remove what a left: nobody else could, and it would push for ever."""
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+    config.wake = lambda heir, owner: None
+    try:
+        admin = config.admin("team", None)
+        desired = desired_from_spec("team", "a", SPEC)
+        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
+        cluster = admin.cluster_id()
+        handlers._delete(config, _body("a", OLDER, cluster), kopf.Patch(), {"payments": [
+            _claim("a", OLDER, cluster, True), _claim("b", NEWER, None, False)]}, 0)
+        assert sandbox.store.configs("payments")   # left for b
+
+        handed = {handlers.OWNER_DELETED_ANNOTATION: "team/a at 2026-01-01T00:00:10Z"}
+        handlers._delete(config, _body("b", NEWER, None, handed), kopf.Patch(), {"payments": [
+            _claim("b", NEWER, None, True)]}, 0)
+        assert sandbox.store.configs("payments") == {}
+    finally:
+        config.close()
+
+
+def test_a_resource_never_handed_the_subscription_leaves_it_when_nothing_else_names_it(sandbox):
+    """Without the hand-over mark, a resource that never applied the subscription leaves what Kafka holds (made by
+    hand, say), even when nothing else names it."""
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+    try:
+        admin = config.admin("team", None)
+        desired = desired_from_spec("team", "a", SPEC)
+        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
+        handlers._delete(config, _body("b", NEWER, None), kopf.Patch(), {"payments": [
+            _claim("b", NEWER, None, True)]}, 0)
+        assert sandbox.store.configs("payments")
+    finally:
+        config.close()

@@ -615,9 +615,12 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     # see `wake`), which may have been deleted before it could reconcile (a namespace deleted, `kubectl delete -f
     # dir/`): this one removes it. One deleted with the owner was handed nothing: the owner's own policy decides.
     handed_by = body.metadata.annotations.get(OWNER_DELETED_ANNOTATION) or ""
-    inherited = any(claim.deleting and claim.cluster_id and claim.ref != me.ref
-                    and handed_by.startswith(f"{claim.ref} at ") and _same_cluster(config, me, claim)
-                    for claim in _claims_of(claims, desired.name))
+    named_too = [claim for claim in _claims_of(claims, desired.name) if claim.ref != me.ref]
+    inherited = any(claim.deleting and claim.cluster_id and handed_by.startswith(f"{claim.ref} at ")
+                    and _same_cluster(config, me, claim) for claim in named_too)
+    # Handed over, and nothing else names it any more: the owner is gone, and this one never applied it (Kafka
+    # refused its spec, say). What Kafka holds is the deleted owner's, which only this one can remove now.
+    inherited = inherited or bool(handed_by and not named_too)
     if not _ever_applied(body.status) and not inherited:
         # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
         _say(logging.INFO, namespace, name, "deleted; it was never applied, so subscription %s is not touched",
