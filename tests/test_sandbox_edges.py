@@ -544,6 +544,31 @@ def test_a_receiver_whose_close_fails_does_not_keep_the_rest_of_the_sandbox_runn
             process.kill()
 
 
+def test_a_gateway_whose_stop_fails_does_not_keep_the_event_loop_or_the_broker_running():
+    from kcm_sandbox.runner import Sandbox, SandboxOptions
+
+    sandbox = Sandbox(SandboxOptions(listen=("127.0.0.1", 0)))
+    sandbox.start()
+    process, thread, gateway = sandbox.broker._process, sandbox._thread, sandbox.gateway
+    real_stop = gateway.stop
+
+    async def failing_stop():
+        await real_stop()
+        raise RuntimeError("gateway stop failed")
+
+    gateway.stop = failing_stop
+    try:
+        with pytest.raises(RuntimeError, match="gateway stop failed"):
+            _within(60, sandbox.stop)
+        assert not thread.is_alive() and sandbox._loop is None and sandbox._listener is None
+        assert process.poll() is not None   # the broker stopped too
+    finally:
+        if sandbox._loop is not None and sandbox._loop.is_running():
+            sandbox._loop.call_soon_threadsafe(sandbox._loop.stop)
+        if process.poll() is None:
+            process.kill()
+
+
 # --- the Java receiver host process, with a stand-in for the JVM -----------------------------------------------
 
 

@@ -199,13 +199,15 @@ class Sandbox:
     def _stop_serving(self) -> None:
         try:
             if self._loop is not None:
-                if self.gateway is not None and self._loop.is_running():
-                    asyncio.run_coroutine_threadsafe(self.gateway.stop(), self._loop).result(10)
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                if self._thread is not None:
-                    self._thread.join(timeout=10)
-                self._loop.close()
-                self._loop = None
+                try:
+                    if self.gateway is not None and self._loop.is_running():
+                        asyncio.run_coroutine_threadsafe(self.gateway.stop(), self._loop).result(10)
+                finally:   # the loop's thread ends whatever the gateway's stop raised
+                    self._loop.call_soon_threadsafe(self._loop.stop)
+                    if self._thread is not None:
+                        self._thread.join(timeout=10)
+                    self._loop.close()
+                    self._loop = None
         finally:
             if self._listener is not None:   # the gateway's server closed it already, unless it never started
                 self._listener.close()
