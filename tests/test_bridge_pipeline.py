@@ -239,8 +239,8 @@ def test_a_record_the_collector_keeps_failing_retryably_is_isolated_and_dead_let
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kcm.bridge"]
     (error,) = errors
     assert re.fullmatch(
-        f"export to {re.escape(collector.endpoint)}: the collector kept failing 1 client instance\\(s\\) alone for "
-        r"\d+ s or more while it took other data \(failed with UNAVAILABLE for \d+ s \(\d+ attempts\) while the "
+        f"export to {re.escape(collector.endpoint)}: the collector kept failing 1 client instance\\(s\\) on their own "
+        r"for \d+ s or more while it took other data \(failed with UNAVAILABLE for \d+ s \(\d+ attempts\) while the "
         r"collector answered an empty request: cannot process this\); dead-lettering 1 of the batch's 8 records "
         f"\\(2 points\\) to {re.escape(dead_letters)} \\(reason failing-at-collector\\)", error), error
     assert any("the batch of 8 records was split by client instance: 7 delivered in " in r.getMessage()

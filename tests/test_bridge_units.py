@@ -1041,19 +1041,22 @@ class _VerdictEndpoint:
         return True
 
 
-def _isolating(tmp_path, names, verdict, stop_after=5.0, poison_after_s=0.05, backoff_s=(0.01, 0.02)):
-    """`_export` of one record per client name (offsets in that order) through a _VerdictEndpoint, with a dead-letter
-    topic; the shutdown deadline after `stop_after` s ends a stuck one. Returns the outcome, the endpoint and the
-    dead letters as (name, reason)."""
+def _isolating(tmp_path, names, verdict, stop_after=5.0, poison_after_s=0.05, backoff_s=(0.01, 0.02),
+               endpoint_class=_VerdictEndpoint, on_bridge=lambda bridge: None):
+    """`_export` of one record per name (offsets in that order; a name, its own client instance, or (name, instance))
+    through an `endpoint_class`, with a dead-letter topic; the shutdown deadline after `stop_after` s ends a stuck
+    one. Returns the outcome, the endpoint and the dead letters as (name, reason)."""
     from kcm_bridge.pipeline import _BatchTicket
 
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka", {
         ("delivery", "poison_after_s"): poison_after_s, ("delivery", "dead_letter_topic"): "dlq",
         ("retry", "initial_backoff_s"): backoff_s[0], ("retry", "max_backoff_s"): backoff_s[1]})
-    parts = [(f"{name},".encode(), 1, name, Record("metrics", 0, index, None, name.encode(), []), ("metrics", 0))
-             for index, name in enumerate(names)]
+    named = [(name, name) if isinstance(name, str) else name for name in names]
+    parts = [(f"{name},".encode(), 1, instance, Record("metrics", 0, index, None, name.encode(), []), ("metrics", 0))
+             for index, (name, instance) in enumerate(named)]
     with _unstarted_bridge(config) as bridge:
-        endpoint = _VerdictEndpoint(verdict, bridge)
+        on_bridge(bridge)
+        endpoint = endpoint_class(verdict, bridge)
         ticket = _BatchTicket()
         ticket.set_parts(1)
         timer = threading.Timer(stop_after, lambda: bridge.stop(at_once=True))
@@ -1087,11 +1090,12 @@ def test_after_a_collector_failing_all_data_recovers_the_others_go_and_only_the_
     assert letters == [("P", "failing-at-collector")]
 
 
-def test_a_collector_that_fails_some_requests_of_every_client_never_has_one_set_aside(tmp_path):
+@pytest.mark.parametrize("seed", [25, 0, 7])
+def test_a_collector_that_fails_some_requests_of_every_client_never_has_one_set_aside(tmp_path, seed):
     """No poison: requests of more than two records always fail, smaller ones pass one call in three (a rate limiter,
     a memory limiter near its limit). Every client fails now and then, none alone for `poison_after_s` (review 25,
     F2; 0.3 s here, some 20 attempts)."""
-    names, luck = [f"c{i}" for i in range(8)], random.Random(25)
+    names, luck = [f"c{i}" for i in range(8)], random.Random(seed)
     outcome, endpoint, letters = _isolating(
         tmp_path, names, lambda sent, n: "UNAVAILABLE" if len(sent) > 2 or luck.random() < 2 / 3 else None,
         stop_after=10, poison_after_s=0.3)
@@ -1139,4 +1143,92 @@ def test_a_halved_batch_with_a_failing_part_is_isolated_from_there_and_not_said_
     said = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge"]
     assert not any("was delivered in" in line for line in said), said
     assert any(line.endswith("the batch of 8 records was split by client instance: 7 delivered in 6 requests, "
+                             "1 dead-lettered") for line in said), said
+
+
+def test_a_healthy_client_failing_twice_after_the_collector_failed_all_data_is_not_set_aside(tmp_path):
+    """The collector fails all data for a second (its memory limiter), so the batch is split to one client per part;
+    then it takes data again but hovers: right after the first delivery the next client's request fails twice. Only
+    failing for `poison_after_s` from a delivery of other data counts, not the time everything failed (review 25b,
+    R1)."""
+    start, state = time.monotonic(), {"delivered": False, "victim": None, "fails": 0}
+
+    def verdict(sent, n):
+        if time.monotonic() - start < 1.0:
+            return "UNAVAILABLE"
+        if state["delivered"] and state["victim"] is None and len(sent) == 1:
+            state["victim"] = sent[0]
+        if sent == [state["victim"]] and state["fails"] < 2:
+            state["fails"] += 1
+            return "UNAVAILABLE"
+        state["delivered"] = True
+        return None
+
+    names = [f"c{i}" for i in range(8)]
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict)
+    assert state["fails"] == 2 and letters == []
+    assert sorted(name for sent in endpoint.delivered for name in sent) == names
+
+
+def test_an_outage_does_not_count_as_time_a_client_failed_while_the_collector_took_other_data(tmp_path):
+    """c1's request meets an outage (the empty request fails too) just after another export thread delivered; it
+    stays retrying through it, and its first request after fails once (the collector warming up): not set aside
+    (review 25b, R1)."""
+    state = {"outage_until": None, "warm": False}
+    bridges = []
+
+    class Answering(_VerdictEndpoint):
+        def answers(self):
+            return state["outage_until"] is None or time.monotonic() > state["outage_until"]
+
+    def verdict(sent, n):
+        if "P" in sent:
+            return "UNAVAILABLE"
+        if state["outage_until"] is None:
+            bridges[0]._delivered_at[id(Answering.made)] = time.monotonic()   # the other export thread's batch
+            state["outage_until"] = time.monotonic() + 0.3
+        if time.monotonic() < state["outage_until"]:
+            return "UNAVAILABLE"
+        if not state["warm"]:
+            state["warm"] = True
+            return "UNAVAILABLE"
+        return None
+
+    def made(verdict, bridge):
+        Answering.made = Answering(verdict, bridge)
+        return Answering.made
+
+    outcome, endpoint, letters = _isolating(tmp_path, ["P", "c1"], verdict, endpoint_class=made,
+                                            on_bridge=bridges.append)
+    assert state["warm"] and ("c1", "failing-at-collector") not in letters
+    assert ["c1"] in endpoint.delivered
+
+
+def test_splits_while_the_collector_fails_all_data_do_not_leave_a_failing_clients_neighbours_stuck(tmp_path):
+    """32 clients, the failing one first; the collector fails all data for a second, then only its records. The
+    splits of that second use up the budget, leaving parts of several clients; once other data is taken, the part
+    holding the failing client is split again, down to it (review 25b, R2)."""
+    start = time.monotonic()
+    names = ["P"] + [f"c{i:02}" for i in range(1, 32)]
+    outcome, endpoint, letters = _isolating(
+        tmp_path, names, lambda sent, n: "UNAVAILABLE" if "P" in sent or time.monotonic() - start < 1.0 else None)
+    assert sorted(name for sent in endpoint.delivered for name in sent) == sorted(names[1:])
+    assert letters == [("P", "failing-at-collector")] and not outcome.abandoned
+
+
+def test_records_refused_before_a_hand_over_are_not_said_to_leave_the_others_delivered(tmp_path, caplog):
+    """Halved as too large, the first half refused down to BAD, the second holding a failing client: the line for
+    BAD is written before _isolate has sent the others, so it must not say they were delivered (review 25b, R4)."""
+    caplog.set_level(logging.WARNING, logger="kcm.bridge")
+
+    def verdict(sent, n):
+        if len(sent) > 4 or "BAD" in sent:
+            return "INVALID_ARGUMENT"
+        return "UNAVAILABLE" if "P" in sent else None
+
+    outcome, endpoint, letters = _isolating(tmp_path, ["A", "BAD", "B", "C", "P", "D", "E", "F"], verdict)
+    assert sorted(letters) == [("BAD", "refused-by-collector"), ("P", "failing-at-collector")]
+    said = [r.getMessage() for r in caplog.records if r.name == "kcm.bridge"]
+    assert not any("the others were delivered" in line for line in said), said
+    assert any(line.endswith("the batch of 8 records was split by client instance: 6 delivered in 5 requests, "
                              "1 dead-lettered") for line in said), said

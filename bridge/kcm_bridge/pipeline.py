@@ -222,6 +222,28 @@ class _Watch:
         return True
 
 
+class _Suspect:
+    """A part of one client instance that keeps failing (Bridge._isolate): `clock` is when the collector was seen to
+    take other data after `ref` (when its records began failing, or when the collector last stopped answering)."""
+
+    __slots__ = ("clock", "ref")
+
+    def __init__(self, now: float) -> None:
+        self.ref, self.clock = now, None
+
+    def poisoned(self, now: float, delivered_at: float, answers: bool, after_s: float) -> bool:
+        """After a failed attempt: whether it has failed for `after_s` since the clock started."""
+        if not answers:   # an outage: nothing in it shows the collector fails these records, not all
+            self.ref, self.clock = now, None
+            return False
+        if self.clock is None and delivered_at > self.ref:
+            self.clock = delivered_at
+        return self.given_up(after_s, now)
+
+    def given_up(self, after_s: float, now: float | None = None) -> bool:
+        return self.clock is not None and (now if now is not None else time.monotonic()) - self.clock >= after_s
+
+
 class _Turn:
     """Records of one batch for an endpoint, sent as one request once the earlier exports it waits for have ended."""
 
@@ -654,7 +676,7 @@ class Bridge:
         after its newer records."""
         if self._give_up():   # the shutdown deadline passed while this waited: the next owner reads it again
             return Outcome(False, 0, abandoned=True)
-        attempts, began = 0, time.monotonic()
+        attempts = 0
         while records := _owned(records, ticket):
             outcome = self._send(endpoint, records, ticket, self._watch(endpoint, len(records)))
             attempts += outcome.attempts
@@ -663,11 +685,11 @@ class Bridge:
         if not records:   # every record's partition was revoked: settled, their next owner sends them
             return Outcome(True, attempts)
         if outcome.error == _KEPT_FAILING:
-            return self._isolate(endpoint, records, ticket, outcome, began, len(records))
+            return self._isolate(endpoint, records, ticket, outcome, len(records))
         if outcome.error not in _SPLIT_CODES or outcome.delivered or outcome.abandoned or len(records) == 1:
             self._refused(endpoint, outcome, records, len(records), ticket)
             return outcome
-        budget, sent = 4 * len(records).bit_length() - 2, 1   # each split takes two requests of it
+        budget, sent, taken = 4 * len(records).bit_length() - 2, 1, 0   # each split takes two requests of it
         # Records refused for good by their gRPC code, with the (first) outcome of that code: each reason decides
         # for its own records (invalid ones may be dead-lettered, those refused for credentials never are).
         dropped: dict[str | None, tuple[Outcome, list[Part]]] = {}
@@ -680,7 +702,6 @@ class Bridge:
             if not chunk:
                 continue
             sent += 1
-            chunk_began = time.monotonic()
             result = self._send(endpoint, chunk, ticket, self._watch(endpoint, len(chunk)))
             if result.abandoned:
                 if self._give_up():
@@ -688,13 +709,14 @@ class Bridge:
                 unsent.append(chunk)   # a revoke took some of its records meanwhile: the rest go again
                 continue
             if result.delivered:
+                taken += len(chunk)
                 continue
             if result.error == _KEPT_FAILING:
                 # The chunk and every record after it, in the order read: _isolate sends them by client instance.
                 for why, parts in dropped.values():
-                    self._refused(endpoint, why, parts, len(records), ticket)
+                    self._refused(endpoint, why, parts, len(records), ticket, rest="")
                 rest = chunk + [part for later in reversed(unsent) for part in later]
-                return self._isolate(endpoint, rest, ticket, result, chunk_began, len(records))
+                return self._isolate(endpoint, rest, ticket, result, len(records), taken)
             if result.error in _SPLIT_CODES and len(chunk) > 1 and budget >= 2:
                 budget -= 2
                 half = len(chunk) // 2
@@ -709,32 +731,34 @@ class Bridge:
         return Outcome(True, sent)   # what the collector takes was delivered
 
     def _isolate(self, endpoint: Endpoint, records: list[Part], ticket: _BatchTicket, outcome: Outcome,
-                 began: float, total: int) -> Outcome:
-        """Deliver the records of a request the collector kept failing retryably (`outcome`, since `began`) while it
-        answered an empty request, but the client instances it fails for; `records` are `total` of the batch's.
+                 total: int, delivered: int = 0) -> Outcome:
+        """Deliver the records of a request the collector kept failing retryably (`outcome`) while it answered an
+        empty request, but the client instances it fails for; `records` are `total` of the batch's, of which
+        `delivered` were delivered already.
 
         They are split by client instance: each instance's records stay together and in the order read, and parts
         share no instance, so they may go in any order. After _PART_ATTEMPTS failed attempts (the collector still
-        answering) a part of several instances is split in two (the halves go to the back), and a part of one
-        instance goes to the back, so the others go first. A part of one instance is given up (dead-lettered) only
-        when it has failed on its own for `poison_after_s` and the collector took other data while its records kept
-        failing: never in an outage, nor while the collector fails all data (its memory limiter, say), nor, but by
-        a long run of bad luck, for a collector that fails some requests of every client (a rate limiter). A round
-        of parts that delivers nothing waits as a retry does before the next. Refusals for good are split and dropped as in _export; the splitting is bounded like its
-        (a part of several instances that can be split no further is only retried)."""
+        answering) a part of several instances is split in two (the halves go to the back; the budget bounds such
+        splits until the collector has taken other data since the part began failing, after which at most one per
+        instance is worth finding the ones it fails for), and a part of one instance waits behind the others. A
+        part of one instance is given up (dead-lettered) only after failing every attempt for `poison_after_s` from
+        a delivery of other data seen after its records began failing (_Suspect: the collector stopping answering
+        starts that over). So nothing is set aside in an outage, nor while the collector fails
+        all data (its memory limiter, say), nor for it failing some requests of every client (a rate limiter) but
+        by a long run of bad luck. A round of parts that delivers nothing waits as a retry does before the next.
+        Refusals for good are split by instance and dropped as in _export (a part of one instance that is refused
+        is dropped whole); the splitting is bounded like its."""
         after_s, retry = self.config.delivery.poison_after_s, self.config.retry
-        budget, sent, delivered, fruitless, rounds = 4 * len(records).bit_length() - 2, 0, 0, 0, 0
-        # Each part, with when its records began failing in every request holding them, and when it began failing as
-        # a part of one instance (None: not yet).
-        pending: deque[tuple[list[Part], float | None, float | None]] = deque(
+        budget, sent, fruitless, rounds = 4 * len(records).bit_length() - 2, 0, 0, 0
+        # Each part, with when its records began failing in every request holding them (None: not yet), and for a
+        # part of one instance, its _Suspect.
+        pending: deque[tuple[list[Part], float | None, _Suspect | None]] = deque(
             (part, None, None) for part in _by_instance(records))
         refused: dict[str | None, tuple[Outcome, list[Part]]] = {}
-        failing: list[tuple[list[Part], float]] = []   # given up: each part, with how long it failed on its own
+        failing: list[tuple[list[Part], float]] = []   # given up: each part, with how long it failed so
 
-        def poisoned(failing_since: float, alone_since: float | None) -> bool:
-            """Failed alone for `poison_after_s`, and the collector took other data while its records failed."""
-            return (alone_since is not None and time.monotonic() - alone_since >= after_s
-                    and self._delivered_at.get(id(endpoint), -math.inf) > failing_since)
+        def delivered_at() -> float:
+            return self._delivered_at.get(id(endpoint), -math.inf)
 
         while pending:
             if self._give_up():   # the shutdown deadline: uncommitted, the next owner sends all of it again
@@ -743,20 +767,25 @@ class Bridge:
                 fruitless, rounds = 0, rounds + 1
                 if wait_unless(backoff_s(rounds, retry, self._rng), self._give_up):
                     return Outcome(False, sent, abandoned=True)
-            part, failing_since, alone_since = pending.popleft()
+            part, failing_since, suspect = pending.popleft()
             if not (part := _owned(part, ticket)):
                 continue
             halves = _by_instance(part)
-            splits, one, others = budget >= 2 and len(halves) > 1, len(halves) == 1, bool(pending)
             now = time.monotonic()
             failing_since = now if failing_since is None else failing_since
-            alone_since = now if one and alone_since is None else alone_since
+            if len(halves) == 1 and suspect is None:
+                suspect = _Suspect(failing_since)
 
-            def settle(attempt: int, splits: bool = splits, others: bool = others,
-                       failing_since: float = failing_since, alone_since: float | None = alone_since) -> bool:
-                if attempt < _PART_ATTEMPTS or not (splits or others or poisoned(failing_since, alone_since)):
+            def settle(attempt: int, budget: int = budget, others: bool = bool(pending),
+                       failing_since: float = failing_since, suspect: _Suspect | None = suspect) -> bool:
+                if attempt < _PART_ATTEMPTS:
                     return False
-                return endpoint.answers()
+                if suspect is not None:   # one instance: behind the others, or given up
+                    answers = endpoint.answers()
+                    poisoned = suspect.poisoned(time.monotonic(), delivered_at(), answers, after_s)
+                    return answers and (others or poisoned)
+                splits = budget >= 2 or delivered_at() > failing_since
+                return (splits or others) and endpoint.answers()
 
             sent += 1
             result = self._send(endpoint, part, ticket, settle)
@@ -767,27 +796,29 @@ class Bridge:
             if result.abandoned:
                 if self._give_up():
                     return result
-                # A revoke took some of its records meanwhile: the rest go again.
-                pending.appendleft((part, failing_since, alone_since))
-            elif splits and (result.error == _KEPT_FAILING or result.error in _SPLIT_CODES):
+                pending.appendleft((part, failing_since, suspect))   # a revoke took some of its records meanwhile
+            elif len(halves) > 1 and result.error == _KEPT_FAILING and delivered_at() > failing_since:
+                # The collector took other data while these records failed: finding the ones it fails for is worth
+                # the requests (at most one split per instance of the batch).
+                pending.extend((half, failing_since, None) for half in halves)
+            elif len(halves) > 1 and budget >= 2 and (result.error == _KEPT_FAILING or result.error in _SPLIT_CODES):
                 budget -= 2
                 pending.extend((half, failing_since, None) for half in halves)
-            elif result.error == _KEPT_FAILING and poisoned(failing_since, alone_since):
-                failing.append((part, time.monotonic() - alone_since))
+            elif result.error == _KEPT_FAILING and suspect is not None and suspect.given_up(after_s):
+                failing.append((part, time.monotonic() - (suspect.clock or 0.0)))
             elif result.error == _KEPT_FAILING:   # the others first: their delivery shows the collector takes data
-                pending.append((part, failing_since, alone_since))
-            else:   # refused for good, and too small to split
+                pending.append((part, failing_since, suspect))
+            else:   # refused for good
                 refused.setdefault(result.error, (result, []))[1].extend(part)
         for why, parts in refused.values():
             self._refused(endpoint, why, parts, total, ticket, rest="")
         if failing:
             parts = [record for part, _ in failing for record in part]
-            longest = max(seconds for _, seconds in failing)
             self._refused(endpoint, outcome, parts, total, ticket, quiet=True)
-            log.error("export to %s: the collector kept failing %d client instance(s) alone for %.0f s or more while "
-                      "it took other data (%s); dead-lettering %s to %s (reason %s)", endpoint.name, len(failing),
-                      longest, outcome.detail, _share(parts, total, ""), self.config.delivery.dead_letter_topic,
-                      FAILING)
+            log.error("export to %s: the collector kept failing %d client instance(s) on their own for %.0f s or "
+                      "more while it took other data (%s); dead-lettering %s to %s (reason %s)", endpoint.name,
+                      len(failing), min(seconds for _, seconds in failing), outcome.detail, _share(parts, total, ""),
+                      self.config.delivery.dead_letter_topic, FAILING)
         log.warning("export to %s %s; the batch of %d records was split by client instance: %d delivered in %d "
                     "requests%s", endpoint.name, outcome.detail, total, delivered, sent,
                     f", {sum(len(part) for part, _ in failing)} dead-lettered" if failing else "")
