@@ -217,9 +217,9 @@ def test_records_the_collector_calls_invalid_cost_only_themselves_not_their_batc
 def test_a_record_the_collector_keeps_failing_retryably_is_isolated_and_dead_lettered_the_rest_delivered(
         broker, new_topic, collector, tmp_path, caplog):
     """One abusive record must not stall the others: a request the collector fails retryably (for ever, here) while
-    it answers an empty request is split by client instance after `poison_after_s`; the others go, and the one it
-    fails for goes to the dead-letter topic once it has failed alone for `poison_after_s` while the collector took
-    other data."""
+    it answers an empty request is split by client instance after `poison_after_s`; the others go, and the client it
+    fails for goes to the dead-letter topic once it has failed for `poison_after_s` and 20 attempts while the
+    collector took other data (here: the pushes of other clients that keep coming, on the other export thread)."""
     caplog.set_level(logging.WARNING, logger="kcm.bridge")
     topic, dead_letters = new_topic(), new_topic(prefix="dlq")
     clients = ["poison-0"] + [f"client-{i}" for i in range(1, 8)]   # first: the others must go before it is judged
@@ -228,21 +228,39 @@ def test_a_record_the_collector_keeps_failing_retryably_is_isolated_and_dead_let
     collector.refuse_when(lambda request: "poison-0" in _request_client_ids(request), grpc.StatusCode.UNAVAILABLE,
                           "cannot process this")
     config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
-                     {("batch", "linger_ms"): 3000, ("delivery", "poison_after_s"): 2.0,
+                     {("batch", "linger_ms"): 1000, ("delivery", "poison_after_s"): 2.0,
                       ("delivery", "dead_letter_topic"): dead_letters})
+    produced, stop = [8], threading.Event()
+
+    def steady() -> None:   # once the batch is being retried: other clients' pushes, each a client of its own
+        while not stop.wait(0.2):
+            _produce(broker.bootstrap, topic, [_push(f"steady-{produced[0]}",
+                                                     f"10000000-0000-0000-0000-{produced[0]:012d}")])
+            produced[0] += 1
+
     started = time.monotonic()
     with running_bridge(config) as bridge:
-        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == 8, 60, "commit past all eight")
+        _wait(lambda: collector.rejected_calls > 0, 30, "the batch failing")
+        pushing = threading.Thread(target=steady, daemon=True)
+        pushing.start()
+        try:
+            _wait(lambda: bridge.metrics.value(bridge.metrics.dead_lettered) == 1, 90, "the poisoned client set aside")
+        finally:
+            stop.set()
+            pushing.join(10)
+        _wait(lambda: _committed(broker.bootstrap, config.kafka.group_id, topic) == produced[0], 60,
+              "commit past every record")
     assert time.monotonic() - started >= 4.0   # not before it had failed for poison_after_s, as a request and alone
-    assert sorted(_client_ids(collector.exports)) == sorted(clients[1:])   # each once
+    delivered = _client_ids(collector.exports)
+    assert sorted(delivered) == sorted(clients[1:] + [f"steady-{i}" for i in range(8, produced[0])])   # each once
     assert bridge.metrics.value(bridge.metrics.dead_lettered) == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kcm.bridge"]
     (error,) = errors
     assert re.fullmatch(
-        f"export to {re.escape(collector.endpoint)}: the collector kept failing 1 client instance\\(s\\) on their own "
-        r"for \d+ s or more while it took other data \(failed with UNAVAILABLE for \d+ s \(\d+ attempts\) while the "
-        r"collector answered an empty request: cannot process this\); dead-lettering 1 of the batch's 8 records "
-        f"\\(2 points\\) to {re.escape(dead_letters)} \\(reason failing-at-collector\\)", error), error
+        f"export to {re.escape(collector.endpoint)}: the collector kept failing 1 client instance\\(s\\) for 2 s or "
+        r"more and 20 attempts or more while it took other data \(failed with UNAVAILABLE for \d+ s \(\d+ attempts\) "
+        r"while the collector answered an empty request: cannot process this\); dead-lettering 1 of the batch's 8 "
+        f"records \\(2 points\\) to {re.escape(dead_letters)} \\(reason failing-at-collector\\)", error), error
     assert any("the batch of 8 records was split by client instance: 7 delivered in " in r.getMessage()
                and r.getMessage().endswith(" requests, 1 dead-lettered") for r in caplog.records)
     reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, consumer_timeout_ms=3000)

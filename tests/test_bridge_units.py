@@ -1042,10 +1042,11 @@ class _VerdictEndpoint:
 
 
 def _isolating(tmp_path, names, verdict, stop_after=5.0, poison_after_s=0.05, backoff_s=(0.01, 0.02),
-               endpoint_class=_VerdictEndpoint, on_bridge=lambda bridge: None):
+               endpoint_class=_VerdictEndpoint, on_bridge=lambda bridge: None, traffic=True):
     """`_export` of one record per name (offsets in that order; a name, its own client instance, or (name, instance))
     through an `endpoint_class`, with a dead-letter topic; the shutdown deadline after `stop_after` s ends a stuck
-    one. Returns the outcome, the endpoint and the dead letters as (name, reason)."""
+    one. With `traffic`, another export thread's requests (of other clients) go every 10 ms meanwhile, delivered as
+    `verdict` says. Returns the outcome, the endpoint and the dead letters as (name, reason)."""
     from kcm_bridge.pipeline import _BatchTicket
 
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka", {
@@ -1061,9 +1062,19 @@ def _isolating(tmp_path, names, verdict, stop_after=5.0, poison_after_s=0.05, ba
         ticket.set_parts(1)
         timer = threading.Timer(stop_after, lambda: bridge.stop(at_once=True))
         timer.start()
+        done = threading.Event()
+
+        def other_thread():
+            while not done.wait(0.01):
+                if verdict(["~other"], 0) is None:
+                    bridge._delivered_at[id(endpoint)] = time.monotonic()
+
+        if traffic:
+            threading.Thread(target=other_thread, daemon=True).start()
         try:
             outcome = bridge._export(endpoint, parts, ticket)
         finally:
+            done.set()
             timer.cancel()
         letters = [(letter.record.value.decode(), letter.reason) for letter in bridge._letters_due]
     return outcome, endpoint, letters
@@ -1071,8 +1082,8 @@ def _isolating(tmp_path, names, verdict, stop_after=5.0, poison_after_s=0.05, ba
 
 @pytest.mark.parametrize("names", [["P", "A"], ["P", "A", "B"]])
 def test_the_clients_after_a_failing_one_go_first_and_it_is_dead_lettered_after_failing_alone(tmp_path, names):
-    """A part of one client instance that keeps failing goes behind the others (their delivery is what shows the
-    collector takes data), whatever its place in the batch (review 25, F1)."""
+    """A part of one client instance that keeps failing goes behind the others, whatever its place in the batch
+    (review 25, F1), and is set aside while other data keeps being taken (here by another export thread)."""
     outcome, endpoint, letters = _isolating(tmp_path, names, lambda sent, n: "UNAVAILABLE" if "P" in sent else None)
     assert outcome.delivered and not outcome.abandoned
     assert sorted(name for sent in endpoint.delivered for name in sent) == sorted(names[1:])
@@ -1095,10 +1106,14 @@ def test_a_collector_that_fails_some_requests_of_every_client_never_has_one_set_
     """No poison: requests of more than two records always fail, smaller ones pass one call in three (a rate limiter,
     a memory limiter near its limit). Every client fails now and then, none alone for `poison_after_s` (review 25,
     F2; 0.3 s here, some 20 attempts)."""
-    names, luck = [f"c{i}" for i in range(8)], random.Random(seed)
-    outcome, endpoint, letters = _isolating(
-        tmp_path, names, lambda sent, n: "UNAVAILABLE" if len(sent) > 2 or luck.random() < 2 / 3 else None,
-        stop_after=10, poison_after_s=0.3)
+    names, luck, others = [f"c{i}" for i in range(8)], random.Random(seed), random.Random(seed + 1)
+
+    def verdict(sent, n):   # the other thread's luck apart: this thread's failures are the same at every run
+        if sent == ["~other"]:
+            return "UNAVAILABLE" if others.random() < 2 / 3 else None
+        return "UNAVAILABLE" if len(sent) > 2 or luck.random() < 2 / 3 else None
+
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict, stop_after=10, poison_after_s=0.3)
     assert letters == []
     assert sorted(name for sent in endpoint.delivered for name in sent) == names
 
@@ -1165,7 +1180,7 @@ def test_a_healthy_client_failing_twice_after_the_collector_failed_all_data_is_n
         return None
 
     names = [f"c{i}" for i in range(8)]
-    outcome, endpoint, letters = _isolating(tmp_path, names, verdict)
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict, traffic=False)
     assert state["fails"] == 2 and letters == []
     assert sorted(name for sent in endpoint.delivered for name in sent) == names
 
@@ -1232,3 +1247,154 @@ def test_records_refused_before_a_hand_over_are_not_said_to_leave_the_others_del
     assert not any("the others were delivered" in line for line in said), said
     assert any(line.endswith("the batch of 8 records was split by client instance: 6 delivered in 5 requests, "
                              "1 dead-lettered") for line in said), said
+
+
+def _names(endpoint):
+    return sorted(name for sent in endpoint.delivered for name in sent)
+
+
+def test_a_failing_client_with_no_other_data_taken_meanwhile_is_retried_not_set_aside(tmp_path):
+    """Once the others of its batch are delivered, nothing else reaches the collector (one export thread, or every
+    later batch waiting for this one): that cannot be told from a collector failing all data, so it is retried."""
+    outcome, endpoint, letters = _isolating(tmp_path, ["P", "A", "B"], lambda sent, n: "UNAVAILABLE" if "P" in sent
+                                            else None, stop_after=1.5, traffic=False)
+    assert outcome.abandoned and letters == [] and _names(endpoint) == ["A", "B"]
+
+
+def test_one_delivery_then_a_collector_failing_all_data_sets_no_healthy_client_aside(tmp_path):
+    """The collector takes one part, then fails all data for a second, then takes data again: the one delivery
+    before the failure is not evidence for the failures during it (review 25c, A1)."""
+    state = {"overload_from": None}
+
+    def verdict(sent, n):
+        if "P" in sent:
+            return "UNAVAILABLE"
+        if state["overload_from"] is not None:
+            return "UNAVAILABLE" if time.monotonic() - state["overload_from"] < 1.0 else None
+        if sent != ["~other"]:
+            state["overload_from"] = time.monotonic()   # this one is taken; everything after fails for a second
+        return None
+
+    names = ["P"] + [f"c{i}" for i in range(1, 8)]
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict, poison_after_s=0.3)
+    assert letters == [("P", "failing-at-collector")]
+    assert _names(endpoint) == names[1:]
+
+
+def test_an_outage_while_a_client_waits_its_turn_starts_its_count_over(tmp_path):
+    """c1 fails twice after others were delivered; then the collector is down for 0.6 s (the empty request fails
+    too) while P is retried; once up, c1's first two requests fail (warming up): not set aside (review 25c, A2)."""
+    state = {"c1_fails": 0, "down_until": None, "warm_fails": 0}
+
+    class Answering(_VerdictEndpoint):
+        def answers(self):
+            return state["down_until"] is None or time.monotonic() > state["down_until"]
+
+    def verdict(sent, n):
+        if state["c1_fails"] == 2 and state["down_until"] is None:   # the next request after: the collector is down
+            state["down_until"] = time.monotonic() + 0.6
+        up = state["down_until"] is not None and time.monotonic() > state["down_until"]
+        if "P" in sent:
+            return "UNAVAILABLE"
+        if sent == ["c1"] and state["down_until"] is None:
+            state["c1_fails"] += 1
+            return "UNAVAILABLE"
+        if state["down_until"] is not None:
+            if not up:
+                return "UNAVAILABLE"
+            if sent == ["c1"] and state["warm_fails"] < 2:
+                state["warm_fails"] += 1
+                return "UNAVAILABLE"
+        return None
+
+    outcome, endpoint, letters = _isolating(tmp_path, ["P", "c1", "c2", "c3"], verdict, poison_after_s=0.3,
+                                            endpoint_class=Answering)
+    assert state["warm_fails"] == 2
+    assert letters == [("P", "failing-at-collector")]
+    assert _names(endpoint) == ["c1", "c2", "c3"]
+
+
+@pytest.mark.parametrize("seed", [25, 0])
+def test_a_rate_limiter_with_rounds_longer_than_poison_after_s_sets_no_healthy_client_aside(tmp_path, seed):
+    """16 clients and 20 ms per call, so that a round of parts lasts longer than `poison_after_s`: waiting its turn is
+    not failing (review 25c, B)."""
+    names, luck, others = [f"c{i:02}" for i in range(16)], random.Random(seed), random.Random(seed + 1)
+
+    def verdict(sent, n):   # the other thread's luck apart: this thread's failures are the same at every run
+        if sent == ["~other"]:
+            return "UNAVAILABLE" if others.random() < 2 / 3 else None
+        time.sleep(0.02)
+        return "UNAVAILABLE" if len(sent) > 2 or luck.random() < 2 / 3 else None
+
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict, stop_after=20, poison_after_s=0.3)
+    assert letters == []
+    assert _names(endpoint) == names
+
+
+def test_a_client_failing_twice_after_waiting_its_turn_is_not_set_aside(tmp_path):
+    """The collector takes requests of one record only and fails c00's first four; the others' turns take longer
+    than `poison_after_s` (review 25c, B1)."""
+    state = {"fails": 0}
+
+    def verdict(sent, n):
+        if sent == ["~other"]:
+            return None
+        time.sleep(0.03)
+        if len(sent) > 1:
+            return "UNAVAILABLE"
+        if sent == ["c00"] and state["fails"] < 4:
+            state["fails"] += 1
+            return "UNAVAILABLE"
+        return None
+
+    names = [f"c{i:02}" for i in range(16)]
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict, stop_after=20, poison_after_s=0.3)
+    assert state["fails"] == 4 and letters == []
+    assert _names(endpoint) == names
+
+
+def test_after_a_collector_failing_all_data_an_invalid_record_costs_only_itself(tmp_path):
+    """32 clients; the collector fails all data for a second (its splits spend the budget), then fails P's records
+    retryably and refuses BAD's as invalid: BAD's part is split too, once other data is taken (review 25c, C)."""
+    start = time.monotonic()
+
+    def verdict(sent, n):
+        if "P" in sent or time.monotonic() - start < 1.0:
+            return "UNAVAILABLE"
+        return "INVALID_ARGUMENT" if "BAD" in sent else None
+
+    names = ["P"] + [f"c{i:02}" for i in range(1, 16)] + ["BAD"] + [f"c{i:02}" for i in range(17, 32)]
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict)
+    assert sorted(letters) == [("BAD", "refused-by-collector"), ("P", "failing-at-collector")]
+    assert _names(endpoint) == sorted(set(names) - {"P", "BAD"})
+
+
+def test_an_outage_starts_over_the_time_a_client_must_fail_while_other_data_is_taken(tmp_path):
+    """Isolated, X fails its twenty attempts while other data is taken, within `poison_after_s`; then the collector
+    is down for longer than that (the empty request fails too); once up, X fails twice more: the outage does not count
+    towards the time, so X is not set aside, and goes once the collector takes it."""
+    state = {"first": None, "down_from": None, "fails": 0}
+
+    def down():
+        return state["down_from"] is not None and time.monotonic() - state["down_from"] < 0.6
+
+    class Answering(_VerdictEndpoint):
+        def answers(self):
+            return not down()
+
+    def verdict(sent, n):
+        if down():
+            return "UNAVAILABLE"
+        if sent != ["X"]:
+            return None
+        now = time.monotonic()
+        state["first"] = state["first"] or now
+        if now - state["first"] < 0.6:   # the whole request, until it is isolated after poison_after_s
+            return "UNAVAILABLE"
+        state["fails"] += 1
+        if state["fails"] == 21:   # isolated, twenty failures in: the collector goes down
+            state["down_from"] = now
+        return "UNAVAILABLE" if state["fails"] <= 23 else None
+
+    outcome, endpoint, letters = _isolating(tmp_path, ["X"], verdict, poison_after_s=0.5, endpoint_class=Answering)
+    assert state["fails"] > 23 and letters == [] and _names(endpoint) == ["X"]

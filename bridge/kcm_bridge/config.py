@@ -124,8 +124,8 @@ class DeliveryConfig:
     revoke_timeout_s: float = 5.0
     dead_letter_topic: str | None = None
     # With a dead-letter topic, a request a collector keeps failing retryably while it answers an empty request is
-    # split by client instance after this long, and an instance's records failing alone this long while the
-    # collector takes other data are dead-lettered (Bridge._isolate). 0: retried for ever.
+    # split by client instance after this long, and an instance's records failing this long (and 20 attempts) while
+    # the collector takes other data are dead-lettered (Bridge._isolate). 0: retried for ever.
     poison_after_s: float = 120.0
 
 

@@ -61,6 +61,9 @@ _KEPT_FAILING = "KEPT_FAILING"
 _SPLIT_CODES = frozenset({"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"})
 # A part of a request found failing (_isolate) is split again, or sent after the others, after this many attempts.
 _PART_ATTEMPTS = 2
+# A client instance's records are set aside only after failing at least this many attempts (as well as for
+# `poison_after_s`) since the collector was first seen to take other data between two of their failures.
+_POISON_ATTEMPTS = 20
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
 _DEAD_LETTER_TURN_S = 0.05
@@ -222,26 +225,35 @@ class _Watch:
         return True
 
 
-class _Suspect:
-    """A part of one client instance that keeps failing (Bridge._isolate): `clock` is when the collector was seen to
-    take other data after `ref` (when its records began failing, or when the collector last stopped answering)."""
+class _Trail:
+    """How the records of a part have been failing (Bridge._isolate); its halves carry on from a copy. `failed`:
+    when their last two requests failed; `since`: when a failure first followed a delivery of other data (the
+    collector taking other data while these fail); `attempts`: the failures from then on; `fresh`: whether the last
+    failure followed such a delivery (one since the failure before the previous: a part sent again after waiting
+    behind the others fails twice before it is judged)."""
 
-    __slots__ = ("clock", "ref")
+    __slots__ = ("attempts", "failed", "fresh", "since")
 
-    def __init__(self, now: float) -> None:
-        self.ref, self.clock = now, None
+    def __init__(self, failed: tuple[float, ...] = (), since: float | None = None, attempts: int = 0) -> None:
+        self.failed: deque[float] = deque(failed, maxlen=2)
+        self.since, self.attempts, self.fresh = since, attempts, False
 
-    def poisoned(self, now: float, delivered_at: float, answers: bool, after_s: float) -> bool:
-        """After a failed attempt: whether it has failed for `after_s` since the clock started."""
-        if not answers:   # an outage: nothing in it shows the collector fails these records, not all
-            self.ref, self.clock = now, None
-            return False
-        if self.clock is None and delivered_at > self.ref:
-            self.clock = delivered_at
-        return self.given_up(after_s, now)
+    def copy(self) -> _Trail:
+        return _Trail(tuple(self.failed), self.since, self.attempts)
 
-    def given_up(self, after_s: float, now: float | None = None) -> bool:
-        return self.clock is not None and (now if now is not None else time.monotonic()) - self.clock >= after_s
+    def failure(self, now: float, delivered_at: float) -> None:
+        self.fresh = bool(self.failed) and delivered_at > self.failed[0]
+        self.failed.append(now)
+        if self.fresh and self.since is None:
+            self.since = now
+        if self.since is not None:
+            self.attempts += 1
+
+    def poisoned(self, now: float, down_at: float, after_s: float) -> bool:
+        """Whether to give up on them: failing, the collector taking other data in between, for `after_s` (since it
+        last stopped answering, if later) and _POISON_ATTEMPTS attempts, and just now too."""
+        return (self.fresh and self.since is not None and self.attempts >= _POISON_ATTEMPTS
+                and now - max(self.since, down_at) >= after_s)
 
 
 class _Turn:
@@ -386,6 +398,7 @@ class Bridge:
                        or bool(config.delivery.poison_after_s and config.delivery.dead_letter_topic))
         self._routes: dict[str | bytes, Endpoint] = {}
         self._delivered_at: dict[int, float] = {}   # per endpoint: when it last took a request (_isolate)
+        self._unanswered_at: dict[int, float] = {}   # per endpoint: when it last failed an empty request (_isolate)
         # Dead letters to write from the consuming thread: failed writes to retry (appended from producer threads)
         # and records a collector refused (appended from export threads).
         self._letters_due: deque[_DeadLetter] = deque()
@@ -738,27 +751,25 @@ class Bridge:
 
         They are split by client instance: each instance's records stay together and in the order read, and parts
         share no instance, so they may go in any order. After _PART_ATTEMPTS failed attempts (the collector still
-        answering) a part of several instances is split in two (the halves go to the back; the budget bounds such
-        splits until the collector has taken other data since the part began failing, after which at most one per
-        instance is worth finding the ones it fails for), and a part of one instance waits behind the others. A
-        part of one instance is given up (dead-lettered) only after failing every attempt for `poison_after_s` from
-        a delivery of other data seen after its records began failing (_Suspect: the collector stopping answering
-        starts that over). So nothing is set aside in an outage, nor while the collector fails
-        all data (its memory limiter, say), nor for it failing some requests of every client (a rate limiter) but
-        by a long run of bad luck. A round of parts that delivers nothing waits as a retry does before the next.
-        Refusals for good are split by instance and dropped as in _export (a part of one instance that is refused
-        is dropped whole); the splitting is bounded like its."""
+        answering) a part of several instances is split in two (the halves go to the back, carrying on its _Trail;
+        bounded like _export's while the collector takes nothing, one per instance once it takes other data
+        between two of the part's failures), and a part of one instance waits behind the others. A part of one
+        instance is given up (dead-lettered) only when _Trail.poisoned: it has failed _POISON_ATTEMPTS attempts and
+        for `poison_after_s` since a failure first followed a delivery of other data, the last one too (an outage
+        starts the time over). So nothing is set aside in an outage, nor while the collector fails all data (its
+        memory limiter, say), nor, but by a long run of bad luck, for it failing some requests of every client (a
+        rate limiter); and a client whose records fail with nothing else reaching the collector (this batch's other
+        parts delivered, no other export thread taking any) is retried, not set aside. A round of parts that
+        delivers nothing waits as a retry does before the next. Refusals for good are split by instance and dropped
+        as in _export, within a budget of their own (a part of one instance that is refused is dropped whole)."""
         after_s, retry = self.config.delivery.poison_after_s, self.config.retry
-        budget, sent, fruitless, rounds = 4 * len(records).bit_length() - 2, 0, 0, 0
-        # Each part, with when its records began failing in every request holding them (None: not yet), and for a
-        # part of one instance, its _Suspect.
-        pending: deque[tuple[list[Part], float | None, _Suspect | None]] = deque(
-            (part, None, None) for part in _by_instance(records))
+        # Splits for refusals, and splits of parts failing while the collector takes nothing, each bounded as _export's.
+        budget = blind = 4 * len(records).bit_length() - 2
+        sent, fruitless, rounds = 0, 0, 0
+        pending: deque[tuple[list[Part], _Trail]] = deque((part, _Trail()) for part in _by_instance(records))
         refused: dict[str | None, tuple[Outcome, list[Part]]] = {}
-        failing: list[tuple[list[Part], float]] = []   # given up: each part, with how long it failed so
-
-        def delivered_at() -> float:
-            return self._delivered_at.get(id(endpoint), -math.inf)
+        failing: list[list[Part]] = []   # given up
+        key = id(endpoint)
 
         while pending:
             if self._give_up():   # the shutdown deadline: uncommitted, the next owner sends all of it again
@@ -767,61 +778,63 @@ class Bridge:
                 fruitless, rounds = 0, rounds + 1
                 if wait_unless(backoff_s(rounds, retry, self._rng), self._give_up):
                     return Outcome(False, sent, abandoned=True)
-            part, failing_since, suspect = pending.popleft()
+            part, trail = pending.popleft()
             if not (part := _owned(part, ticket)):
                 continue
             halves = _by_instance(part)
-            now = time.monotonic()
-            failing_since = now if failing_since is None else failing_since
-            if len(halves) == 1 and suspect is None:
-                suspect = _Suspect(failing_since)
+            struck = [False]   # a failure of this send followed a delivery of other data
 
-            def settle(attempt: int, budget: int = budget, others: bool = bool(pending),
-                       failing_since: float = failing_since, suspect: _Suspect | None = suspect) -> bool:
+            def settle(attempt: int, trail: _Trail = trail, one: bool = len(halves) == 1, others: bool = bool(pending),
+                       blind: int = blind, struck: list[bool] = struck) -> bool:
+                now = time.monotonic()
+                trail.failure(now, self._delivered_at.get(key, -math.inf))
+                struck[0] = struck[0] or trail.fresh
                 if attempt < _PART_ATTEMPTS:
                     return False
-                if suspect is not None:   # one instance: behind the others, or given up
-                    answers = endpoint.answers()
-                    poisoned = suspect.poisoned(time.monotonic(), delivered_at(), answers, after_s)
-                    return answers and (others or poisoned)
-                splits = budget >= 2 or delivered_at() > failing_since
-                return (splits or others) and endpoint.answers()
+                if not endpoint.answers():   # down: every part's count starts over (see _Trail.poisoned)
+                    self._unanswered_at[key] = now
+                    return False
+                if one:
+                    return others or trail.poisoned(now, self._unanswered_at.get(key, -math.inf), after_s)
+                return others or struck[0] or blind >= 2
 
             sent += 1
             result = self._send(endpoint, part, ticket, settle)
             if result.delivered:
-                delivered, fruitless, rounds = delivered + len(part), 0, 0
+                fruitless, rounds, delivered = 0, 0, delivered + len(part)
                 continue
             fruitless += 1
+            stopped = result.error == _KEPT_FAILING
             if result.abandoned:
                 if self._give_up():
                     return result
-                pending.appendleft((part, failing_since, suspect))   # a revoke took some of its records meanwhile
-            elif len(halves) > 1 and result.error == _KEPT_FAILING and delivered_at() > failing_since:
-                # The collector took other data while these records failed: finding the ones it fails for is worth
-                # the requests (at most one split per instance of the batch).
-                pending.extend((half, failing_since, None) for half in halves)
-            elif len(halves) > 1 and budget >= 2 and (result.error == _KEPT_FAILING or result.error in _SPLIT_CODES):
+                pending.appendleft((part, trail))   # a revoke took some of its records meanwhile: the rest go again
+            elif len(halves) > 1 and stopped and (struck[0] or blind >= 2):
+                if not struck[0]:   # while the collector takes nothing, splits are bounded; after, one per instance
+                    blind -= 2
+                pending.extend((half, trail.copy()) for half in halves)
+            elif len(halves) > 1 and result.error in _SPLIT_CODES and budget >= 2:
                 budget -= 2
-                pending.extend((half, failing_since, None) for half in halves)
-            elif result.error == _KEPT_FAILING and suspect is not None and suspect.given_up(after_s):
-                failing.append((part, time.monotonic() - (suspect.clock or 0.0)))
-            elif result.error == _KEPT_FAILING:   # the others first: their delivery shows the collector takes data
-                pending.append((part, failing_since, suspect))
+                pending.extend((half, trail.copy()) for half in halves)
+            elif stopped and len(halves) == 1 and trail.poisoned(
+                    time.monotonic(), self._unanswered_at.get(key, -math.inf), after_s):
+                failing.append(part)
+            elif stopped:   # the others first: their delivery shows the collector takes data
+                pending.append((part, trail))
             else:   # refused for good
                 refused.setdefault(result.error, (result, []))[1].extend(part)
         for why, parts in refused.values():
             self._refused(endpoint, why, parts, total, ticket, rest="")
         if failing:
-            parts = [record for part, _ in failing for record in part]
+            parts = [record for part in failing for record in part]
             self._refused(endpoint, outcome, parts, total, ticket, quiet=True)
-            log.error("export to %s: the collector kept failing %d client instance(s) on their own for %.0f s or "
-                      "more while it took other data (%s); dead-lettering %s to %s (reason %s)", endpoint.name,
-                      len(failing), min(seconds for _, seconds in failing), outcome.detail, _share(parts, total, ""),
-                      self.config.delivery.dead_letter_topic, FAILING)
+            log.error("export to %s: the collector kept failing %d client instance(s) for %.0f s or more and %d "
+                      "attempts or more while it took other data (%s); dead-lettering %s to %s (reason %s)",
+                      endpoint.name, len(failing), after_s, _POISON_ATTEMPTS, outcome.detail,
+                      _share(parts, total, ""), self.config.delivery.dead_letter_topic, FAILING)
         log.warning("export to %s %s; the batch of %d records was split by client instance: %d delivered in %d "
                     "requests%s", endpoint.name, outcome.detail, total, delivered, sent,
-                    f", {sum(len(part) for part, _ in failing)} dead-lettered" if failing else "")
+                    f", {len(parts)} dead-lettered" if failing else "")
         return Outcome(True, sent)
 
     def _watch(self, endpoint: Endpoint, records: int) -> _Watch | None:
