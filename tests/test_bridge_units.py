@@ -1398,3 +1398,86 @@ def test_an_outage_starts_over_the_time_a_client_must_fail_while_other_data_is_t
 
     outcome, endpoint, letters = _isolating(tmp_path, ["X"], verdict, poison_after_s=0.5, endpoint_class=Answering)
     assert state["fails"] > 23 and letters == [] and _names(endpoint) == ["X"]
+
+
+def test_a_client_split_off_beside_a_failing_one_does_not_inherit_its_count(tmp_path):
+    """c001 shares every part with P down to the last split; alone, it then fails 8 requests of its own (a rate
+    limiter's bad luck) while other data is taken: P's failures are not its own (review 25d, A)."""
+    names = ["P"] + [f"c{i:03}" for i in range(1, 256)]
+    state = {"c001": 0}
+
+    def verdict(sent, n):
+        if sent == ["~other"]:
+            return None
+        time.sleep(0.02)   # a slow collector: the descent to c001 alone takes longer than poison_after_s
+        if "P" in sent:
+            return "UNAVAILABLE"
+        if sent == ["c001"] and state["c001"] < 8:
+            state["c001"] += 1
+            return "UNAVAILABLE"
+        return None
+
+    outcome, endpoint, letters = _isolating(tmp_path, names, verdict, stop_after=20, poison_after_s=0.3)
+    assert state["c001"] == 8
+    assert letters == [("P", "failing-at-collector")]
+    assert _names(endpoint) == names[1:]
+
+
+def test_failures_while_the_collector_fails_all_data_do_not_count_against_a_client(tmp_path):
+    """c1 fails twice after others were taken (its count starts); then the collector fails all data for a second
+    (its memory limiter; it answers empty requests) while c1 is retried; once it takes data again, c1's first two
+    requests fail: not set aside (review 25d, B)."""
+    state = {"c1_fails": 0, "overload_from": None, "warm_fails": 0}
+
+    def verdict(sent, n):
+        now = time.monotonic()
+        if state["c1_fails"] == 2 and state["overload_from"] is None:
+            state["overload_from"] = now
+        if state["overload_from"] is not None and now - state["overload_from"] < 1.0:
+            return "UNAVAILABLE"   # everything, the other thread's data too
+        if "P" in sent:
+            return "UNAVAILABLE"
+        if sent == ["c1"] and state["overload_from"] is None:
+            state["c1_fails"] += 1
+            return "UNAVAILABLE"
+        if state["overload_from"] is not None and sent == ["c1"] and state["warm_fails"] < 2:
+            state["warm_fails"] += 1
+            return "UNAVAILABLE"
+        return None
+
+    outcome, endpoint, letters = _isolating(tmp_path, ["P", "c1", "c2", "c3"], verdict, poison_after_s=0.3)
+    assert state["warm_fails"] == 2
+    assert letters == [("P", "failing-at-collector")]
+    assert _names(endpoint) == ["c1", "c2", "c3"]
+
+
+def test_failures_through_an_outage_do_not_count_against_a_client(tmp_path):
+    """c1 is retried through an outage of 0.6 s; once up, its first three requests fail (warming up), with rounds
+    longer than `poison_after_s` (P's requests take 0.2 s): the retries during the outage do not count (review 25d,
+    C)."""
+    state = {"down_until": None, "warm_fails": 0}
+
+    class Answering(_VerdictEndpoint):
+        def answers(self):
+            return state["down_until"] is None or time.monotonic() > state["down_until"]
+
+    def verdict(sent, n):
+        now = time.monotonic()
+        if sent == ["c1"] and state["down_until"] is None:
+            state["down_until"] = now + 0.6
+        down = state["down_until"] is not None and now <= state["down_until"]
+        if down:
+            return "UNAVAILABLE"
+        if "P" in sent:
+            time.sleep(0.2)
+            return "UNAVAILABLE"
+        if sent == ["c1"] and state["warm_fails"] < 3:
+            state["warm_fails"] += 1
+            return "UNAVAILABLE"
+        return None
+
+    outcome, endpoint, letters = _isolating(tmp_path, ["P", "c1", "c2", "c3"], verdict, stop_after=10,
+                                            poison_after_s=0.3, endpoint_class=Answering)
+    assert state["warm_fails"] == 3
+    assert letters == [("P", "failing-at-collector")]
+    assert _names(endpoint) == ["c1", "c2", "c3"]

@@ -226,11 +226,11 @@ class _Watch:
 
 
 class _Trail:
-    """How the records of a part have been failing (Bridge._isolate); its halves carry on from a copy. `failed`:
-    when their last two requests failed; `since`: when a failure first followed a delivery of other data (the
-    collector taking other data while these fail); `attempts`: the failures from then on; `fresh`: whether the last
-    failure followed such a delivery (one since the failure before the previous: a part sent again after waiting
-    behind the others fails twice before it is judged)."""
+    """How the records of a part have been failing (Bridge._isolate). `failed`: when their last two requests
+    failed; `fresh`: whether the last failure followed a delivery of other data (one since the failure before the
+    previous: a part sent again after waiting behind the others fails twice before it is judged); `since`: the first
+    such failure; `attempts`: how many failures were such (failures while the collector takes nothing, or is down,
+    say nothing against these records)."""
 
     __slots__ = ("attempts", "failed", "fresh", "since")
 
@@ -239,19 +239,20 @@ class _Trail:
         self.since, self.attempts, self.fresh = since, attempts, False
 
     def copy(self) -> _Trail:
-        return _Trail(tuple(self.failed), self.since, self.attempts)
+        """For a half: which failures are fresh is judged as before; what counts against a client starts over (a
+        neighbour split off beside a poisoned client must not inherit its count)."""
+        return _Trail(tuple(self.failed))
 
     def failure(self, now: float, delivered_at: float) -> None:
         self.fresh = bool(self.failed) and delivered_at > self.failed[0]
         self.failed.append(now)
-        if self.fresh and self.since is None:
-            self.since = now
-        if self.since is not None:
+        if self.fresh:   # only a failure while the collector takes other data counts against them
+            self.since = now if self.since is None else self.since
             self.attempts += 1
 
     def poisoned(self, now: float, down_at: float, after_s: float) -> bool:
-        """Whether to give up on them: failing, the collector taking other data in between, for `after_s` (since it
-        last stopped answering, if later) and _POISON_ATTEMPTS attempts, and just now too."""
+        """Whether to give up on them: _POISON_ATTEMPTS failures that each followed a delivery of other data, the
+        latest one too, over `after_s` (since the collector last stopped answering, if later)."""
         return (self.fresh and self.since is not None and self.attempts >= _POISON_ATTEMPTS
                 and now - max(self.since, down_at) >= after_s)
 
