@@ -29,15 +29,20 @@ def _claim(name: str, created: str, cluster_id: str | None, deleting: bool) -> C
     return Claim("team", name, created, f"uid-{name}", None, cluster_id, deleting)
 
 
+def _applied_by_a(config: OperatorConfig, spec: dict = SPEC) -> str:
+    """Subscription `payments` applied to the sandbox as resource team/a would; the cluster's id."""
+    admin = config.admin("team", None)
+    desired = desired_from_spec("team", "a", spec)
+    assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
+    return admin.cluster_id()
+
+
 def test_an_heir_deleted_before_the_owner_has_left_the_index_removes_the_subscription(sandbox):
     config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
     woken: list[str] = []
     config.wake = lambda heir, owner: woken.append(heir.ref)   # the Kubernetes patch: not what is tested here
     try:
-        admin = config.admin("team", None)
-        desired = desired_from_spec("team", "a", SPEC)
-        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
-        cluster = admin.cluster_id()
+        cluster = _applied_by_a(config)
 
         # The owner a is deleted while b names the subscription too: it is left in Kafka for b, which is woken.
         handlers._delete(config, _body("a", OLDER, cluster), kopf.Patch(), {"payments": [
@@ -61,10 +66,7 @@ def test_a_resource_deleted_with_an_owner_that_retains_the_subscription_leaves_i
     config.wake = lambda heir, owner: None
     retain = {**SPEC, "deletionPolicy": "Retain"}
     try:
-        admin = config.admin("team", None)
-        desired = desired_from_spec("team", "a", retain)
-        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
-        cluster = admin.cluster_id()
+        cluster = _applied_by_a(config, retain)
         both = {"payments": [_claim("a", OLDER, cluster, True), _claim("b", NEWER, None, True)]}
         handlers._delete(config, _body("a", OLDER, cluster, spec=retain), kopf.Patch(), both, 0)
         # b was marked heir by an earlier owner once: that hand-over is not this one.
@@ -164,10 +166,7 @@ def test_an_heir_that_never_applied_the_subscription_removes_it_once_nothing_els
     config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
     config.wake = lambda heir, owner: None
     try:
-        admin = config.admin("team", None)
-        desired = desired_from_spec("team", "a", SPEC)
-        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
-        cluster = admin.cluster_id()
+        cluster = _applied_by_a(config)
         handlers._delete(config, _body("a", OLDER, cluster), kopf.Patch(), {"payments": [
             _claim("a", OLDER, cluster, True), _claim("b", NEWER, None, False)]}, 0)
         assert sandbox.store.configs("payments")   # left for b
@@ -185,9 +184,7 @@ def test_a_resource_never_handed_the_subscription_leaves_it_when_nothing_else_na
     hand, say), even when nothing else names it."""
     config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
     try:
-        admin = config.admin("team", None)
-        desired = desired_from_spec("team", "a", SPEC)
-        assert admin.alter_one(diff(desired, admin.describe_one(desired.name))) is None
+        _applied_by_a(config)
         handlers._delete(config, _body("b", NEWER, None), kopf.Patch(), {"payments": [
             _claim("b", NEWER, None, True)]}, 0)
         assert sandbox.store.configs("payments")
