@@ -61,8 +61,8 @@ _KEPT_FAILING = "KEPT_FAILING"
 _SPLIT_CODES = frozenset({"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"})
 # A part of a request found failing (_isolate) is split again, or sent after the others, after this many attempts.
 _PART_ATTEMPTS = 2
-# A client instance's records are set aside only after failing at least this many attempts (as well as for
-# `poison_after_s`) since the collector was first seen to take other data between two of their failures.
+# A client instance's records are set aside only after at least this many failures that each followed a delivery of
+# other data (as well as over `poison_after_s`): see _Trail.
 _POISON_ATTEMPTS = 20
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
@@ -755,11 +755,11 @@ class Bridge:
         answering) a part of several instances is split in two (the halves go to the back, carrying on its _Trail;
         bounded like _export's while the collector takes nothing, one per instance once it takes other data
         between two of the part's failures), and a part of one instance waits behind the others. A part of one
-        instance is given up (dead-lettered) only when _Trail.poisoned: it has failed _POISON_ATTEMPTS attempts and
-        for `poison_after_s` since a failure first followed a delivery of other data, the last one too (an outage
-        starts the time over). So nothing is set aside in an outage, nor while the collector fails all data (its
-        memory limiter, say), nor, but by a long run of bad luck, for it failing some requests of every client (a
-        rate limiter); and a client whose records fail with nothing else reaching the collector (this batch's other
+        instance is given up (dead-lettered) only when _Trail.poisoned: _POISON_ATTEMPTS failures that each followed
+        a delivery of other data, over `poison_after_s`, the last one too (failures while the collector takes
+        nothing, or is down, do not count; an outage starts the time over; a half starts at zero). So nothing is
+        set aside in an outage, nor while the collector fails all data (its memory limiter, say), nor, but by a long
+        run of bad luck, for it failing some requests of every client (a rate limiter); and a client whose records fail with nothing else reaching the collector (this batch's other
         parts delivered, no other export thread taking any) is retried, not set aside. A round of parts that
         delivers nothing waits as a retry does before the next. Refusals for good are split by instance and dropped
         as in _export, within a budget of their own (a part of one instance that is refused is dropped whole)."""
@@ -792,7 +792,7 @@ class Bridge:
                 struck[0] = struck[0] or trail.fresh
                 if attempt < _PART_ATTEMPTS:
                     return False
-                if not endpoint.answers():   # down: every part's count starts over (see _Trail.poisoned)
+                if not endpoint.answers():   # down: the time starts over for every part (see _Trail.poisoned)
                     self._unanswered_at[key] = now
                     return False
                 if one:
