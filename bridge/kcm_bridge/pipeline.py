@@ -759,9 +759,10 @@ class Bridge:
         a delivery of other data, over `poison_after_s`, the last one too (failures while the collector takes
         nothing, or is down, do not count; an outage starts the time over; a half starts at zero). So nothing is
         set aside in an outage, nor while the collector fails all data (its memory limiter, say), nor, but by a long
-        run of bad luck, for it failing some requests of every client (a rate limiter); and a client whose records fail with nothing else reaching the collector (this batch's other
-        parts delivered, no other export thread taking any) is retried, not set aside. A round of parts that
-        delivers nothing waits as a retry does before the next. Refusals for good are split by instance and dropped
+        run of bad luck, for it failing some requests of every client (a rate limiter); and a client whose records
+        fail with nothing else reaching the collector (this batch's other parts delivered, no other export thread
+        taking any) is retried, not set aside. A round of parts that delivers nothing waits as a retry does before
+        the next. Refusals for good are split by instance and dropped
         as in _export, within a budget of their own (a part of one instance that is refused is dropped whole)."""
         after_s, retry = self.config.delivery.poison_after_s, self.config.retry
         # Splits for refusals, and splits of parts failing while the collector takes nothing, each bounded as _export's.
