@@ -204,8 +204,14 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
+def _check_kafka_every_second(monkeypatch) -> None:
+    """The bridge checks a failing Kafka every second at most, not up to 30 s apart (the production backoff)."""
+    monkeypatch.setattr(bridge_module, "KafkaHealth", functools.partial(KafkaHealth, RetryPolicy(
+        initial_backoff_s=0.5, max_backoff_s=1.0, multiplier=2.0, jitter=0.0)))
+
+
 def test_kafka_python_stays_not_ready_while_the_group_coordinator_is_unreachable_though_bootstrap_answers(
-        tmp_path, collector, caplog):
+        tmp_path, collector, caplog, monkeypatch):
     """The bootstrap address answering proves nothing about the broker that coordinates the group: the bridge
     stays not ready, without an 'answers again' line, until that broker answers too."""
     with reserved_port() as relay_port:   # connections refused while the relay is cut, and the port stays ours
@@ -222,12 +228,13 @@ def test_kafka_python_stays_not_ready_while_the_group_coordinator_is_unreachable
                 ("kafka", "topics"): ["coordinated"], ("kafka", "client"): "kafka-python",
                 ("kafka", "connect_timeout_s"): 2})
             caplog.set_level(logging.INFO, logger="kcm.bridge")
+            _check_kafka_every_second(monkeypatch)
             with running_bridge(config) as bridge:
                 _wait_until(lambda: bridge.ready, 60, "ready")
                 relay.cut()   # the leader and coordinator (the broker at its advertised address) gone
                 _wait_until(lambda: not bridge.ready, 30, "not ready once the coordinator is gone")
                 down_since = len(caplog.records)
-                deadline = time.monotonic() + 10   # checks after 1, 2 and 4 s of backoff: every one must fail
+                deadline = time.monotonic() + 4   # checks after 0.5, 1, 1 and 1 s: every one must fail
                 while time.monotonic() < deadline:
                     assert not bridge.ready, "ready while the group coordinator cannot be reached"
                     time.sleep(0.05)
@@ -399,9 +406,7 @@ def test_kafka_acls_refusing_the_group_or_topic_keep_it_not_ready_naming_the_acl
 
     _produce(sandbox.bootstrap, topic, [_push("app", "00000000-0000-0000-0000-000000000001")])
     monkeypatch.setattr(gateway._Connection, "_route", refusing)
-    # Checks every second at most, not up to 30 s apart: the grant is seen within a second or so.
-    monkeypatch.setattr(bridge_module, "KafkaHealth", functools.partial(KafkaHealth, RetryPolicy(
-        initial_backoff_s=0.5, max_backoff_s=1.0, multiplier=2.0, jitter=0.0)))
+    _check_kafka_every_second(monkeypatch)   # the grant is seen within a second or so
     properties = tmp_path / "client.properties"
     properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
     config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={

@@ -107,7 +107,7 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
     taken = socket.create_server(("0.0.0.0", 0))
     env = {**_demo_env(tmp_path, marker), "KCM_BRIDGE_METRICS_PORT": str(taken.getsockname()[1])}
     try:
-        result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "25", "--output",
+        result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "demo", "--duration", "12", "--output",
                                  "jsonl", "--java", "yes", "--rollup"],
                                 capture_output=True, text=True, timeout=200, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -127,8 +127,12 @@ def test_demo_jsonl_shows_every_client_through_the_whole_pipeline(tmp_path):
             # The broker-side attributes exist only if the receiver wrote the push and the bridge carried it.
             assert {"broker_id", "cluster_id", "principal", "listener_name"} <= set(client["broker"]), client_id
             assert client["client_source"].startswith("127.0.0.1:")
-            # Pushes, not ResourceMetrics (Java puts each metric in one of its own): 25 s at the 5 s interval.
-            assert 1 <= client["pushes"] <= 25 // 5 + 2, (client_id, client["pushes"])
+            # Pushes, not ResourceMetrics (Java puts each metric in one of its own, dozens a push): 12 s at the 5 s
+            # interval, plus the time before the 12 s start (the JVMs starting: longer on a busy machine) and a push
+            # at close. librdkafka puts a push in one ResourceMetrics: only its counting of pushes at all is checked.
+            assert client["pushes"] >= 1, (client_id, client["pushes"])
+            if client_id in JAVA_CLIENTS:
+                assert client["pushes"] <= 12 // 5 + 4, (client_id, client["pushes"])
         assert "org.apache.kafka.producer.record.queue.time.avg" in by_id["payments-producer"]["metrics"]
         assert "org.apache.kafka.consumer.fetch.manager.fetch.latency.avg" in by_id["orders-consumer"]["metrics"]
         # The Java consumer is in a group: it joined once.

@@ -585,14 +585,19 @@ def _connection(cluster: Cluster, name: str, spec: dict) -> None:
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", body)
 
 
-def test_a_cluster_that_never_answers_holds_up_only_its_own_resources(run_operator):
-    # 150 resources on a cluster that accepts connections and never answers: their handlers wait for Kafka (15 s
-    # each attempt), more of them than a batch, while a resource on the default cluster is created.
+def test_a_cluster_that_never_answers_holds_up_only_its_own_resources(run_operator, monkeypatch):
+    # Resources on a cluster that accepts connections and never answers: their handlers wait for Kafka (15 s each
+    # attempt), more of them than a batch, while a resource on the default cluster is created. The batch and the
+    # thread pools keep their default proportions at a tenth of their size (150 resources would cost the emulated
+    # Kubernetes API 15 s).
+    monkeypatch.setattr(admin_module, "BATCH_SIZE", 10)
+    monkeypatch.setattr(handlers, "HANDLER_THREADS", 2 * 10)
+    monkeypatch.setattr(handlers, "CLUSTER_THREADS", 10)
     silent = socket.create_server(("127.0.0.1", 0), backlog=1024)  # accepts, never answers
     try:
         cluster = run_operator(kafka_timeout_s=15)
         _connection(cluster, "silent", {"bootstrapServers": f"127.0.0.1:{silent.getsockname()[1]}"})
-        for number in range(150):
+        for number in range(15):
             cluster.apply(f"stuck-{number}", {**SPEC, "connection": "silent"})
         time.sleep(2)  # their handlers are waiting for the silent cluster now
 

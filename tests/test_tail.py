@@ -335,7 +335,7 @@ def test_kafka_going_away_while_tail_reads_is_said(broker, new_topic):
     try:
         while "reading " + topic not in (line := tail.stderr.readline()):
             assert line, "kcm tail exited before it started reading"
-        broker.stop()
+        broker.stop(grace_s=0)   # a crash
         said = _line_within(tail, "still trying", 30)
     finally:
         tail.kill()

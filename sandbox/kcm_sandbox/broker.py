@@ -137,15 +137,15 @@ class EmbeddedBroker:
             return None
         return f"the embedded broker exited with code {code}; see its log at {self.log_path}"
 
-    def stop(self) -> bool:
-        """Stop the broker process (terminate, then kill after a grace period); whether it ended on SIGTERM within
-        the grace (Tansu waits for its clients to disconnect: a client still connected makes it be killed)."""
+    def stop(self, grace_s: float = 5.0) -> bool:
+        """Stop the broker process (terminate, then kill after `grace_s`); whether it ended on SIGTERM within the
+        grace (Tansu waits for its clients to disconnect: a client still connected makes it be killed)."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return True
         process.terminate()
         try:
-            process.wait(timeout=5)
+            process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
