@@ -17,7 +17,9 @@ def _number(value: float | None) -> str:
         return "-"
     if math.isnan(value):
         return "NaN"
-    return f"{value:,.0f}" if value >= 100 or value == int(value) else f"{value:.2f}"
+    # abs: a negative number reads as a positive one does, and an infinity (a delta sum may add up to one) is "inf"
+    # or "-inf", never int() of it, which raises.
+    return f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:.2f}"
 
 
 def fleet_table(fleet: Fleet, now_s: float, title: str, width: int | None = None) -> Table:
