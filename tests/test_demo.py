@@ -159,6 +159,8 @@ def test_live_view_renders_each_client_in_a_terminal(tmp_path):
     for client_id in LIBRDKAFKA_CLIENTS:
         assert client_id in text, text[-3000:]
     assert "confluent-kafka-python" in text
+    traffic = re.findall(r"the apps' records: ([\d,]+) produced, ([\d,]+) consumed", text)
+    assert traffic and all(int(count.replace(",", "")) > 0 for count in traffic[-1]), text[-3000:]
     assert left == []
 
 

@@ -323,11 +323,13 @@ class _FakeKafka:
         self.buffer_errors = buffer_errors
         self.close_blocks = close_blocks
         self.lock = threading.Lock()
+        self.delivered = self.consumed = 0   # records reported delivered, messages returned without an error
         fake = self
 
         class Producer:
             def __init__(self, config):
                 self.record = {"config": config, "produced": 0, "polls": 0, "flush": None}
+                self.reports = []
                 with fake.lock:
                     fake.producers.append(self.record)
 
@@ -337,9 +339,16 @@ class _FakeKafka:
                         fake.buffer_errors -= 1
                         raise BufferError("queue full")
                 self.record["produced"] += 1
+                self.reports.append(on_delivery)
 
             def poll(self, timeout):
                 self.record["polls"] += 1
+                reports, self.reports = self.reports, []
+                for report in reports:   # every other poll's reports are failures
+                    failed = self.record["polls"] % 2 == 0
+                    with fake.lock:
+                        fake.delivered += not failed
+                    report("Message timed out" if failed else None, None)
 
             def flush(self, *args):
                 self.record["flush"] = args
@@ -356,6 +365,11 @@ class _FakeKafka:
             def poll(self, timeout=None):
                 self.record["poll_timeouts"].add(timeout)
                 time.sleep(0.01)
+                self.record["polls"] = self.record.get("polls", 0) + 1
+                failed = self.record["polls"] % 3 == 0   # as a partition's end reported as an error
+                with fake.lock:
+                    fake.consumed += not failed
+                return types.SimpleNamespace(error=lambda: "_PARTITION_EOF" if failed else None)
 
             def close(self):
                 if fake.close_blocks is not None:
@@ -393,6 +407,16 @@ def test_each_app_runs_a_producer_and_a_consumer_group_with_the_client_ids_it_na
         "group.id": "payments-app", "session.timeout.ms": 6000, "group.protocol": "classic",
         "auto.offset.reset": "earliest"}
     assert consumer["topics"] == ["payments"]
+
+
+def test_the_workload_counts_the_records_delivered_and_consumed_not_those_that_failed(monkeypatch):
+    kafka = _FakeKafka()
+    workload, _ = _run_workload(monkeypatch, kafka, seconds=0.5)
+
+    assert workload.produced == kafka.delivered > 0
+    assert workload.consumed == kafka.consumed > 0
+    assert workload.produced < sum(p["produced"] for p in kafka.producers)   # some were reported failed
+    assert workload.consumed < sum(c["polls"] for c in kafka.consumers)
 
 
 def test_producers_keep_their_rate_serve_delivery_reports_and_ride_out_a_full_queue(monkeypatch):
@@ -491,6 +515,8 @@ class _FakePipeline:
             return ["subscription demo-producers: create"]
 
         class Workload:
+            produced, consumed = 1_234, 1_230
+
             def __init__(self, bootstrap):
                 pass
 
@@ -598,7 +624,9 @@ def test_the_live_view_names_every_client_including_the_java_ones(fake_pipeline,
 
     assert fake_pipeline.run(output="live", java="yes", refresh_s=0.05) == 0
     assert fake_pipeline.sandbox_options.receiver == "java"
-    assert "clients: payments-producer, inventory-java-producer" in capsys.readouterr().out
+    screen = capsys.readouterr().out
+    assert "clients: payments-producer, inventory-java-producer" in screen
+    assert "the apps' records: 1,234 produced, 1,230 consumed" in screen
 
 
 @pytest.mark.parametrize(("choice", "available", "wanted"), [

@@ -178,7 +178,8 @@ def _run(options: DemoOptions, out: IO[str], workdir: Path, interrupted: threadi
 
             deadline = time.monotonic() + options.duration_s
             if options.output == "live":
-                _live(fleet, pipeline, deadline, interrupted, options.refresh_s, bridge.check_alive)
+                _live(fleet, pipeline, deadline, interrupted, options.refresh_s, bridge.check_alive,
+                      lambda: (workload.produced, workload.consumed))
             else:
                 while not interrupted.is_set() and time.monotonic() < deadline:
                     bridge.check_alive()
@@ -251,7 +252,9 @@ def _start_java_clients(stack: ExitStack, bootstrap: str, workdir: Path, interru
 
 
 def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: threading.Event, refresh_s: float,
-          check: Callable[[], None]) -> None:
+          check: Callable[[], None], traffic: Callable[[], tuple[int, int]]) -> None:
+    """The live view until `deadline`: the pipeline, the apps' records (`traffic`: produced and delivered, consumed)
+    and the table of client instances."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.text import Text
@@ -259,13 +262,15 @@ def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: thread
     from kcm_demo.view import fleet_table
 
     console = Console()
-    header = Text.assemble(
-        ("kcm demo", "bold"), f"  sandbox {pipeline.bootstrap} · receiver: {pipeline.receiver}\n",
-        f"clients: {', '.join(pipeline.client_ids)}\n",
-        f"bridge → OTLP collector {pipeline.collector} · Ctrl-C stops everything")
 
     def render() -> Group:
         remaining = max(0.0, deadline - time.monotonic())
+        produced, consumed = traffic()
+        header = Text.assemble(
+            ("kcm demo", "bold"), f"  sandbox {pipeline.bootstrap} · receiver: {pipeline.receiver}\n",
+            f"clients: {', '.join(pipeline.client_ids)}\n",
+            f"the apps' records: {produced:,} produced, {consumed:,} consumed\n",
+            f"bridge → OTLP collector {pipeline.collector} · Ctrl-C stops everything")
         return Group(header, fleet_table(fleet, time.time(),
                                           f"client instances · {fleet.exports} OTLP exports received · "
                                           f"{remaining:.0f} s left", width=console.width))
