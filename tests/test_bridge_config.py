@@ -204,6 +204,7 @@ def test_consumer_tuning_is_split_from_tls_and_sasl_properties():
         split_properties({"auto.offset.reset": "beginning"})
 
 
+@pytest.mark.timeout(60)   # in-process: a regression would run a real bridge here, not fail
 def test_the_command_reports_a_bad_setting_in_one_line_with_exit_code_2(tmp_path, capsys):
     from kcm_cli.main import main
 
@@ -270,6 +271,7 @@ def test_non_finite_numbers_from_the_environment_or_flags_are_rejected(env, over
         load(env=env, overrides={("kafka", "bootstrap_servers"): "k:9092", **overrides}, endpoints=["c:4317"])
 
 
+@pytest.mark.timeout(60)   # in-process: a regression would run a real bridge here, not fail
 def test_the_command_reports_a_non_finite_timeout_from_the_environment_in_one_line(monkeypatch, capsys):
     from kcm_cli.main import main
 
@@ -345,6 +347,7 @@ def test_a_section_that_is_not_a_mapping_is_refused_though_a_variable_sets_a_fie
         load(path, env={"KCM_BRIDGE_BOOTSTRAP_SERVERS": "k:9092", **env})
 
 
+@pytest.mark.timeout(60)   # in-process: a regression would run a real bridge here, not fail
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path, capsys):
     from kcm_cli.main import main
 
@@ -522,6 +525,7 @@ def test_the_command_reports_a_group_id_that_is_not_utf8_in_one_line_with_exit_c
                                                      "\\uD800-\\uDFFF escape)\n")
 
 
+@pytest.mark.timeout(60)   # in-process: a regression would run a real bridge here, not fail
 def test_the_command_reports_a_property_escaping_half_a_surrogate_pair_in_one_line_with_exit_code_2(tmp_path,
                                                                                                    capsys):
     from kcm_cli.main import main

@@ -269,6 +269,7 @@ def test_a_missing_module_no_extra_installs_is_a_bug_with_its_traceback(monkeypa
     ["demo", "--subscriptions", ""],
     ["sandbox", "--state", " "],
 ])
+@pytest.mark.timeout(60)   # in-process: a regression would run the command (a sandbox, a bridge) here, not fail
 def test_an_empty_option_value_is_a_one_line_mistake_not_a_default(arguments, capsys):
     from kcm_cli.main import main
 

@@ -79,5 +79,10 @@ def _private_key(path: str) -> str:
 def _read(path: str) -> str:
     try:
         return Path(path).read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         raise KafkaConfigError(f"cannot read the PEM file {path!r} as text") from None
+    except UnicodeDecodeError as exc:
+        raise KafkaConfigError(
+            f"cannot read the PEM file {path!r} as text: byte {exc.start} is not ASCII; PEM is base64 between "
+            "-----BEGIN and -----END lines: remove the other lines (openssl's bag attributes, a friendlyName with "
+            "accents)") from None
