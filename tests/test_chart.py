@@ -884,7 +884,9 @@ def test_values_schema_accepts_the_rollup_durations_kcm_rollup_accepts(last: str
     ({"operator": {"rbac": {"secrets": {"namespaces": ["n" * 63]}}}}, True),
     ({"operator": {"rbac": {"secrets": {"namespaces": ["n" * 64]}}}}, False),
     ({"operator": {"listenAddress": "::"}}, True),
-    ({"operator": {"listenAddress": "127.0.0.1"}}, True),
+    ({"operator": {"listenAddress": "127.0.0.1"}}, False),   # the kubelet probes the pod's IP
+    ({"operator": {"listenAddress": "::1"}}, False),
+    ({"operator": {"listenAddress": "10.0.0.7"}}, True),
     ({"operator": {"listenAddress": "localhost"}}, False),
     ({"rollup": {"deps": {"packages": ["org.apache.hadoop:hadoop-aws:3.5.0"],
                           "repositories": ["https://maven.example.com/releases"]}}}, True),
