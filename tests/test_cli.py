@@ -167,20 +167,24 @@ def test_log_level_is_accepted_after_a_nested_action():
     assert args.log_level == "ERROR"
 
 
-def test_spark_bridge_logs_are_held_back_even_at_debug():
+@pytest.mark.parametrize(("level", "py4j_from", "kafka_from"), [("DEBUG", logging.INFO, logging.INFO),
+                                                                 ("INFO", logging.WARNING, logging.CRITICAL)])
+def test_spark_bridge_and_kafka_python_logs_are_held_back_at_every_level(level, py4j_from, kafka_from):
     from kcm_cli.main import _configure_logging
 
     loggers = [logging.getLogger(name) for name in ("", "py4j", "kafka")]
     levels = [logger.level for logger in loggers]
     try:
         # Under pytest the root logger already has a handler, so basicConfig leaves its level alone: set it as a
-        # terminal run at --log-level debug would, so only kcm's own settings can hold these loggers back.
-        logging.getLogger().setLevel(logging.DEBUG)
-        _configure_logging("DEBUG")
+        # terminal run at --log-level would, so only kcm's own settings can hold these loggers back.
+        logging.getLogger().setLevel(level)
+        _configure_logging(level)
 
-        # py4j logs each command sent to Spark's JVM at DEBUG, Kafka passwords included.
-        assert not logging.getLogger("py4j").isEnabledFor(logging.DEBUG)
-        assert not logging.getLogger("kafka").isEnabledFor(logging.DEBUG)
+        # py4j logs each command sent to Spark's JVM at DEBUG, Kafka passwords included; kafka-python narrates
+        # every connection at INFO and its configuration (the SASL password) at DEBUG.
+        assert not logging.getLogger("py4j").isEnabledFor(py4j_from - 1)
+        assert logging.getLogger("py4j").isEnabledFor(py4j_from)
+        assert not logging.getLogger("kafka").isEnabledFor(kafka_from - 1)
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)

@@ -153,10 +153,8 @@ def test_the_clients_read_are_a_snapshot_later_pushes_do_not_change():
 # --- metric values -----------------------------------------------------------------------------------------------
 
 def _cumulative(name: str, value: int) -> metrics_pb2.Metric:
-    metric = metrics_pb2.Metric(name=name)
+    metric = _delta(name, value)
     metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-    metric.sum.is_monotonic = True
-    metric.sum.data_points.add(as_int=value)
     return metric
 
 

@@ -337,23 +337,6 @@ def test_an_empty_value_is_blamed_on_the_subcommand_that_got_it(capsys):
         "kcm bridge: argument --config: needs a value, not an empty string (see kcm bridge --help)\n")
 
 
-def test_kafka_and_spark_bridge_loggers_stay_quiet_at_the_default_level():
-    from kcm_cli.main import _configure_logging
-
-    loggers = [logging.getLogger(name) for name in ("", "py4j", "kafka")]
-    levels = [logger.level for logger in loggers]
-    try:
-        logging.getLogger().setLevel(logging.INFO)
-        _configure_logging("INFO")
-        # py4j logs each command sent to Spark's JVM at DEBUG (Kafka passwords included); kafka-python narrates
-        # every connection at INFO.
-        assert not logging.getLogger("py4j").isEnabledFor(logging.INFO)
-        assert not logging.getLogger("kafka").isEnabledFor(logging.ERROR)
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 def test_grpc_s_own_stderr_lines_are_turned_down_unless_the_user_asked_for_them(monkeypatch):
     from kcm_cli.main import main
 
