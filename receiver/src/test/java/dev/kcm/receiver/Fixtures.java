@@ -7,7 +7,10 @@ import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.Optional;
+import java.util.function.BooleanSupplier;
+import java.util.function.Supplier;
 
+import org.apache.kafka.clients.producer.MockProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.header.Header;
@@ -20,6 +23,7 @@ import org.apache.kafka.common.requests.RequestContext;
 import org.apache.kafka.common.requests.RequestHeader;
 import org.apache.kafka.common.security.auth.KafkaPrincipal;
 import org.apache.kafka.common.security.auth.SecurityProtocol;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
 import org.apache.kafka.server.telemetry.ClientTelemetryPayload;
 
@@ -31,6 +35,27 @@ final class Fixtures {
             .metricsContentType();
 
     private Fixtures() {
+    }
+
+    static MockProducer<byte[], byte[]> mockProducer(boolean autoComplete) {
+        return new MockProducer<>(autoComplete, null, new ByteArraySerializer(), new ByteArraySerializer());
+    }
+
+    /** The value of the plugin's counter `name`. */
+    static long count(ReceiverCore core, String name) {
+        return ((Number) core.metrics().registry().metrics().entrySet().stream()
+                .filter(entry -> entry.getKey().name().equals(name))
+                .findFirst().orElseThrow().getValue().metricValue()).longValue();
+    }
+
+    static void await(BooleanSupplier condition) throws InterruptedException {
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (!condition.getAsBoolean()) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("condition not met within 10 s");
+            }
+            Thread.sleep(5);
+        }
     }
 
     static RequestContext requestContext(String clientId, ClientInformation software, Integer port) {
@@ -49,6 +74,11 @@ final class Fixtures {
     }
 
     static ClientTelemetryPayload payload(byte[] data, boolean terminating) {
+        return payload(() -> ByteBuffer.wrap(data).asReadOnlyBuffer(), terminating, BROKER_CONTENT_TYPE);
+    }
+
+    /** A payload whose data() is what `data` gives (or throws), as a broker's object may. */
+    static ClientTelemetryPayload payload(Supplier<ByteBuffer> data, boolean terminating, String contentType) {
         return new ClientTelemetryPayload() {
             @Override
             public Uuid clientInstanceId() {
@@ -62,12 +92,12 @@ final class Fixtures {
 
             @Override
             public String contentType() {
-                return BROKER_CONTENT_TYPE;
+                return contentType;
             }
 
             @Override
             public ByteBuffer data() {
-                return ByteBuffer.wrap(data).asReadOnlyBuffer();
+                return data.get();
             }
         };
     }

@@ -6,24 +6,20 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.lang.management.ManagementFactory;
-import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.function.BooleanSupplier;
 
 import javax.management.ObjectName;
 
 import org.apache.kafka.clients.producer.MockProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.KafkaException;
-import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.metrics.JmxReporter;
 import org.apache.kafka.common.network.ClientInformation;
 import org.apache.kafka.common.metrics.KafkaMetricsContext;
 import org.apache.kafka.common.metrics.MetricConfig;
 import org.apache.kafka.common.metrics.Metrics;
-import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.common.utils.Time;
 import org.apache.kafka.server.authorizer.AuthorizableRequestContext;
 import org.apache.kafka.server.telemetry.ClientTelemetryContext;
@@ -34,68 +30,48 @@ import org.junit.jupiter.api.Test;
 class ReceiverCoreTest {
     private static final byte[] METRICS = new byte[600];
 
-    private static MockProducer<byte[], byte[]> mockProducer(boolean autoComplete) {
-        return new MockProducer<>(autoComplete, null, new ByteArraySerializer(), new ByteArraySerializer());
-    }
-
-    private static long count(ReceiverCore core, String name) {
-        return ((Number) core.metrics().registry().metrics().entrySet().stream()
-                .filter(entry -> entry.getKey().name().equals(name))
-                .findFirst().orElseThrow().getValue().metricValue()).longValue();
-    }
-
-    private static void await(BooleanSupplier condition) throws InterruptedException {
-        long deadline = System.nanoTime() + 10_000_000_000L;
-        while (!condition.getAsBoolean()) {
-            if (System.nanoTime() > deadline) {
-                throw new AssertionError("condition not met within 10 s");
-            }
-            Thread.sleep(5);
-        }
-    }
-
     @Test
     void the38PluginWritesEachPushWithTheBrokerIdentity() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig("kcm.receiver.topic", "client-metrics"));
             plugin.contextChange(new KafkaMetricsContext("kafka.server",
                     Map.of("kafka.cluster.id", "cluster-x", "kafka.broker.id", "3")));
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
-            await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> producer.history().size() == 1);
             ProducerRecord<byte[], byte[]> record = producer.history().get(0);
             assertEquals("client-metrics", record.topic());
             Map<String, String> headers = Fixtures.headers(record);
             assertEquals("cluster-x", headers.get("cluster_id"));
             assertEquals("3", headers.get("broker_id"));
             assertTrue(!headers.containsKey("push_interval_ms"), "3.8 API has no push interval");
-            await(() -> count(plugin.core(), "pushes-written-total") == 1);
-            assertEquals(METRICS.length, count(plugin.core(), "bytes-written-total"));
+            Fixtures.await(() -> Fixtures.count(plugin.core(), "pushes-written-total") == 1);
+            assertEquals(METRICS.length, Fixtures.count(plugin.core(), "bytes-written-total"));
         }
     }
 
     @Test
     void aKraftBrokersNodeIdLabelIsTheBrokerId() throws Exception {
         // KRaft brokers (all of Kafka 4.x) label their metrics context kafka.node.id, not kafka.broker.id.
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig());   // node.id 3 in the config
             plugin.contextChange(new KafkaMetricsContext("kafka.server",
                     Map.of("kafka.cluster.id", "cluster-x", "kafka.node.id", "7")));
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
-            await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> producer.history().size() == 1);
             assertEquals("7", Fixtures.headers(producer.history().get(0)).get("broker_id"));
         }
     }
 
     @Test
     void the42PluginAddsThePushInterval() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig());
             plugin.clientTelemetryExporter().exportMetrics(context(Fixtures.requestContext(), 5000),
                     Fixtures.payload(METRICS, true));
-            await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> producer.history().size() == 1);
             Map<String, String> headers = Fixtures.headers(producer.history().get(0));
             assertEquals("5000", headers.get("push_interval_ms"));
             assertEquals("true", headers.get("terminating"));
@@ -104,13 +80,13 @@ class ReceiverCoreTest {
 
     @Test
     void thePayloadIsCopiedBeforeTheBrokerReusesItsBuffer() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         byte[] buffer = {1, 2, 3, 4};
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig());
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(buffer, false));
             buffer[0] = 9;
-            await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> producer.history().size() == 1);
             assertEquals(1, producer.history().get(0).value()[0]);
         }
     }
@@ -118,29 +94,29 @@ class ReceiverCoreTest {
     @Test
     void aFullQueueDropsAndCountsInsteadOfBlocking() throws Exception {
         // The producer never acknowledges, so every push stays held against the 1024-byte budget.
-        MockProducer<byte[], byte[]> producer = mockProducer(false);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(false);
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig("kcm.receiver.queue.max.bytes", "1024",
                     "kcm.receiver.close.timeout.ms", "0"));
             for (int i = 0; i < 5; i++) {
                 plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
             }
-            assertEquals(5, count(plugin.core(), "pushes-received-total"));
-            assertEquals(4, count(plugin.core(), "pushes-dropped-total"));
-            await(() -> producer.history().size() == 1);
+            assertEquals(5, Fixtures.count(plugin.core(), "pushes-received-total"));
+            assertEquals(4, Fixtures.count(plugin.core(), "pushes-dropped-total"));
+            Fixtures.await(() -> producer.history().size() == 1);
             producer.completeNext();
-            await(() -> count(plugin.core(), "pushes-written-total") == 1);
-            assertEquals(0, count(plugin.core(), "queue-bytes"));
+            Fixtures.await(() -> Fixtures.count(plugin.core(), "pushes-written-total") == 1);
+            assertEquals(0, Fixtures.count(plugin.core(), "queue-bytes"));
             // Room again: the next push is taken.
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
-            assertEquals(4, count(plugin.core(), "pushes-dropped-total"));
+            assertEquals(4, Fixtures.count(plugin.core(), "pushes-dropped-total"));
         }
     }
 
     @Test
     void theClientIdAPushKeepsCountsAgainstTheQueueBudget() throws Exception {
         // 1-byte pushes with a 32 KiB client id (a request header allows that much) were counted 257 bytes each.
-        MockProducer<byte[], byte[]> producer = mockProducer(false);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(false);
         String longId = "c".repeat(32_000);
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig("kcm.receiver.queue.max.bytes", String.valueOf(1 << 20),
@@ -149,9 +125,9 @@ class ReceiverCoreTest {
                 plugin.clientReceiver().exportMetrics(Fixtures.requestContext(longId,
                         new ClientInformation("apache-kafka-java", "4.3.0"), 51234), Fixtures.payload(new byte[1], false));
             }
-            long held = 100 - count(plugin.core(), "pushes-dropped-total");
+            long held = 100 - Fixtures.count(plugin.core(), "pushes-dropped-total");
             assertEquals(16, held, "a 1 MiB queue holds 16 pushes carrying 64 KB of client id each");
-            assertTrue(count(plugin.core(), "queue-bytes") > 16 * 64_000L);
+            assertTrue(Fixtures.count(plugin.core(), "queue-bytes") > 16 * 64_000L);
         }
     }
 
@@ -159,7 +135,7 @@ class ReceiverCoreTest {
     void everyPushOfferedWhileThePluginClosesIsWrittenOrCountedDropped() throws Exception {
         // A push offered as close() set its flag and emptied the queue was left there: neither written nor dropped.
         for (int round = 0; round < 40; round++) {
-            ReceiverCore core = new ReceiverCore(config -> mockProducer(true));
+            ReceiverCore core = new ReceiverCore(config -> Fixtures.mockProducer(true));
             core.configure(Fixtures.brokerConfig("kcm.receiver.close.timeout.ms", "0"));
             ReceiverMetrics counters = core.metrics();
             java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
@@ -184,7 +160,7 @@ class ReceiverCoreTest {
                 thread.join();
             }
             // The writer's thread may still be handing over the push it took last.
-            await(() -> counters.pushesReceived.sum() == counters.pushesWritten.sum() + counters.pushesDropped.sum()
+            Fixtures.await(() -> counters.pushesReceived.sum() == counters.pushesWritten.sum() + counters.pushesDropped.sum()
                     + counters.producerErrors.sum() + counters.exportErrors.sum());
         }
     }
@@ -198,35 +174,17 @@ class ReceiverCoreTest {
                 assertDoesNotThrow(() -> plugin.clientReceiver().exportMetrics(Fixtures.requestContext(),
                         Fixtures.payload(METRICS, false)));
             }
-            await(() -> count(plugin.core(), "producer-errors-total") == 3);
-            assertEquals(0, count(plugin.core(), "pushes-written-total"));
+            Fixtures.await(() -> Fixtures.count(plugin.core(), "producer-errors-total") == 3);
+            assertEquals(0, Fixtures.count(plugin.core(), "pushes-written-total"));
         }
     }
 
     @Test
     void aBrokenPayloadIsCountedNotThrown() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
-        ClientTelemetryPayload broken = new ClientTelemetryPayload() {
-            @Override
-            public Uuid clientInstanceId() {
-                return Fixtures.INSTANCE;
-            }
-
-            @Override
-            public boolean isTerminating() {
-                return false;
-            }
-
-            @Override
-            public String contentType() {
-                return null;
-            }
-
-            @Override
-            public ByteBuffer data() {
-                throw new IllegalStateException("buffer released");
-            }
-        };
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
+        ClientTelemetryPayload broken = Fixtures.payload(() -> {
+            throw new IllegalStateException("buffer released");
+        }, false, null);
         try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig());
             assertDoesNotThrow(() -> plugin.clientTelemetryExporter().exportMetrics(
@@ -245,8 +203,8 @@ class ReceiverCoreTest {
             };
             assertDoesNotThrow(() -> plugin.clientTelemetryExporter().exportMetrics(
                     unreadable, Fixtures.payload(METRICS, false)));
-            assertEquals(2, count(plugin.core(), "export-errors-total"));
-            assertEquals(2, count(plugin.core(), "pushes-received-total"));
+            assertEquals(2, Fixtures.count(plugin.core(), "export-errors-total"));
+            assertEquals(2, Fixtures.count(plugin.core(), "pushes-received-total"));
             assertEquals(List.of(), producer.history());
         }
     }
@@ -255,32 +213,32 @@ class ReceiverCoreTest {
     void anEmptyPushIsCountedAndWritesNoRecord() throws Exception {
         // A Java client whose subscription selects none of its metrics pushes an empty MetricsData (zstd of nothing),
         // which the broker decompresses to zero bytes and still hands over.
-        MockProducer<byte[], byte[]> first = mockProducer(true);
+        MockProducer<byte[], byte[]> first = Fixtures.mockProducer(true);
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(new ReceiverCore(config -> first))) {
             plugin.configure(Fixtures.brokerConfig());
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(new byte[0], false));
-            assertEquals(1, count(plugin.core(), "pushes-empty-total"));
-            assertEquals(1, count(plugin.core(), "pushes-received-total"));
+            assertEquals(1, Fixtures.count(plugin.core(), "pushes-empty-total"));
+            assertEquals(1, Fixtures.count(plugin.core(), "pushes-received-total"));
         }
         assertEquals(List.of(), first.history());
-        MockProducer<byte[], byte[]> producer = mockProducer(true);   // a closing plugin closes its producer
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);   // a closing plugin closes its producer
         try (KcmTelemetryExporter plugin = new KcmTelemetryExporter(new ReceiverCore(config -> producer))) {
             plugin.configure(Fixtures.brokerConfig());
             plugin.clientTelemetryExporter().exportMetrics(context(Fixtures.requestContext(), 1000),
                     Fixtures.payload(new byte[0], true));
             plugin.clientTelemetryExporter().exportMetrics(context(Fixtures.requestContext(), 1000),
                     Fixtures.payload(METRICS, false));
-            await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> producer.history().size() == 1);
             assertEquals(METRICS.length, producer.history().get(0).value().length);
-            assertEquals(1, count(plugin.core(), "pushes-empty-total"));
-            assertEquals(2, count(plugin.core(), "pushes-received-total"));
-            assertEquals(0, count(plugin.core(), "export-errors-total"));
+            assertEquals(1, Fixtures.count(plugin.core(), "pushes-empty-total"));
+            assertEquals(2, Fixtures.count(plugin.core(), "pushes-received-total"));
+            assertEquals(0, Fixtures.count(plugin.core(), "export-errors-total"));
         }
     }
 
     @Test
     void countersAreInTheBrokersJmxDomainAndLeaveTheBrokersOwnAlone() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         ObjectName brokersCount = new ObjectName("kafka.server:type=kafka-metrics-count");
         // As the broker's own registry: it has a kafka-metrics-count MBean under the same prefix.
         try (Metrics broker = new Metrics(new MetricConfig(), List.of(new JmxReporter()), Time.SYSTEM,
@@ -301,7 +259,7 @@ class ReceiverCoreTest {
 
     @Test
     void aPushWhoseRecordCannotBeBuiltIsCountedAndTheWriterGoesOn() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         AtomicInteger builds = new AtomicInteger();
         ReceiverMetrics metrics = new ReceiverMetrics(() -> 0);
         try (TopicWriter writer = new TopicWriter(() -> producer, push -> {
@@ -312,8 +270,8 @@ class ReceiverCoreTest {
         }, metrics, 1 << 20, 1000)) {
             writer.offer(Fixtures.push(Fixtures.requestContext(), METRICS, null));
             writer.offer(Fixtures.push(Fixtures.requestContext(), METRICS, null));
-            await(() -> producer.history().size() == 1);
-            await(() -> writer.heldBytes() == 0);
+            Fixtures.await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> writer.heldBytes() == 0);
             assertEquals(1, metrics.producerErrors.sum());
         } finally {
             metrics.close();
@@ -322,7 +280,7 @@ class ReceiverCoreTest {
 
     @Test
     void aProducerThatCannotBeBuiltYetDoesNotStopTheBrokerAndIsBuiltLater() throws Exception {
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         AtomicInteger attempts = new AtomicInteger();
         ReceiverCore core = new ReceiverCore(config -> {
             if (attempts.incrementAndGet() < 3) {
@@ -333,7 +291,7 @@ class ReceiverCoreTest {
         try (KcmClientTelemetry plugin = new KcmClientTelemetry(core)) {
             assertDoesNotThrow(() -> plugin.configure(Fixtures.brokerConfig()));
             plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
-            await(() -> producer.history().size() == 1);
+            Fixtures.await(() -> producer.history().size() == 1);
             assertEquals(3, attempts.get());
         }
     }
@@ -371,7 +329,7 @@ class ReceiverCoreTest {
         // The plugin closed moments after start-up (the sandbox's parity test did): the pushes taken meanwhile were
         // dropped without waiting, though the producer was ready within the close timeout.
         java.util.concurrent.CountDownLatch building = new java.util.concurrent.CountDownLatch(1);
-        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
         ReceiverMetrics metrics = new ReceiverMetrics(() -> 0);
         TopicWriter writer = slowlyBuilt(producer, 300, building, metrics, 5000);
         try {
@@ -391,7 +349,7 @@ class ReceiverCoreTest {
     @Test
     void aProducerNotBuiltWithinTheCloseTimeoutDropsAndCountsWithoutLeaking() throws Exception {
         java.util.concurrent.CountDownLatch building = new java.util.concurrent.CountDownLatch(1);
-        MockProducer<byte[], byte[]> late = mockProducer(true);
+        MockProducer<byte[], byte[]> late = Fixtures.mockProducer(true);
         ReceiverMetrics metrics = new ReceiverMetrics(() -> 0);
         TopicWriter writer = slowlyBuilt(late, -1, building, metrics, 500);
         try {
@@ -402,7 +360,7 @@ class ReceiverCoreTest {
             long started = System.nanoTime();
             writer.close();
             long tookMs = (System.nanoTime() - started) / 1_000_000;
-            await(late::closed);  // built after close() gave up on it: closed, not leaked
+            Fixtures.await(late::closed);  // built after close() gave up on it: closed, not leaked
             assertTrue(tookMs < 2000, "close waited " + tookMs + " ms, beyond its 500 ms timeout");
             assertEquals(3, metrics.pushesDropped.sum());
             assertEquals(0, metrics.producerErrors.sum());
