@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -95,8 +96,14 @@ def running_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
     finally:
         bridge.stop()
         thread.join(timeout=30)
-        assert not thread.is_alive(), "the bridge did not stop within 30 s"
+        assert not thread.is_alive(), f"the bridge did not stop within 30 s; its thread is at:\n{_stack_of(thread)}"
     assert result == [0]
+
+
+def _stack_of(thread: threading.Thread) -> str:
+    """Where a thread is now: what a hang's report needs (the call that blocks)."""
+    frame = sys._current_frames().get(thread.ident)   # noqa: SLF001 (CPython's documented way to see another thread)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(ended)"
 
 
 @contextmanager
@@ -615,6 +622,37 @@ def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_u
     assert code == 0 and took < 10, (took, text)
     assert "SIGINT received again: stopping without waiting for exports" in text and "Traceback" not in text
     assert _committed(broker.bootstrap, "impatient", topic) in (None, 0)   # the record is read again next time
+
+
+@pytest.mark.timeout(60)
+def test_a_kafka_client_that_never_returns_from_close_cannot_hold_the_shutdown(closed_port, tmp_path):
+    """Past shutdown_timeout_s + connect_timeout_s of SIGTERM, `kcm bridge` says where it is blocked and exits 1,
+    rather than waiting for Kubernetes to kill it, silently."""
+    config_path = tmp_path / "bridge.yaml"
+    config_path.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:{closed_port()}', connect_timeout_s: 1}}\n"
+                           "endpoints: [{endpoint: '127.0.0.1:9', insecure: true}]\n"
+                           "delivery: {shutdown_timeout_s: 1}\n")
+    blocked = ("import threading, sys\n"
+               "from kcm_bridge.consumer import ConfluentConsumer\n"
+               "ConfluentConsumer.close = lambda self: threading.Event().wait()\n"
+               "from kcm_cli.main import main\n"
+               f"sys.exit(main(['bridge', '--config', {str(config_path)!r}]))\n")
+    log_path = tmp_path / "bridge.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", blocked], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+    try:
+        _wait(lambda: "cannot reach Kafka" in log_path.read_text(), 30, "the bridge reporting Kafka down")
+        stopping = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(20)
+        took = time.monotonic() - stopping
+    finally:
+        _terminate(process, 5)
+    text = log_path.read_text()
+    assert code == 1 and 2 <= took < 10, (code, took, text)
+    assert "the bridge did not stop within 2s of being asked" in text and "in <lambda>" in text, text
+    assert "self._consumer.close()" in text, text   # where: the blocked call, innermost frames last
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

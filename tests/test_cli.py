@@ -410,3 +410,30 @@ def test_offsets_or_a_kubeconfig_nesting_deeper_than_python_can_read_are_one_lin
                             capture_output=True, text=True, timeout=60,
                             env={**os.environ, "KUBECONFIG": str(kubeconfig)})
     _one_line_error(result, "nests values too deeply")
+
+
+def test_the_bridge_s_stop_watchdog_exits_1_naming_the_blocked_call_and_stays_quiet_once_stopped(caplog):
+    from kcm_cli.bridge import _exit_unless_stopped
+
+    release, stopped, exits = threading.Event(), threading.Event(), []
+
+    def blocked_in_the_kafka_client() -> None:
+        release.wait(10)
+
+    loop = threading.Thread(target=blocked_in_the_kafka_client)
+    loop.start()
+    try:
+        _exit_unless_stopped(stopped, 0.2, loop, exits.append).join(5)
+    finally:
+        release.set()
+        loop.join(5)
+    assert exits == [1]
+    message = next(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert message.startswith("the bridge did not stop within 0.2s of being asked"), message
+    assert "in blocked_in_the_kafka_client" in message and "release.wait(10)" in message, message
+
+    exits.clear()
+    caplog.clear()
+    stopped.set()
+    _exit_unless_stopped(stopped, 0.2, threading.main_thread(), exits.append).join(5)
+    assert exits == [] and not caplog.records

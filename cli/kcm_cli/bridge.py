@@ -6,12 +6,17 @@ import argparse
 import logging
 import os
 import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
 
 from kcm_cli.arguments import kafka_connection, topic
 from kcm_cli.signals import on_stop_signals
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.bridge")
+_STACK_FRAMES = 8   # of the blocked loop's stack, innermost last, when the shutdown overruns
 
 HELP = "forward client metrics from the metrics topic to OTLP/gRPC collectors"
 DESCRIPTION = ("Consume the metrics topic as a consumer group, add the contract headers as resource attributes "
@@ -77,6 +82,33 @@ def run(args: argparse.Namespace) -> int:
         log.info("%s received: draining (at most %gs; a second signal stops at once)", signum.name,
                  config.delivery.shutdown_timeout_s)
         bridge.stop()
+        _exit_unless_stopped(stopped, config.delivery.shutdown_timeout_s + config.kafka.connect_timeout_s,
+                             threading.main_thread())
 
+    stopped = threading.Event()
     on_stop_signals(stop)
-    return bridge.run()
+    try:
+        return bridge.run()
+    finally:
+        stopped.set()
+
+
+def _exit_unless_stopped(stopped: threading.Event, within_s: float, loop: threading.Thread,
+                         exit_process: Callable[[int], object] = os._exit) -> threading.Thread:
+    """The drain bounds its own waits; a call into the Kafka client that never returns (a commit or close waiting
+    for a broker that died mid-request) would still hold the process until Kubernetes kills it, saying nothing. Past
+    `within_s` of the first signal: say where the loop is blocked, and exit 1 without it. Nothing is lost: offsets
+    are committed only after export, so what was exported and not committed is read again."""
+    def watch() -> None:
+        if stopped.wait(within_s):
+            return
+        frame = sys._current_frames().get(loop.ident)  # noqa: SLF001 (the documented way to see another thread)
+        where = "".join(traceback.format_stack(frame)[-_STACK_FRAMES:]) if frame is not None else "(unknown)\n"
+        log.error("the bridge did not stop within %gs of being asked (delivery.shutdown_timeout_s + "
+                  "kafka.connect_timeout_s): exiting without waiting further; what was exported and not committed "
+                  "is read again. It was blocked at:\n%s", within_s, where.rstrip("\n"))
+        exit_process(1)
+
+    watcher = threading.Thread(target=watch, name="kcm-stop-watchdog", daemon=True)
+    watcher.start()
+    return watcher
