@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,3 +158,28 @@ def authenticating_broker(tmp_path) -> Iterator[str]:
         yield embedded.bootstrap
     finally:
         embedded.stop()
+
+
+@pytest.fixture
+def kopf_runs(monkeypatch) -> list[dict]:
+    """`kcm operator` run in this process up to kopf.run, which records its arguments instead of running; the
+    Kubernetes API "found" in-cluster (the client's default configuration then)."""
+    import kopf
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    runs: list[dict] = []
+    saved = client.Configuration.get_default_copy()
+
+    def in_cluster(*args, **kwargs) -> None:
+        found = client.Configuration()
+        found.host = "https://kubernetes.default.svc:443"
+        client.Configuration.set_default(found)
+
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: runs.append(kwargs))
+    monkeypatch.setattr(kube_config, "load_incluster_config", in_cluster)
+    levels = {name: logging.getLogger(name).level for name in ("kafka", "py4j")}
+    yield runs
+    client.Configuration.set_default(saved)
+    for name, level in levels.items():   # main() sets them for the process
+        logging.getLogger(name).setLevel(level)

@@ -351,29 +351,6 @@ def test_a_removal_kafka_refuses_is_an_error_not_reported_deleted():
 
 # -- cli/kcm_cli/operator.py: what `kcm operator` hands kopf ---------------------------------------------------------
 
-@pytest.fixture
-def kopf_runs(monkeypatch) -> list[dict]:
-    """`kcm operator` run in this process up to kopf.run, which records its arguments instead of running; the
-    Kubernetes API "found" in-cluster (the client's default configuration then)."""
-    from kubernetes import config as kube_config
-
-    runs: list[dict] = []
-    saved = client.Configuration.get_default_copy()
-
-    def in_cluster(*args, **kwargs) -> None:
-        found = client.Configuration()
-        found.host = "https://kubernetes.default.svc:443"
-        client.Configuration.set_default(found)
-
-    monkeypatch.setattr(kopf, "run", lambda **kwargs: runs.append(kwargs))
-    monkeypatch.setattr(kube_config, "load_incluster_config", in_cluster)
-    levels = {name: logging.getLogger(name).level for name in ("kafka", "py4j")}
-    yield runs
-    client.Configuration.set_default(saved)
-    for name, level in levels.items():   # main() sets them for the process
-        logging.getLogger(name).setLevel(level)
-
-
 _OPERATOR = ["operator", "-n", "team", "--bootstrap-server", "127.0.0.1:9092", "--metrics-port", "0",
              "--liveness-port", "0"]
 
