@@ -624,6 +624,93 @@ def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_u
     assert _committed(broker.bootstrap, "impatient", topic) in (None, 0)   # the record is read again next time
 
 
+def test_healthz_fails_once_the_consuming_loop_is_stuck_names_where_once_and_recovers(closed_port, tmp_path,
+                                                                                     monkeypatch, caplog):
+    """A call that never returns inside the loop (here the back-pressure step) gets the pod restarted: /healthz
+    503 after stall_timeout_s, one ERROR naming the call; healthy again once the loop comes round."""
+    from kcm_bridge import pipeline
+
+    monkeypatch.setattr(pipeline, "_check_stall_timeout", lambda config, tuning: None)   # its bound: tested apart
+    config = _config(tmp_path, f"127.0.0.1:{closed_port()}", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("stall_timeout_s",): 1, ("metrics_port",): 0, ("metrics_host",): "127.0.0.1"})
+    stuck, release = threading.Event(), threading.Event()
+    bridge = Bridge(config)
+    real = bridge._backpressure
+
+    def backpressure_that_never_returns() -> None:
+        if stuck.is_set():
+            release.wait(30)
+        real()
+
+    bridge._backpressure = backpressure_that_never_returns
+    caplog.set_level(logging.ERROR, logger="kcm.bridge")
+    thread = threading.Thread(target=bridge.run, daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: bridge.metrics_port is not None, 10, "serving /healthz")
+        healthz = f"http://127.0.0.1:{bridge.metrics_port}/healthz"
+
+        def answer() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(healthz, timeout=5) as response:
+                    return response.status, response.read().decode()
+            except urllib.error.HTTPError as error:
+                return error.code, error.read().decode()
+
+        time.sleep(1.5)   # turning (checking a Kafka that is not there, with backoff): past the limit, still healthy
+        assert answer() == (200, "ok\n")
+        stuck.set()
+        _wait(lambda: answer()[0] == 503, 10, "/healthz failing")
+        status, text = answer()
+        assert text.startswith("stalled: the consuming loop has not come round for "), text
+        assert text.endswith("s (stall_timeout_s 1)\n"), text
+        stalls = [r.getMessage() for r in caplog.records if "has not come round" in r.getMessage()]
+        assert len(stalls) == 1 and "in backpressure_that_never_returns" in stalls[0], stalls
+        stuck.clear()
+        release.set()
+        _wait(lambda: answer() == (200, "ok\n"), 10, "/healthz ok again")
+    finally:
+        release.set()
+        bridge.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_stall_timeout_a_healthy_turn_could_reach_is_refused_naming_what_it_must_exceed(tmp_path):
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("stall_timeout_s",): 80, ("kafka", "connect_timeout_s"): 10})
+    (tmp_path / "consumer.properties").write_text("session.timeout.ms=45000\n")   # the consumer's default
+    with pytest.raises(bridge_config.ConfigError, match=r"^stall_timeout_s \(80\) must be above 80s, the longest one "
+                       r"turn of the consuming loop may take: session.timeout.ms \(45s, a commit\), twice "
+                       r"kafka.connect_timeout_s \(a Kafka check\), delivery.revoke_timeout_s and 10s; raise it, or "
+                       r"give 0 to turn the check off$"):
+        Bridge(config)
+    (tmp_path / "consumer.properties").write_text("session.timeout.ms=44000\n")
+    with _unstarted_bridge(config) as bridge:   # 79 s: accepted
+        assert bridge.health_problem() is None
+    off = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka", {("stall_timeout_s",): 0})
+    with _unstarted_bridge(off) as bridge:
+        bridge._turned -= 10 ** 6
+        assert bridge.health_problem() is None
+
+
+def test_a_draining_bridge_stays_healthy_and_a_stall_is_logged_once_per_stall(tmp_path, caplog):
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka")
+    caplog.set_level(logging.ERROR, logger="kcm.bridge")
+    with _unstarted_bridge(config) as bridge:
+        assert config.stall_timeout_s == 300   # the default
+        bridge._turned = time.monotonic() - 301
+        assert bridge.health_problem() == ("stalled: the consuming loop has not come round for 301s "
+                                           "(stall_timeout_s 300)")
+        assert bridge.health_problem() is not None
+        assert sum("has not come round" in r.getMessage() for r in caplog.records) == 1
+        bridge._turned = time.monotonic() - 302   # came round once, then stuck again: a new stall
+        assert bridge.health_problem() is not None
+        assert sum("has not come round" in r.getMessage() for r in caplog.records) == 2
+        bridge.stop()
+        assert bridge.health_problem() is None
+
+
 @pytest.mark.timeout(60)
 def test_a_kafka_client_that_never_returns_from_close_cannot_hold_the_shutdown(closed_port, tmp_path):
     """Past shutdown_timeout_s + connect_timeout_s of SIGTERM, `kcm bridge` says where it is blocked and exits 1,

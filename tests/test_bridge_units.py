@@ -260,6 +260,21 @@ def test_healthz_is_always_ok_readyz_follows_readiness_and_metrics_are_the_regis
         assert _get(base + "/nothing-here")[0] == 404
     finally:
         server.shutdown()
+
+
+def test_healthz_answers_503_with_the_problem_while_one_is_named_and_200_again_after():
+    from kcm_bridge.metrics import BridgeMetrics, serve
+
+    problem: list[str | None] = ["stalled: the consuming loop has not come round for 301s (stall_timeout_s 300)"]
+    server = serve(BridgeMetrics(), "127.0.0.1", 0, lambda: True, lambda: problem[0])
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert _get(base + "/healthz")[:2] == (503, f"{problem[0]}\n".encode())
+        assert _get(base + "/readyz")[:2] == (200, b"ready\n")   # readiness is its own question
+        problem[0] = None
+        assert _get(base + "/healthz")[:2] == (200, b"ok\n")
+    finally:
+        server.shutdown()
         server.server_close()
 
 

@@ -142,6 +142,9 @@ class BridgeConfig:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     log_format: Literal["text", "json"] = "text"
+    # /healthz answers 503 once the consuming loop has not come round for this long (0: never), so Kubernetes
+    # restarts a bridge wedged in a call that never returns; it must exceed what one turn may legitimately take.
+    stall_timeout_s: float = 300.0
 
     def kafka_properties(self) -> dict[str, str]:
         """The client properties: the file's, then the inline ones over them."""
@@ -165,6 +168,7 @@ _ENV_FIELDS: dict[str, tuple[str, ...]] = {
     "MAX_INFLIGHT_BYTES": ("delivery", "max_inflight_bytes"),
     "SHUTDOWN_TIMEOUT_S": ("delivery", "shutdown_timeout_s"),
     "METRICS_PORT": ("metrics_port",),
+    "STALL_TIMEOUT_S": ("stall_timeout_s",),
     "LOG_FORMAT": ("log_format",),
 }
 
@@ -285,6 +289,7 @@ def validate(config: BridgeConfig) -> None:
     _seconds(config.delivery.shutdown_timeout_s, "delivery.shutdown_timeout_s")
     _seconds(config.delivery.revoke_timeout_s, "delivery.revoke_timeout_s", allow_zero=True)
     _seconds(config.delivery.poison_after_s, "delivery.poison_after_s", allow_zero=True)
+    _seconds(config.stall_timeout_s, "stall_timeout_s", allow_zero=True)
     if config.delivery.dead_letter_topic is not None and config.delivery.dead_letter_topic in config.kafka.topics:
         raise ConfigError("delivery.dead_letter_topic must not be one of kafka.topics (the bridge would read it back)")
     if config.metrics_port is not None and not 0 <= config.metrics_port <= 65535:

@@ -57,15 +57,18 @@ class BridgeMetrics:
         return total
 
 
-def serve(metrics: BridgeMetrics, host: str, port: int, ready: Callable[[], bool]) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz (the process runs) and /readyz (`ready()`) on a daemon thread."""
+def serve(metrics: BridgeMetrics, host: str, port: int, ready: Callable[[], bool],
+          problem: Callable[[], str | None] = lambda: None) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz (503 with `problem()` when it names one, as a bridge whose loop is stuck) and /readyz
+    (`ready()`) on a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server name)
             if self.path == "/metrics":
                 self._answer(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
-                self._answer(200, b"ok\n")
+                wrong = problem()
+                self._answer(200, b"ok\n") if wrong is None else self._answer(503, f"{wrong}\n".encode())
             elif self.path == "/readyz":
                 ok = ready()
                 self._answer(200 if ok else 503, b"ready\n" if ok else b"not ready\n")

@@ -26,12 +26,13 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from kcm_common import contract
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
+from kcm_common.logs import where_blocked
 from kcm_common.names import ATTRIBUTE_HEADERS
 from kcm_common.otlp_export import Endpoint, Outcome, refusal_hint
 from kcm_common.pacing import PacedLog
 from kcm_common.retry import backoff_s, wait_unless
 
-from kcm_bridge.config import BridgeConfig
+from kcm_bridge.config import BridgeConfig, ConfigError
 from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record, open_consumer,
                                  open_dead_letter_producer, split_properties)
 from kcm_bridge.enrich import Added, Enricher
@@ -45,6 +46,8 @@ from kcm_bridge.wire import count_points
 log = logging.getLogger("kcm.bridge")
 # While paused no fetch brings a high watermark: the lag asks for one, this long at most per commit interval.
 _WATERMARK_ASK_S = 1.0
+_SESSION_TIMEOUT_MS = 45_000   # the consumer's default (librdkafka, and Kafka's since KIP-735)
+_TURN_MARGIN_S = 10.0
 
 _POLL_RECORDS = 500
 # The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
@@ -361,6 +364,22 @@ class _Batch:
     opened: float = field(default_factory=time.monotonic)
 
 
+def _check_stall_timeout(config: BridgeConfig, tuning: dict[str, object]) -> None:
+    """`stall_timeout_s` above the longest one turn of the consuming loop may take: a commit waiting for the group
+    coordinator (session.timeout.ms), a Kafka check (its probe and its request, each up to kafka.connect_timeout_s),
+    a revoke (delivery.revoke_timeout_s), and a margin (a lag query, a busy machine)."""
+    if not config.stall_timeout_s:
+        return
+    session_s = int(tuning.get("session.timeout.ms", _SESSION_TIMEOUT_MS)) / 1000   # type: ignore[call-overload]
+    longest = session_s + 2 * config.kafka.connect_timeout_s + config.delivery.revoke_timeout_s + _TURN_MARGIN_S
+    if config.stall_timeout_s <= longest:
+        raise ConfigError(
+            f"stall_timeout_s ({config.stall_timeout_s:g}) must be above {longest:g}s, the longest one turn of the "
+            f"consuming loop may take: session.timeout.ms ({session_s:g}s, a commit), twice kafka.connect_timeout_s "
+            f"(a Kafka check), delivery.revoke_timeout_s and {_TURN_MARGIN_S:g}s; raise it, or give 0 to turn the "
+            "check off")
+
+
 class Bridge:
     """Runs the pipeline until `stop()`; `run()` returns 0 after a clean drain."""
 
@@ -414,6 +433,10 @@ class Bridge:
         self._ready = False
         self._kafka = KafkaHealth()
         self.metrics_port: int | None = None  # the bound port once serving (config may say 0: any free port)
+        _check_stall_timeout(config, self._tuning)
+        self._turned = time.monotonic()   # when the consuming loop last came round (/healthz)
+        self._stall_reported: float | None = None   # the `_turned` of the stall last logged
+        self._loop = threading.current_thread()   # the thread running `run()`, once it does
 
     # -- control -------------------------------------------------------------------------------------------
     def stop(self, at_once: bool = False) -> None:
@@ -433,6 +456,22 @@ class Bridge:
         """Consuming: Kafka answers with these credentials, and the bridge is not shutting down."""
         return self._ready and self._kafka.ok and not self._stopping.is_set()
 
+    def health_problem(self) -> str | None:
+        """Why /healthz fails: the consuming loop has not come round for `stall_timeout_s`, stuck in a call that
+        never returns (Kubernetes then restarts the bridge; offsets follow exports, so nothing is lost). None while
+        it turns, with the check off, and once draining (bounded on its own). A stall is logged once, with where."""
+        limit = self.config.stall_timeout_s
+        turned = self._turned
+        stalled = time.monotonic() - turned
+        if not limit or stalled < limit or self._stopping.is_set():
+            return None
+        if self._stall_reported != turned:
+            self._stall_reported = turned
+            log.error("the consuming loop has not come round for %.0fs (stall_timeout_s %g): /healthz fails, so "
+                      "that Kubernetes restarts the bridge; what was exported and not committed is read again. "
+                      "It is blocked at:\n%s", stalled, limit, where_blocked(self._loop))
+        return f"stalled: the consuming loop has not come round for {stalled:.0f}s (stall_timeout_s {limit:g})"
+
     def _give_up(self) -> bool:
         return self._stopping.is_set() and time.monotonic() >= self._drain_deadline
 
@@ -440,10 +479,12 @@ class Bridge:
     def run(self) -> int:
         """Consume until stopped, then flush, commit and close within `delivery.shutdown_timeout_s`."""
         config = self.config
+        self._loop, self._turned = threading.current_thread(), time.monotonic()
         server = None
         if config.metrics_port is not None:
             try:
-                server = serve(self.metrics, config.metrics_host, config.metrics_port, lambda: self.ready)
+                server = serve(self.metrics, config.metrics_host, config.metrics_port, lambda: self.ready,
+                               self.health_problem)
             except OSError as err:
                 raise UserError(f"metrics_port {config.metrics_port}: cannot listen on {config.metrics_host} "
                                 f"({err.strerror}); pick another --metrics-port, or another metrics_host") from None
@@ -459,6 +500,7 @@ class Bridge:
         last_commit = time.monotonic()
         try:
             while not self._stopping.is_set():
+                self._turned = time.monotonic()
                 linger = config.batch.linger_ms / 1000
                 timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
                                                                          - time.monotonic()))

@@ -6,17 +6,15 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
-import traceback
 from collections.abc import Callable
 
 from kcm_cli.arguments import kafka_connection, topic
 from kcm_cli.signals import on_stop_signals
+from kcm_common.logs import where_blocked
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.bridge")
-_STACK_FRAMES = 8   # of the blocked loop's stack, innermost last, when the shutdown overruns
 
 HELP = "forward client metrics from the metrics topic to OTLP/gRPC collectors"
 DESCRIPTION = ("Consume the metrics topic as a consumer group, add the contract headers as resource attributes "
@@ -102,11 +100,9 @@ def _exit_unless_stopped(stopped: threading.Event, within_s: float, loop: thread
     def watch() -> None:
         if stopped.wait(within_s):
             return
-        frame = sys._current_frames().get(loop.ident)  # noqa: SLF001 (the documented way to see another thread)
-        where = "".join(traceback.format_stack(frame)[-_STACK_FRAMES:]) if frame is not None else "(unknown)\n"
         log.error("the bridge did not stop within %gs of being asked (delivery.shutdown_timeout_s + "
                   "kafka.connect_timeout_s): exiting without waiting further; what was exported and not committed "
-                  "is read again. It was blocked at:\n%s", within_s, where.rstrip("\n"))
+                  "is read again. It was blocked at:\n%s", within_s, where_blocked(loop))
         exit_process(1)
 
     watcher = threading.Thread(target=watch, name="kcm-stop-watchdog", daemon=True)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import sys
+import threading
+import traceback
 
 
 class JsonFormatter(logging.Formatter):
@@ -30,3 +33,10 @@ def use_json(root: logging.Logger | None = None) -> None:
     """Switch every handler of the root logger to JSON lines."""
     for handler in (root or logging.getLogger()).handlers:
         handler.setFormatter(JsonFormatter())
+
+
+def where_blocked(thread: threading.Thread, frames: int = 8) -> str:
+    """The last `frames` frames of `thread`'s stack, innermost last: what a report of a call that never returns
+    needs. "(ended)" for a thread that has."""
+    frame = sys._current_frames().get(thread.ident)  # noqa: SLF001 (the documented way to see another thread)
+    return "".join(traceback.format_stack(frame)[-frames:]).rstrip("\n") if frame is not None else "(ended)"
