@@ -713,8 +713,8 @@ def test_a_draining_bridge_stays_healthy_and_a_stall_is_logged_once_per_stall(tm
 
 @pytest.mark.timeout(60)
 def test_a_kafka_client_that_never_returns_from_close_cannot_hold_the_shutdown(closed_port, tmp_path):
-    """Past shutdown_timeout_s + connect_timeout_s of SIGTERM, `kcm bridge` says where it is blocked and exits 1,
-    rather than waiting for Kubernetes to kill it, silently."""
+    """Past shutdown_timeout_s + connect_timeout_s + 5 s of SIGTERM, `kcm bridge` says where it is blocked and
+    exits 1, rather than waiting for Kubernetes to kill it, silently."""
     config_path = tmp_path / "bridge.yaml"
     config_path.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:{closed_port()}', connect_timeout_s: 1}}\n"
                            "endpoints: [{endpoint: '127.0.0.1:9', insecure: true}]\n"
@@ -732,13 +732,13 @@ def test_a_kafka_client_that_never_returns_from_close_cannot_hold_the_shutdown(c
         _wait(lambda: "cannot reach Kafka" in log_path.read_text(), 30, "the bridge reporting Kafka down")
         stopping = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        code = process.wait(20)
+        code = process.wait(30)
         took = time.monotonic() - stopping
     finally:
         _terminate(process, 5)
     text = log_path.read_text()
-    assert code == 1 and 2 <= took < 10, (code, took, text)
-    assert "the bridge did not stop within 2s of being asked" in text and "in <lambda>" in text, text
+    assert code == 1 and 7 <= took < 15, (code, took, text)
+    assert "the bridge did not stop within 7s of being asked" in text and "in <lambda>" in text, text
     assert "self._consumer.close()" in text, text   # where: the blocked call, innermost frames last
 
 

@@ -16,10 +16,10 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 
@@ -364,13 +364,13 @@ class _Batch:
     opened: float = field(default_factory=time.monotonic)
 
 
-def _check_stall_timeout(config: BridgeConfig, tuning: dict[str, object]) -> None:
+def _check_stall_timeout(config: BridgeConfig, tuning: Mapping[str, Any]) -> None:
     """`stall_timeout_s` above the longest one turn of the consuming loop may take: a commit waiting for the group
     coordinator (session.timeout.ms), a Kafka check (its probe and its request, each up to kafka.connect_timeout_s),
     a revoke (delivery.revoke_timeout_s), and a margin (a lag query, a busy machine)."""
     if not config.stall_timeout_s:
         return
-    session_s = int(tuning.get("session.timeout.ms", _SESSION_TIMEOUT_MS)) / 1000   # type: ignore[call-overload]
+    session_s = tuning.get("session.timeout.ms", _SESSION_TIMEOUT_MS) / 1000
     longest = session_s + 2 * config.kafka.connect_timeout_s + config.delivery.revoke_timeout_s + _TURN_MARGIN_S
     if config.stall_timeout_s <= longest:
         raise ConfigError(

@@ -15,6 +15,9 @@ from kcm_common.logs import where_blocked
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 log = logging.getLogger("kcm.bridge")
+# Past the drain's own bound and a Kafka check the signal may have found under way (kafka-python building its client
+# is not cut short): the commit and the consumer's close.
+_STOP_MARGIN_S = 5.0
 
 HELP = "forward client metrics from the metrics topic to OTLP/gRPC collectors"
 DESCRIPTION = ("Consume the metrics topic as a consumer group, add the contract headers as resource attributes "
@@ -80,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("%s received: draining (at most %gs; a second signal stops at once)", signum.name,
                  config.delivery.shutdown_timeout_s)
         bridge.stop()
-        _exit_unless_stopped(stopped, config.delivery.shutdown_timeout_s + config.kafka.connect_timeout_s,
-                             threading.main_thread())
+        _exit_unless_stopped(stopped, config.delivery.shutdown_timeout_s + config.kafka.connect_timeout_s
+                             + _STOP_MARGIN_S, threading.main_thread())
 
     stopped = threading.Event()
     on_stop_signals(stop)
@@ -101,8 +104,8 @@ def _exit_unless_stopped(stopped: threading.Event, within_s: float, loop: thread
         if stopped.wait(within_s):
             return
         log.error("the bridge did not stop within %gs of being asked (delivery.shutdown_timeout_s + "
-                  "kafka.connect_timeout_s): exiting without waiting further; what was exported and not committed "
-                  "is read again. It was blocked at:\n%s", within_s, where_blocked(loop))
+                  "kafka.connect_timeout_s + %gs): exiting without waiting further; what was exported and not "
+                  "committed is read again. It was blocked at:\n%s", within_s, _STOP_MARGIN_S, where_blocked(loop))
         exit_process(1)
 
     watcher = threading.Thread(target=watch, name="kcm-stop-watchdog", daemon=True)
