@@ -1,11 +1,15 @@
 """The shared leaf's Java emulation (kcm_common.java), the client settings given to Java and librdkafka clients,
-paced log lines, names, and the command line's argument layer (defaults the docs name, one-line mistakes, flags
-over the config file): fast and in-process, with the rollup job and the bridge replaced by recorders."""
+paced log lines, JSON log lines, the protobuf message bound, names, and the command line's argument layer (defaults
+the docs name, one-line mistakes, flags over the config file): fast and in-process, with the rollup job and the
+bridge replaced by recorders."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import os
+import sys
 
 import pytest
 
@@ -393,3 +397,95 @@ def test_a_second_stop_signal_stops_the_bridge_without_waiting_for_exports(monke
     monkeypatch.setattr(kcm_cli.bridge, "on_stop_signals", handlers.append)
     assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317", "--insecure"]) == 0
     assert stops == [False, True]
+
+
+# --- kcm_common.java -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["\u00aa", "\u02b0", "\u2170"])
+def test_java_lower_case_includes_other_lowercase_as_character_is_lower_case_does(text):
+    """J18: printed by JDK 17: Pattern.compile("\\p{javaLowerCase}").matcher("ª").matches() is true (so are ʰ and
+    ⅰ: Other_Lowercase), which the Ll category alone misses."""
+    from kcm_common.java import compile_pattern
+
+    assert compile_pattern("\\p{javaLowerCase}").fullmatch(text) is not None
+
+
+# --- kcm_common.logs -------------------------------------------------------------------------------------------
+
+
+def _record(message: str = "boom", level: int = logging.ERROR, exc_info=None, **extra) -> logging.LogRecord:
+    record = logging.LogRecord("kcm.test", level, __file__, 1, message, (), exc_info)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_a_json_log_line_carries_the_exception_level_and_utc_time():
+    """G01 (exception dropped), G02 (local time without offset), G04 (level as a number)."""
+    from kcm_common.logs import JsonFormatter
+
+    try:
+        raise ValueError("the cause")
+    except ValueError:
+        record = _record(exc_info=sys.exc_info())
+    record.created = 0.25
+    line = json.loads(JsonFormatter().format(record))
+    assert line["time"] == "1970-01-01T00:00:00.250+00:00"
+    assert datetime.datetime.fromisoformat(line["time"]).utcoffset() == datetime.timedelta(0)
+    assert (line["level"], line["logger"], line["message"]) == ("ERROR", "kcm.test", "boom")
+    assert "Traceback" in line["error"] and "ValueError: the cause" in line["error"]
+
+
+def test_a_cluster_scoped_object_s_line_has_no_namespace_field():
+    """G03: kopf's k8s_ref for a cluster-scoped object has namespace None: no `"namespace": null` field."""
+    from kcm_common.logs import JsonFormatter
+
+    line = json.loads(JsonFormatter().format(_record(k8s_ref={"namespace": None, "name": "cluster-wide"})))
+    assert "namespace" not in line and line["name"] == "cluster-wide"
+
+
+def test_use_json_switches_every_handler_of_the_logger_given():
+    from kcm_common.logs import JsonFormatter, use_json
+
+    logger = logging.Logger("kcm.test.root")
+    handlers = [logging.StreamHandler(), logging.StreamHandler()]
+    for handler in handlers:
+        logger.addHandler(handler)
+    use_json(logger)
+    assert all(isinstance(handler.formatter, JsonFormatter) for handler in handlers)
+
+
+# --- kcm_common.message_bound ----------------------------------------------------------------------------------
+
+
+def _hostile(prefix: bytes, limit: int) -> bytes:
+    return prefix + b"\x0a\x00" * (limit + 1)   # limit+1 empty ResourceMetrics behind `prefix`
+
+
+def test_a_ten_byte_varint_does_not_end_the_count():
+    """B05: a negative int attribute is a 10-byte varint (valid protobuf); refusing it as malformed let every
+    message behind it through uncounted."""
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+    from kcm_common.message_bound import builds_more_than
+
+    data = MetricsData()
+    attribute = data.resource_metrics.add().resource.attributes.add(key="offset")
+    attribute.value.int_value = -1
+    prefix = data.SerializeToString()
+    assert b"\xff" * 9 + b"\x01" in prefix
+    payload = _hostile(prefix, 1000)
+    assert len(MetricsData.FromString(payload).resource_metrics) == 1002   # the parser builds them all
+    assert builds_more_than(payload, 1000)
+
+
+def test_a_two_byte_tag_starting_with_0x80_is_read_whole():
+    """B06: field 16 as a varint has the tag bytes 80 01; read as a one-byte tag the walk loses its place and
+    the messages behind it went uncounted."""
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+    from kcm_common.message_bound import builds_more_than
+
+    payload = _hostile(b"\x80\x01\x00", 1000)
+    assert len(MetricsData.FromString(payload).resource_metrics) == 1001
+    assert builds_more_than(payload, 1000)

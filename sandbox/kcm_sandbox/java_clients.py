@@ -63,9 +63,8 @@ class JavaClient:
         deadline = time.monotonic() + self.start_timeout_s
         while not self._started.wait(0.1):
             if self._process.poll() is not None or time.monotonic() > deadline:
-                tail = list(self._tail)
-                self.stop()
-                raise RuntimeError(f"Java {self.role} {self.client_id!r} did not start: {tail[-5:]}")
+                self.stop()   # which lets the reader take the JVM's last words first
+                raise RuntimeError(f"Java {self.role} {self.client_id!r} did not start: {list(self._tail)[-5:]}")
 
     def stop(self) -> None:
         """Close stdin so the client closes itself (sending its terminating push); kill it if it hangs."""

@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from kcm_common.children import own_child
 from kcm_common.errors import UserError
@@ -157,7 +158,7 @@ class JavaReceiver:
                 raise RuntimeError(self._broken)
             assert self._process.stdin is not None
             try:
-                self._process.stdin.write(frame)
+                _write_all(self._process.stdin, frame)
             except OSError as exc:
                 raise RuntimeError(f"the Java receiver is gone: {self._last_error() or exc}") from None
             try:
@@ -222,6 +223,14 @@ class JavaReceiver:
                 return line.split("Exception: ", 1)[1]
         lines = list(self._stderr)
         return lines[-1] if lines else ""
+
+
+def _write_all(stdin: IO[bytes], frame: bytes) -> None:
+    """The whole frame: the pipe is unbuffered (a raw write), and a write blocked on a full pipe that a signal
+    interrupts returns having written part of it; the host would wait for the rest, and the pushes fall out of step."""
+    view = memoryview(frame)
+    while view:
+        view = view[stdin.write(view):]
 
 
 def _text(value: str | None) -> bytes:
