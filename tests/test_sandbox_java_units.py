@@ -9,7 +9,6 @@ import json
 import os
 import struct
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kcm_common.errors import UserError
+from test_sandbox_edges import _within
 
 
 # --- helpers --------------------------------------------------------------------------------------------------
@@ -35,26 +35,6 @@ def _fake_java(monkeypatch, tmp_path: Path, script: str) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_JAVA_OUT", str(out))
     return out
-
-
-def _within(seconds: float, action):
-    """Run `action` on a thread; fail (rather than hang) when it does not return within `seconds`."""
-    outcome: list[tuple[str, object]] = []
-
-    def run() -> None:
-        try:
-            outcome.append(("ok", action()))
-        except BaseException as exc:  # handed back to the test
-            outcome.append(("raised", exc))
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert outcome, f"did not return within {seconds} s"
-    kind, value = outcome[0]
-    if kind == "raised":
-        raise value  # type: ignore[misc]
-    return value
 
 
 # A stand-in for the plugin host: 'R', then answers one push with 0 after writing down its argv, environment and
