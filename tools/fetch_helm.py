@@ -77,12 +77,12 @@ def fetch_helm(dest: Path = DEFAULT_DEST) -> Path:
     # binary, nor truncates the one this call is about to rename.
     with tempfile.NamedTemporaryFile(dir=dest, prefix="helm.", suffix=".partial", delete=False) as out:
         partial = Path(out.name)
-        out.write(binary)
     try:
+        partial.write_bytes(binary)
         partial.chmod(0o755)
         partial.replace(helm)
     finally:
-        partial.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)   # whatever failed: no stray file left behind
     return helm
 
 
