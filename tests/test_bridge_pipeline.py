@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -28,6 +27,7 @@ from kcm_bridge.pipeline import Bridge, _BatchTicket
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
+from kcm_common.logs import where_blocked
 from fake_collector import FakeCollector
 from payloads import client_metrics
 from ports import reserved_port
@@ -96,14 +96,9 @@ def running_bridge(config: bridge_config.BridgeConfig) -> Iterator[Bridge]:
     finally:
         bridge.stop()
         thread.join(timeout=30)
-        assert not thread.is_alive(), f"the bridge did not stop within 30 s; its thread is at:\n{_stack_of(thread)}"
+        assert not thread.is_alive(), (f"the bridge did not stop within 30 s; its thread is at:\n"
+                                       f"{where_blocked(thread, frames=40)}")
     assert result == [0]
-
-
-def _stack_of(thread: threading.Thread) -> str:
-    """Where a thread is now: what a hang's report needs (the call that blocks)."""
-    frame = sys._current_frames().get(thread.ident)   # noqa: SLF001 (CPython's documented way to see another thread)
-    return "".join(traceback.format_stack(frame)) if frame is not None else "(ended)"
 
 
 @contextmanager
@@ -648,14 +643,11 @@ def test_healthz_fails_once_the_consuming_loop_is_stuck_names_where_once_and_rec
     thread.start()
     try:
         _wait(lambda: bridge.metrics_port is not None, 10, "serving /healthz")
-        healthz = f"http://127.0.0.1:{bridge.metrics_port}/healthz"
+        from test_bridge_units import _get
 
         def answer() -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(healthz, timeout=5) as response:
-                    return response.status, response.read().decode()
-            except urllib.error.HTTPError as error:
-                return error.code, error.read().decode()
+            status, body, _ = _get(f"http://127.0.0.1:{bridge.metrics_port}/healthz")
+            return status, body.decode()
 
         time.sleep(1.5)   # turning (checking a Kafka that is not there, with backoff): past the limit, still healthy
         assert answer() == (200, "ok\n")
