@@ -4,6 +4,7 @@ agree, decode errors are counted, re-runs replace exactly their windows, and the
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import os
@@ -208,6 +209,23 @@ def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_pa
     assert after.filter("window_start < TIMESTAMP '2021-01-01 00:00:00Z'").count() == 1
     assert after.filter(F.col("window_start") >= F.lit(end)).count() == 3
     assert after.count() == len(before) + 1 + 3
+
+
+def test_the_demos_rollup_step_prints_the_top_rows_of_the_clients_that_pushed(spark, telemetry, tmp_path):
+    """`kcm demo --rollup`'s step after the clients stop, over real telemetry on the metrics topic: where the Parquet
+    is, the top rows of the latest minute naming the clients that pushed, and the job's summary."""
+    from kcm_demo.run import _rollup
+
+    out = io.StringIO()
+    _rollup(telemetry.bootstrap, tmp_path, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"rollup: Parquet in {tmp_path / 'rollups'}", lines
+    assert list((tmp_path / "rollups").glob("resolution=1m/date=*/*.parquet")), lines
+    summary = [line for line in lines if line.startswith("rollup: input records ")]
+    assert summary and "input records 0," not in summary[0], lines
+    top = [line for line in lines if line.startswith("resolution=1m ")]
+    assert 0 < len(top) <= 10 and all(" metric=org.apache.kafka." in line for line in top), lines
+    assert {line.split("client_id=")[1].split()[0] for line in top} <= {PRODUCER, JAVA_PRODUCER}, lines
 
 
 def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telemetry, tmp_path, capsys):
