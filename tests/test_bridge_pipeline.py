@@ -230,8 +230,8 @@ def test_a_record_the_collector_keeps_failing_retryably_is_isolated_and_dead_let
     collector.refuse_when(lambda request: "poison-0" in _request_client_ids(request), grpc.StatusCode.UNAVAILABLE,
                           "cannot process this")
     config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
-                     {("batch", "linger_ms"): 1000, ("delivery", "poison_after_s"): 2.0,
-                      ("delivery", "dead_letter_topic"): dead_letters})
+                     {("delivery", "poison_after_s"): 2.0, ("delivery", "dead_letter_topic"): dead_letters,
+                      ("retry", "initial_backoff_s"): 0.05, ("retry", "max_backoff_s"): 0.15})
     produced, stop = [8], threading.Event()
 
     def steady() -> None:   # once the batch is being retried: other clients' pushes, each a client of its own
