@@ -507,6 +507,34 @@ def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_
     assert isinstance(raised, RuntimeError) and "could not be handed to the export threads" in str(raised)
 
 
+def test_a_paused_bridge_polls_briefly_so_it_resumes_soon_after_its_exports_end(tmp_path, monkeypatch):
+    """Paused, a poll returns nothing and only exports ending can resume it: the loop waited a whole half-second poll
+    per pause (under a slow collector, half the time spent paused after the budget was free again)."""
+    from kcm_bridge import pipeline
+
+    timeouts = []
+
+    class RecordingConsumer(_CommittingConsumer):
+        def poll(self, timeout_s, max_records):
+            timeouts.append(timeout_s)
+            if len(timeouts) == 3:
+                bridge.stop()
+            return []
+
+        def check(self, timeout_s, stop=None):
+            pass
+
+        def high_watermarks(self, partitions, ask_s=0.0):
+            return {}
+
+    monkeypatch.setattr(pipeline, "open_consumer", lambda *args: RecordingConsumer([("metrics", 0)]))
+    monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
+    bridge = pipeline.Bridge(_config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka"))
+    bridge._paused = True   # as if the budget had filled: nothing is in flight, so the first turn resumes it
+    assert outcome_of_run(bridge, 10) == 0
+    assert timeouts == [pipeline._PAUSED_POLL_S, 0.5, 0.5] and pipeline._PAUSED_POLL_S <= 0.05
+
+
 def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector, caplog):
     """An export still retried when nothing tracked is pending (its partition left to another member) was closed
     under by the drain, and retried as "failed unexpectedly" on the closed channel until the shutdown deadline."""

@@ -70,6 +70,9 @@ _POISON_ATTEMPTS = 20
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
 _DEAD_LETTER_TURN_S = 0.05
+# A paused loop's poll: how late it may resume after the exports that held the in-flight budget end (a whole poll's
+# half second, twice per pause with the refetch, halved throughput while the collector was the slower side).
+_PAUSED_POLL_S = 0.05
 # What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
@@ -502,8 +505,10 @@ class Bridge:
             while not self._stopping.is_set():
                 self._turned = time.monotonic()
                 linger = config.batch.linger_ms / 1000
-                timeout = 0.5 if not self._batch.parts else max(0.0, min(0.1, self._batch.opened + linger
-                                                                         - time.monotonic()))
+                if self._batch.parts:
+                    timeout = max(0.0, min(0.1, self._batch.opened + linger - time.monotonic()))
+                else:   # paused, a poll returns nothing: the exports ending is what resumes it, soon after they do
+                    timeout = _PAUSED_POLL_S if self._paused else 0.5
                 self._take(self._poll(timeout))
                 self._backpressure()
                 # Still paused with nothing in flight (after this turn's exports ended), the open batch is what
