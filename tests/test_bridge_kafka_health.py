@@ -124,7 +124,9 @@ def test_a_kafka_that_is_not_up_yet_is_retried_and_consumed_once_it_is(backend, 
                     time.sleep(0.2)
             finally:
                 sandbox.stop()
-        assert not [r for r in caplog.records if r.exc_info]
+        # Not kafka-python's own (the sandbox stopping resets its connection: it logs a traceback), which `kcm`
+        # silences (kcm_cli.main).
+        assert not [r for r in caplog.records if r.exc_info and not r.name.startswith("kafka.")]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -248,7 +250,7 @@ def test_kafka_python_stays_not_ready_while_the_group_coordinator_is_unreachable
         finally:
             relay.cut()
             broker.stop()
-    assert not [r for r in caplog.records if r.exc_info]
+    assert not [r for r in caplog.records if r.exc_info and not r.name.startswith("kafka.")]   # kafka-python: silenced
 
 
 def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
