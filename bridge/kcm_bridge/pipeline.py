@@ -70,8 +70,8 @@ _POISON_ATTEMPTS = 20
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
 _DEAD_LETTER_TURN_S = 0.05
-# A paused loop's poll: how late it may resume after the exports that held the in-flight budget end (a whole poll's
-# half second, twice per pause with the refetch, halved throughput while the collector was the slower side).
+# A paused loop's poll: how late it may resume after the exports that held the in-flight budget end (a whole
+# half-second poll per pause, while the collector was the slower side, was time spent fetching nothing).
 _PAUSED_POLL_S = 0.05
 # What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
 # size of a cached set, so hostile headers cannot grow it.
