@@ -577,7 +577,7 @@ def test_a_run_rewrites_the_rows_it_keeps_with_the_dimension_columns_earlier_run
 def test_an_output_named_with_glob_characters_is_found_again_by_the_next_run(spark, tmp_path):
     """The existing rows were read back through Spark, which takes `[a]`, `{a}` and `?` as a pattern: the second run
     found nothing there (or a neighbour) and refused the output an earlier run wrote as "not kcm rollups". One name
-    holds all three: left unescaped, any one of them keeps the name from matching itself."""
+    holds all three: a bracket or brace left unescaped keeps it from matching itself, a `?` matches the neighbour."""
     from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
     from test_rollup_math import T0, point
 
