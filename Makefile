@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
+# The suite mostly waits on brokers, group joins and backoffs, so two pytest-xdist workers share two cores well
+# (TEST_WORKERS=0: one process). Each takes a whole file at a time, the Spark files as one (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: setup receiver test demo clean
 
@@ -20,7 +23,7 @@ receiver: $(STAMP)
 	$(PY) receiver/build.py
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The demo also runs without a JDK (the Python receiver, librdkafka clients only): Java is built when javac is here.
 demo: $(STAMP)

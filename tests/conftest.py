@@ -26,6 +26,52 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+SPARK_FILES = "tests/test_rollup_"   # the files whose tests may use the suite's SparkSession (the `spark` fixture)
+
+
+def xdist_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker takes at a time under `make test` (`-n 2 --dist loadfile`): a whole file, so
+    module fixtures and the order within a file stay as in a serial run, and all the Spark files together, so the
+    suite still starts one SparkSession."""
+    path = nodeid.split("::", 1)[0]
+    return "spark" if path.startswith(SPARK_FILES) else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` with the Spark files as one unit (pytest-xdist's own `loadgroup` cannot be used: it renames
+    test ids through an attribute pytest 9.2 no longer reads)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndSpark(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return FilesAndSpark(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test elsewhere using the SparkSession would start a second one on the other worker: refused at once."""
+    strays = [item.nodeid for item in items
+              if "spark" in getattr(item, "fixturenames", ()) and xdist_unit(item.nodeid) != "spark"]
+    if strays:
+        raise pytest.UsageError(f"tests using the `spark` fixture belong in {SPARK_FILES}*.py: {strays[0]}")
+
+
+@pytest.fixture(autouse=True)
+def kafka_python_silenced_as_kcm_silences_it() -> Iterator[None]:
+    """`kcm` commands set kafka-python's own logger to CRITICAL (kcm_cli.main: it narrates every connection, and
+    its IO thread logs tracebacks for sockets a broker resets or a close takes away); a bridge or an admin client
+    running inside a test gets the same policy, so what a test counts in caplog is kcm's own."""
+    logger = logging.getLogger("kafka")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture
 def broker(tmp_path) -> Iterator[EmbeddedBroker]:
     """A fresh embedded Kafka-compatible broker (Tansu) on a free loopback port, stopped after the test."""
