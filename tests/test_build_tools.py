@@ -1,7 +1,8 @@
 """The build tooling `make setup` runs: receiver/build.py (the up-to-date check, its stamp, the lock, jars written
 aside and renamed, the dependency jars' checksums) and tools/fetch_helm.py (checksums, the wheel cache, an atomic
 write, concurrent callers). In-process, no javac, jar, pip or network: the build's subprocess calls and the helm
-wheel are faked. Found by a mutation review (27): the suite only needed the jars and helm to exist."""
+wheel are faked. Found by a mutation review (27): the suite only needed the jars and helm to exist. Last, how
+`make test` splits the suite between its workers (a pytest run of three files)."""
 
 from __future__ import annotations
 
@@ -303,3 +304,23 @@ def test_a_helm_that_cannot_be_written_leaves_no_partial_file_behind(fetch_helm,
     with pytest.raises(OSError, match="No space left"):
         fetch_helm.fetch_helm(tmp_path)
     assert not list(tmp_path.glob("helm*"))
+
+
+def test_make_tests_workers_take_the_spark_files_as_one_unit_and_other_files_whole(tmp_path):
+    """`make test` runs `-n 2 --dist loadfile` with tests/conftest.py's scheduler: the tests/test_rollup_* files
+    go to one worker together (the suite's one SparkSession), any other file to a worker of its own. Plain
+    `loadfile` would give the two rollup files one worker each."""
+    import re
+    import sys
+
+    files = ["tests/test_rollup_units.py", "tests/test_rollup_examples.py", "tests/test_crds.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-v", "-p",
+                          "no:cacheprovider", "-o", f"cache_dir={tmp_path}", *files],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, path in re.findall(r"\[(gw\d+)\] \[ *\d+%\] PASSED (tests/[\w.]+)::", run.stdout):
+        workers.setdefault(path, set()).add(worker)
+    assert set(workers) == set(files), run.stdout[-3000:]
+    assert workers[files[0]] == workers[files[1]] and len(workers[files[0]]) == 1, workers
+    assert len(workers[files[2]]) == 1 and workers[files[2]] != workers[files[0]], workers
