@@ -306,7 +306,7 @@ def test_a_helm_that_cannot_be_written_leaves_no_partial_file_behind(fetch_helm,
     assert not list(tmp_path.glob("helm*"))
 
 
-def test_make_tests_workers_take_the_spark_files_as_one_unit_and_other_files_whole(tmp_path):
+def test_make_tests_workers_take_the_spark_files_as_one_unit_and_other_files_whole():
     """`make test` runs `-n 2 --dist loadfile` with tests/conftest.py's scheduler: the tests/test_rollup_* files
     go to one worker together (the suite's one SparkSession), any other file to a worker of its own. Plain
     `loadfile` would give the two rollup files one worker each."""
@@ -315,7 +315,7 @@ def test_make_tests_workers_take_the_spark_files_as_one_unit_and_other_files_who
 
     files = ["tests/test_rollup_units.py", "tests/test_rollup_examples.py", "tests/test_crds.py"]
     run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-v", "-p",
-                          "no:cacheprovider", "-o", f"cache_dir={tmp_path}", *files],
+                          "no:cacheprovider", *files],
                          cwd=REPO, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     workers: dict[str, set[str]] = {}
