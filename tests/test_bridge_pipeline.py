@@ -1073,7 +1073,10 @@ class _PausingConsumer:
         self.paused -= set(partitions)
 
 
-def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp_path):
+def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp_path, monkeypatch):
+    from kcm_bridge import pipeline
+
+    monkeypatch.setattr(pipeline, "_CLIENT_PAUSE_AFTER_S", 0.0)   # every pause pauses the client's partitions
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
                      {("delivery", "max_inflight_bytes"): 1000})
     with _unstarted_bridge(config) as bridge:
@@ -1093,9 +1096,34 @@ def test_a_partition_paused_before_a_rebalance_is_resumed_when_it_comes_back(tmp
         assert consumer.paused == set()
 
 
-def test_consumption_paused_over_the_budget_resumes_only_at_half_of_it(tmp_path):
+def test_a_pause_pauses_the_clients_partitions_only_once_it_has_lasted(tmp_path):
+    """Pausing partitions in librdkafka drops what it prefetched, and fetching that again after each resume took it
+    0.1-0.5 s: a bridge reading a backlog paused a few times a second and waited half its time. A pause first only
+    stops taking records; an endpoint slow or down for _CLIENT_PAUSE_AFTER_S pauses the partitions in the client."""
+    from kcm_bridge import pipeline
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
+                     {("delivery", "max_inflight_bytes"): 1000})
+    with _unstarted_bridge(config) as bridge:
+        partition = ("metrics", 0)
+        consumer = bridge._consumer = _PausingConsumer([partition])
+        bridge._batch.size = 5000            # export is behind: take no more records
+        bridge._backpressure()
+        assert bridge.metrics.value(bridge.metrics.paused) == 1 and consumer.paused == set()
+        bridge._paused_since -= pipeline._CLIENT_PAUSE_AFTER_S   # still behind that much later
+        bridge._backpressure()
+        assert consumer.paused == {partition}
+        bridge._batch.size = 0               # caught up
+        bridge._backpressure()
+        assert bridge.metrics.value(bridge.metrics.paused) == 0 and consumer.paused == set()
+
+
+def test_consumption_paused_over_the_budget_resumes_only_at_half_of_it(tmp_path, monkeypatch):
     """Hysteresis: resuming as soon as the bytes dip under the budget would flap pause/resume (and log both) at every
     turn of a bridge exporting at the edge of it."""
+    from kcm_bridge import pipeline
+
+    monkeypatch.setattr(pipeline, "_CLIENT_PAUSE_AFTER_S", 0.0)   # every pause pauses the client's partitions
     config = _config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka",
                      {("delivery", "max_inflight_bytes"): 1000})
     with _unstarted_bridge(config) as bridge:
@@ -1285,7 +1313,7 @@ def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetch
         bridge._take(records)
         assert bridge._inflight_bytes() <= 3 * size and len(bridge._held) == 17
         bridge._backpressure()
-        assert bridge._consumer.paused == {("metrics", 0)}
+        assert bridge._paused and bridge.metrics.value(bridge.metrics.paused) == 1   # takes no more records
         peak = 0
         deadline = time.monotonic() + 30
         while (bridge._held or bridge._batch.parts or bridge._tracker.pending()) and time.monotonic() < deadline:
@@ -1296,7 +1324,7 @@ def test_records_that_expand_past_the_in_flight_budget_wait_unprepared_and_fetch
         assert peak <= 4 * size and not bridge._held
         assert bridge._tracker.to_commit() == {("metrics", 0): 20}
         bridge._backpressure()
-        assert bridge._consumer.paused == set()
+        assert not bridge._paused and bridge._consumer.paused == set()
         assert len(_client_ids(collector.exports)) == 20
 
 

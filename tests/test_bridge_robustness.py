@@ -530,9 +530,52 @@ def test_a_paused_bridge_polls_briefly_so_it_resumes_soon_after_its_exports_end(
     monkeypatch.setattr(pipeline, "open_consumer", lambda *args: RecordingConsumer([("metrics", 0)]))
     monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
     bridge = pipeline.Bridge(_config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka"))
-    bridge._paused = True   # as if the budget had filled: nothing is in flight, so the first turn resumes it
+    # As if the budget had filled long enough ago to pause the client's partitions: nothing is in flight, so the
+    # first turn resumes it.
+    bridge._paused = bridge._client_paused = True
     assert outcome_of_run(bridge, 10) == 0
     assert timeouts == [pipeline._PAUSED_POLL_S, 0.5, 0.5] and pipeline._PAUSED_POLL_S <= 0.05
+
+
+def test_a_short_pause_polls_nothing_and_takes_records_again_as_soon_as_exports_free_the_budget(tmp_path, monkeypatch):
+    """Paused for less than _CLIENT_PAUSE_AFTER_S, the loop does not poll (the client keeps its prefetch) and waits
+    for an export to end, not for a poll's timeout."""
+    from kcm_bridge import pipeline
+
+    polls: list[float] = []
+    freed_at: list[float] = []
+
+    class RecordingConsumer(_CommittingConsumer):
+        def poll(self, timeout_s, max_records):
+            polls.append(time.monotonic())
+            bridge.stop()
+            return []
+
+        def check(self, timeout_s, stop=None):
+            pass
+
+        def high_watermarks(self, partitions, ask_s=0.0):
+            return {}
+
+    consumer = RecordingConsumer([("metrics", 0)])
+    monkeypatch.setattr(pipeline, "open_consumer", lambda *args: consumer)
+    monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
+    monkeypatch.setattr(pipeline, "_PAUSED_POLL_S", 5.0)   # so only the exports' end can wake it in time
+    bridge = pipeline.Bridge(_config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka"))
+    bridge._paused, bridge._paused_since = True, time.monotonic()
+    export = Ticket(size=10 * bridge.config.delivery.max_inflight_bytes)
+    bridge._hold(export)   # an export holds the budget
+
+    def exports_end() -> None:
+        time.sleep(0.3)
+        freed_at.append(time.monotonic())
+        bridge._finish(export)   # from the export's thread, as when it ends
+
+    threading.Thread(target=exports_end, daemon=True).start()
+    assert outcome_of_run(bridge, 10) == 0
+    assert polls and freed_at and polls[0] >= freed_at[0], "polled while the exports held the budget"
+    assert polls[0] - freed_at[0] < 1, f"took records again {polls[0] - freed_at[0]:.3f} s after the exports ended"
+    assert consumer.paused == set()   # never paused in the client: its prefetch was kept
 
 
 def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector, caplog):

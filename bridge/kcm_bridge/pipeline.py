@@ -70,9 +70,15 @@ _POISON_ATTEMPTS = 20
 # The consuming thread's time for dead-letter writes per loop turn (at least one goes each turn), so a dead-letter
 # topic that blocks (kafka-python waits up to 200 ms for metadata) or a thousand refused records cannot hold it.
 _DEAD_LETTER_TURN_S = 0.05
-# A paused loop's poll: how late it may resume after the exports that held the in-flight budget end (a whole
-# half-second poll per pause, while the collector was the slower side, was time spent fetching nothing).
+# A paused loop's poll, or its wait for exports to end: how late it may resume after the exports that held the
+# in-flight budget end (a whole half-second poll per pause, while the collector was the slower side, was time spent
+# fetching nothing).
 _PAUSED_POLL_S = 0.05
+# A pause first only stops taking records: the Kafka client keeps what it prefetched. Pausing its partitions drops
+# that, and after each resume librdkafka took 0.1-0.5 s to fetch again: with a backlog the bridge paused a few times
+# a second and waited half its time (bench/bridge_throughput.py). A pause that lasts this long (an endpoint slow or
+# down) pauses the partitions in the client too, whose poll then goes on (group callbacks, errors, Kafka's health).
+_CLIENT_PAUSE_AFTER_S = 1.0
 # What a header set means is worked out once: clients repeat theirs on every push. Bounded in entries and in the
 # size of a cached set, so hostile headers cannot grow it.
 _HEADER_CACHE_ENTRIES = 4096
@@ -428,7 +434,10 @@ class Bridge:
         self._held: list[Record] = []   # fetched, not yet prepared: the in-flight budget was spent
         self._rng = random.Random()
         self._rejected_log = PacedLog(log, logging.WARNING)   # a corrupt stream is counted per record, logged paced
-        self._paused = False
+        self._paused = False   # taking no records: the exports hold the in-flight budget
+        self._paused_since = 0.0
+        self._client_paused = False   # the assigned partitions paused in the Kafka client (_CLIENT_PAUSE_AFTER_S)
+        self._freed = threading.Event()   # set when an export's end frees in-flight bytes
         self._average_size = 1024.0
         self._assignment_changed = False
         self._consumer: Consumer | None = None
@@ -509,7 +518,12 @@ class Bridge:
                     timeout = max(0.0, min(0.1, self._batch.opened + linger - time.monotonic()))
                 else:   # paused, a poll returns nothing: the exports ending is what resumes it, soon after they do
                     timeout = _PAUSED_POLL_S if self._paused else 0.5
-                self._take(self._poll(timeout))
+                if self._paused and not self._client_paused:
+                    self._freed.wait(min(timeout, _PAUSED_POLL_S))   # no poll: the client keeps its prefetch
+                    self._freed.clear()
+                    self._take([])
+                else:
+                    self._take(self._poll(timeout))
                 self._backpressure()
                 # Still paused with nothing in flight (after this turn's exports ended), the open batch is what
                 # holds the budget (batch.max_bytes near or above it): waiting for its linger frees nothing.
@@ -961,6 +975,7 @@ class Bridge:
                     self._inflight -= ticket.size - ticket.letters
                     ticket.size = ticket.letters
             self._finish(ticket)
+            self._freed.set()
 
     def _hold(self, ticket: Ticket) -> None:
         """Count a ticket's bytes against the in-flight budget until it finishes."""
@@ -972,31 +987,37 @@ class Bridge:
         if ticket.finish_part():
             with self._inflight_lock:
                 self._inflight -= ticket.size
+            self._freed.set()
 
     def _inflight_bytes(self) -> int:
         return self._inflight + self._batch.size + self._batch.kept
 
     def _backpressure(self) -> None:
-        """Pause every partition while too much is unexported (an endpoint is slow or down); resume at half."""
+        """Take no records while too much is unexported (an endpoint is slow or down), and after
+        _CLIENT_PAUSE_AFTER_S pause every partition in the Kafka client; resume at half."""
         assert self._consumer is not None
         inflight = self._inflight_bytes()
         self.metrics.inflight_bytes.set(inflight)
         limit = self.config.delivery.max_inflight_bytes
+        now = time.monotonic()
         if not self._paused and (inflight > limit or self._held):
             self._paused = True
-            self._assignment_changed = True
+            self._paused_since = now
             # Flow control whenever export is the slower side; a failing endpoint logs its own retries as warnings.
             log.info("%d bytes await export (limit %d)%s: pausing consumption until endpoints catch up",
                      inflight, limit, f", {len(self._held)} records wait to be decoded" if self._held else "")
         elif self._paused and inflight <= limit // 2 and not self._held:
             self._paused = False
-            self._assignment_changed = True
             log.info("endpoints caught up: resuming consumption")
+        client_paused = self._paused and now - self._paused_since >= _CLIENT_PAUSE_AFTER_S
+        if client_paused != self._client_paused:
+            self._client_paused = client_paused
+            self._assignment_changed = True
         if self._assignment_changed:
             # Every assigned partition follows the bridge's state, new ones too: librdkafka keeps a partition's pause
             # across a rebalance, so one paused before a revoke would come back paused and never be resumed.
             assignment = self._consumer.assignment()
-            (self._consumer.pause if self._paused else self._consumer.resume)(assignment)
+            (self._consumer.pause if self._client_paused else self._consumer.resume)(assignment)
             self._assignment_changed = False
         self.metrics.paused.set(1 if self._paused else 0)
 
