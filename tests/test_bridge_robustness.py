@@ -507,6 +507,24 @@ def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_
     assert isinstance(raised, RuntimeError) and "could not be handed to the export threads" in str(raised)
 
 
+class _PollingConsumer(_CommittingConsumer):
+    """For a bridge's whole loop: each poll returns nothing and is handed to `on_poll(timeout_s)`; Kafka is up."""
+
+    def __init__(self, assignment, on_poll):
+        super().__init__(assignment)
+        self.on_poll = on_poll
+
+    def poll(self, timeout_s, max_records):
+        self.on_poll(timeout_s)
+        return []
+
+    def check(self, timeout_s, stop=None):
+        pass
+
+    def high_watermarks(self, partitions, ask_s=0.0):
+        return {}
+
+
 def test_a_paused_bridge_polls_briefly_so_it_resumes_soon_after_its_exports_end(tmp_path, monkeypatch):
     """Paused, a poll returns nothing and only exports ending can resume it: the loop waited a whole half-second poll
     per pause (under a slow collector, half the time spent paused after the budget was free again)."""
@@ -514,20 +532,12 @@ def test_a_paused_bridge_polls_briefly_so_it_resumes_soon_after_its_exports_end(
 
     timeouts = []
 
-    class RecordingConsumer(_CommittingConsumer):
-        def poll(self, timeout_s, max_records):
-            timeouts.append(timeout_s)
-            if len(timeouts) == 3:
-                bridge.stop()
-            return []
+    def polled(timeout_s: float) -> None:
+        timeouts.append(timeout_s)
+        if len(timeouts) == 3:
+            bridge.stop()
 
-        def check(self, timeout_s, stop=None):
-            pass
-
-        def high_watermarks(self, partitions, ask_s=0.0):
-            return {}
-
-    monkeypatch.setattr(pipeline, "open_consumer", lambda *args: RecordingConsumer([("metrics", 0)]))
+    monkeypatch.setattr(pipeline, "open_consumer", lambda *args: _PollingConsumer([("metrics", 0)], polled))
     monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
     bridge = pipeline.Bridge(_config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka"))
     # As if the budget had filled long enough ago to pause the client's partitions: nothing is in flight, so the
@@ -545,19 +555,11 @@ def test_a_short_pause_polls_nothing_and_takes_records_again_as_soon_as_exports_
     polls: list[float] = []
     freed_at: list[float] = []
 
-    class RecordingConsumer(_CommittingConsumer):
-        def poll(self, timeout_s, max_records):
-            polls.append(time.monotonic())
-            bridge.stop()
-            return []
+    def polled(timeout_s: float) -> None:
+        polls.append(time.monotonic())
+        bridge.stop()
 
-        def check(self, timeout_s, stop=None):
-            pass
-
-        def high_watermarks(self, partitions, ask_s=0.0):
-            return {}
-
-    consumer = RecordingConsumer([("metrics", 0)])
+    consumer = _PollingConsumer([("metrics", 0)], polled)
     monkeypatch.setattr(pipeline, "open_consumer", lambda *args: consumer)
     monkeypatch.setattr(pipeline, "check_reachable", lambda *args: None)
     monkeypatch.setattr(pipeline, "_PAUSED_POLL_S", 5.0)   # so only the exports' end can wake it in time
