@@ -145,7 +145,7 @@ def bridge_run(bootstrap: str, endpoint: str, topic: str, records: int, run: dic
     import logging
 
     from kcm_bridge import config as bridge_config
-    from kcm_bridge.pipeline import Bridge
+    from kcm_bridge.pipeline import Bridge, tune_interpreter
 
     logging.basicConfig(level=logging.WARNING)
     config = bridge_config.load(env={}, overrides={
@@ -156,6 +156,7 @@ def bridge_run(bootstrap: str, endpoint: str, topic: str, records: int, run: dic
         ("endpoints",): [{"endpoint": endpoint, "insecure": True, "compression": run.get("compression", "gzip")}],
         # Tansu holds each JoinGroup for half the session timeout.
         ("kafka", "properties"): {"session.timeout.ms": "6000"}})
+    tune_interpreter()   # as `kcm bridge` does
     bridge = Bridge(config)
     thread = threading.Thread(target=bridge.run, daemon=True)
     thread.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,15 @@ def kafka_python_silenced_as_kcm_silences_it() -> Iterator[None]:
     logger.setLevel(logging.CRITICAL)
     yield
     logger.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def switch_interval_kept() -> Iterator[None]:
+    """`kcm bridge` sets the process's GIL switch interval (kcm_bridge.pipeline.tune_interpreter): run in a test's
+    process, it is put back after that test."""
+    interval = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(interval)
 
 
 @pytest.fixture

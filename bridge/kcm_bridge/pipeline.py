@@ -13,6 +13,7 @@ import hashlib
 import logging
 import math
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -49,7 +50,15 @@ _WATERMARK_ASK_S = 1.0
 _SESSION_TIMEOUT_MS = 45_000   # the consumer's default (librdkafka, and Kafka's since KIP-735)
 _TURN_MARGIN_S = 10.0
 
-_POLL_RECORDS = 500
+# Records asked of one poll. Each record is read (its headers, 16 of them from the receiver, become Python objects)
+# and prepared right after the poll that fetched it: after consume(500) reading a record's headers took 3.6 µs, the
+# batch having left the CPU's caches, after consume(100) 1.2 µs (bench/bridge_throughput.py's topic).
+_POLL_RECORDS = 100
+# The consuming thread holds the GIL most of the time. An export thread needs it a few times per export (to start
+# the call, to take the answer), and waited each time for CPython's switch interval, 5 ms by default: exports lagged,
+# the in-flight budget filled and the consuming thread waited for it, a third of its time on the benchmark. A tenth
+# of that interval took the bridge from 25k to 33k records/s there. Set for the whole process by `kcm bridge`.
+SWITCH_INTERVAL_S = 0.0005
 # The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
 UNPROCESSABLE = "unprocessable"
 # The reason given to a record a collector refused as invalid (INVALID_ARGUMENT) or too large (RESOURCE_EXHAUSTED
@@ -86,6 +95,12 @@ _HEADER_CACHE_MAX_BYTES = 1024
 # Python's objects for one record waiting for the dead-letter topic (Record, headers list, ticket, letter): measured
 # at some 500 bytes beside its own bytes.
 _HELD_RECORD_OVERHEAD = 512
+
+
+def tune_interpreter() -> None:
+    """Hand the GIL over between threads as often as a bridge needs (SWITCH_INTERVAL_S, or more often if so set):
+    for a process that runs a bridge, as `kcm bridge` does."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
 
 class _HeaderFacts(NamedTuple):

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the bridge until SIGTERM/SIGINT, then drain and exit 0."""
     from kcm_bridge import config as bridge_config
-    from kcm_bridge.pipeline import Bridge
+    from kcm_bridge.pipeline import Bridge, tune_interpreter
 
     overrides = {
         ("kafka", "bootstrap_servers"): args.bootstrap_server,
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
         use_json()
     bridge_config.warn_of_unknown_variables(config, os.environ)   # in the chosen format, as every line after it
+    tune_interpreter()
     bridge = Bridge(config)
 
     def stop(signum: signal.Signals) -> None:
