@@ -173,7 +173,8 @@ def new_topic(kafka: KafkaSettings):
 
 @pytest.fixture
 def collector() -> Iterator[FakeCollector]:
-    """A fake OpenTelemetry collector: a real OTLP/gRPC MetricsService on loopback that records exports and can be told to fail."""
+    """A fake OpenTelemetry collector: a real OTLP/gRPC MetricsService on loopback that records exports and can be
+    told to fail."""
     fake = FakeCollector()
     fake.start()
     try:
