@@ -5,6 +5,7 @@ reading, so offset planning and the read loop are pinned in milliseconds."""
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import namedtuple
 from typing import Any
@@ -279,6 +280,53 @@ def test_an_error_librdkafka_retries_is_named_when_the_read_times_out(reader):
         reader([[denied]], OffsetRange("t", 0, 0, 3), tick=1.0)
     with pytest.raises(KafkaSourceError, match=r"the range ends at 3 \(is endingOffsets beyond the end\?\)"):
         reader([[denied], [_Message(0)]], OffsetRange("t", 0, 0, 3), tick=1.0)
+
+
+def test_a_read_asks_for_few_records_at_a_time_and_yields_them_in_large_batches(reader, monkeypatch):
+    # Records are turned into Python objects right after the consume() that fetched them (still in the CPU's caches);
+    # the Arrow batches stay large.
+    monkeypatch.setattr(source, "_CONSUME_RECORDS", 2)
+    monkeypatch.setattr(source, "_BATCH_RECORDS", 4)
+    monkeypatch.setattr(_FakeReader, "script", [[_Message(0), _Message(1)], [_Message(2), _Message(3)], [_Message(4)]])
+    batches = list(read_range(_options(), OffsetRange("t", 0, 0, 5)))
+    assert _FakeReader.asked == [2, 2, 1]
+    assert [[r.offset for r in batch] for batch in batches] == [[0, 1, 2, 3], [4]]
+
+
+def test_a_read_runs_without_the_cyclic_collector_and_puts_it_back_however_it_ends(reader, monkeypatch):
+    monkeypatch.setattr(source, "_BATCH_RECORDS", 1)
+    schema = source.kafka_schema(True)
+    for ended_early in (False, True):
+        monkeypatch.setattr(_FakeReader, "script", [[_Message(0)], [_Message(1)]])
+        read = KafkaReader(_options(), schema).read(OffsetRange("t", 0, 0, 2))
+        assert next(read).column("offset").to_pylist() == [0]
+        assert not gc.isenabled()
+        if ended_early:
+            read.close()   # Spark stops reading a partition (a LIMIT, a failed task)
+        else:
+            assert [b.column("offset").to_pylist() for b in read] == [[1]]
+        assert gc.isenabled()
+    gc.disable()
+    try:   # a collector someone turned off stays off
+        monkeypatch.setattr(_FakeReader, "script", [[_Message(0)]])
+        assert len(list(KafkaReader(_options(), schema).read(OffsetRange("t", 0, 0, 1)))) == 1
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+_HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+@pytest.mark.parametrize("headers", [
+    [[("content-type", b"application/x-protobuf"), ("empty", b""), ("null", None)], [], None, [("é", b"\xff")]],
+    [None, None], [[], []], [],
+    [[(f"h{i}", bytes([i]) * i) for i in range(n)] for n in range(20)],
+])
+def test_headers_become_the_arrow_array_pyarrow_itself_would_make(headers):
+    for kind in (_HEADER_TYPE, source.to_arrow_schema(source.kafka_schema(True), timezone="UTC").field("headers").type):
+        built = source.headers_array(headers, kind)
+        assert built.type == kind and built.equals(pa.array(headers, kind))
 
 
 # ---------------------------------------------------------------- record times

@@ -14,6 +14,9 @@ that time range before they are decoded.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import itertools
 import json
 import logging
 import math
@@ -31,7 +34,11 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
 
 SOURCE_NAME = "kcm_kafka"
 EARLIEST, LATEST = -2, -1  # Spark's sentinels inside startingOffsets/endingOffsets JSON
-_BATCH_RECORDS = 20_000
+_BATCH_RECORDS = 20_000   # records per Arrow batch a read yields
+# Records asked of one consume(): each is turned into Python objects (value, 16 headers) right after the call that
+# fetched it. Asking for a whole Arrow batch at once cost 16 µs of CPU per record, the records having left the CPU's
+# caches by the time their headers were read; 100 at a time, 4 µs (bench/rollup_throughput.py's records).
+_CONSUME_RECORDS = 100
 _DEFAULT_POLL_TIMEOUT_MS = 30_000
 DECODE_OPTION = "kcm.decode"
 COLUMNS_OPTION = "kcm.columns"  # with kcm.decode=points: only these point columns (a Python source cannot prune)
@@ -302,7 +309,7 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
         problems: list[str] = []   # the last error librdkafka reported without giving up (say, reading not allowed)
         while position < offsets.end:
             # Asking for no more than the range holds: consume() waits out its timeout for a batch it cannot fill.
-            polled = _consume(consumer, offsets, position, min(_BATCH_RECORDS, offsets.end - position), 0.5,
+            polled = _consume(consumer, offsets, position, min(_CONSUME_RECORDS, offsets.end - position), 0.5,
                               problems)
             if not polled:
                 # Offsets without a record (transaction markers, compacted away) move the position, not the data.
@@ -322,7 +329,7 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
             if offsets.open_end and position >= offsets.end:
                 # A broker that under-reports its end offset (Tansu counts batches) must not cut off the tail of the
                 # batch that crosses it: librdkafka queues a fetched batch whole, so take what is queued already.
-                while tail := _consume(consumer, offsets, position, _BATCH_RECORDS, 0, problems):
+                while tail := _consume(consumer, offsets, position, _CONSUME_RECORDS, 0, problems):
                     polled += tail
                     position = tail[-1].offset + 1
             rows += polled if offsets.open_end else [record for record in polled if record.offset < offsets.end]
@@ -379,9 +386,26 @@ def records_to_arrow(records: list[Record], schema: pa.Schema) -> pa.RecordBatch
         "timestamp": [_micros(r.timestamp) for r in records],
         "timestampType": [r.timestamp_type for r in records],
     }
+    arrays = [pa.array(columns[f.name], f.type) for f in schema if f.name != "headers"]
     if "headers" in schema.names:
-        columns["headers"] = [[(name, value) for name, value in r.headers] for r in records]
-    return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+        arrays.insert(schema.get_field_index("headers"), headers_array([r.headers for r in records],
+                                                                       schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def headers_array(headers: list[Any], kind: pa.ListType) -> pa.ListArray:
+    """Records' headers (each a list of (name, value) pairs, or None for none) as one Arrow list<struct<key, value>>
+    array of type `kind`. Built from flat columns: pyarrow converting a list of pairs into structs took 10 µs for a
+    record's 16 headers, flat lists of names and values about 1 µs."""
+    names = [name for pairs in headers if pairs for name, _ in pairs]
+    values = [value for pairs in headers if pairs for _, value in pairs]
+    offsets = pa.array(list(itertools.accumulate((len(pairs) if pairs else 0 for pairs in headers), initial=0)),
+                       pa.int32())
+    fields = list(kind.value_type)
+    pairs = pa.StructArray.from_arrays([pa.array(names, fields[0].type), pa.array(values, fields[1].type)],
+                                       fields=fields)
+    missing = [pairs is None for pairs in headers]
+    return pa.ListArray.from_arrays(offsets, pairs, type=kind, mask=pa.array(missing) if any(missing) else None)
 
 
 def _micros(timestamp_ms: int) -> int | None:
@@ -401,9 +425,24 @@ def records_to_decode_input(records: list[Any]) -> pa.RecordBatch:
         pa.array([r.partition for r in records], pa.int32()),
         pa.array([r.offset for r in records], pa.int64()),
         pa.array([_micros(r.timestamp) for r in records], pa.int64()),
-        pa.array([r.headers for r in records], DECODE_INPUT_SCHEMA.field("headers").type),
+        headers_array([r.headers for r in records], DECODE_INPUT_SCHEMA.field("headers").type),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=DECODE_INPUT_SCHEMA)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """CPython's cyclic garbage collector off while a task reads (and the Python worker sends what it yields): a
+    batch of 20 000 records is some 400 000 Python objects, whose allocations set off thousands of collections that
+    took half the reading's CPU (13 µs of 25 per record on the benchmark's records). Reading makes no reference
+    cycles: every object is still freed when its last reference goes. What was on before is on again after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class KafkaReader(DataSourceReader):
@@ -415,6 +454,10 @@ class KafkaReader(DataSourceReader):
         return plan_ranges(self._options)
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        with _collector_paused():
+            yield from self._read(partition)
+
+    def _read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):
             return  # nothing was planned (every range empty): PySpark still reads one partition it made up
         if self._options.decode == "state":
