@@ -329,6 +329,44 @@ def test_headers_become_the_arrow_array_pyarrow_itself_would_make(headers):
         assert built.type == kind and built.equals(pa.array(headers, kind))
 
 
+class _Builder:
+    """SparkSession.builder, recording the settings a session would start with (no JVM is started)."""
+
+    def __init__(self) -> None:
+        self.settings: dict[str, str] = {}
+
+    def appName(self, name):  # noqa: N802 (PySpark's names)
+        return self
+
+    def master(self, master):
+        self.settings["master"] = master
+        return self
+
+    def config(self, key, value):
+        self.settings[key] = value
+        return self
+
+    def getOrCreate(self):  # noqa: N802
+        return type("Session", (), {"dataSource": type("Sources", (), {"register": lambda self, source: None})()})()
+
+
+@pytest.mark.parametrize("master, config, expected", [
+    ("local[2]", {}, "-XX:TieredStopAtLevel=1"),
+    ("local[*]", {"spark.driver.defaultJavaOptions": "-Xss4m"}, "-Xss4m"),   # the caller's own wins
+    ("spark://h:7077", {}, None), (None, {}, None),   # a cluster's JVMs are its own (or spark-submit's) to set
+])
+def test_a_local_master_s_jvm_compiles_with_c1_only_unless_told_otherwise(monkeypatch, master, config, expected):
+    from kcm_rollups import session
+
+    builder = _Builder()
+    monkeypatch.setattr(session, "SparkSession", type("SparkSession", (), {"builder": builder}))
+    monkeypatch.setenv("PYSPARK_PYTHON", "python")   # setdefault'ed by a local master: kept out of this process
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    session.spark_session(master, config=config)
+    assert builder.settings.get("spark.driver.defaultJavaOptions") == expected
+    assert session.LOCAL_JVM_OPTIONS == "-XX:TieredStopAtLevel=1"
+
+
 # ---------------------------------------------------------------- record times
 
 
