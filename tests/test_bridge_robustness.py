@@ -580,6 +580,30 @@ def test_a_short_pause_polls_nothing_and_takes_records_again_as_soon_as_exports_
     assert consumer.paused == set()   # never paused in the client: its prefetch was kept
 
 
+def test_a_paused_loop_is_woken_when_a_batch_s_last_export_frees_its_bytes_not_by_each_export(tmp_path):
+    """A fanout batch holds its bytes until its last export ends (and then its letters' own until written)."""
+    from concurrent.futures import Future
+
+    from kcm_common.otlp_export import Outcome
+
+    from kcm_bridge import pipeline
+
+    with _unstarted_bridge(_config(tmp_path, "127.0.0.1:9", "metrics", "127.0.0.1:9", "confluent-kafka")) as bridge:
+        ticket = pipeline._BatchTicket()
+        ticket.size, ticket.exports, ticket.letters = 1000, 2, 100
+        ticket.set_parts(3)   # two exports and a dead letter
+        bridge._hold(ticket)
+        ended: Future = Future()
+        ended.set_result(Outcome(delivered=True, attempts=1))
+        bridge._exported(ended, ticket)
+        assert not bridge._freed.is_set() and bridge._inflight == 1000
+        bridge._exported(ended, ticket)
+        assert bridge._freed.is_set() and bridge._inflight == 100
+        bridge._freed.clear()
+        bridge._finish(ticket)   # the dead letter written
+        assert bridge._freed.is_set() and bridge._inflight == 0
+
+
 def test_the_drain_ends_exports_it_no_longer_tracks_at_once(tmp_path, collector, caplog):
     """An export still retried when nothing tracked is pending (its partition left to another member) was closed
     under by the drain, and retried as "failed unexpectedly" on the closed channel until the shutdown deadline."""

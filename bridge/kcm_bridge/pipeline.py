@@ -986,11 +986,13 @@ class Bridge:
         if not outcome.abandoned:
             with self._inflight_lock:
                 ticket.exports -= 1
-                if ticket.exports == 0:   # from now on the batch holds only its letters (undelivered as yet)
+                freed = ticket.exports == 0
+                if freed:   # from now on the batch holds only its letters (undelivered as yet)
                     self._inflight -= ticket.size - ticket.letters
                     ticket.size = ticket.letters
             self._finish(ticket)
-            self._freed.set()
+            if freed:   # a fanout batch's other exports still hold its bytes until the last ends
+                self._freed.set()
 
     def _hold(self, ticket: Ticket) -> None:
         """Count a ticket's bytes against the in-flight budget until it finishes."""
