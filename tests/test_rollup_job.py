@@ -381,6 +381,45 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
 
 
+def _histogram_push(instance: str, bucket_counts: list[int], temporality: int, start_s: int = 0) -> bytes:
+    data = client_metrics(instance)  # a gauge and a delta sum, as librdkafka pushes
+    latency = data.resource_metrics[0].scope_metrics[0].metrics.add(name="request.latency")
+    latency.histogram.aggregation_temporality = temporality
+    latency.histogram.data_points.add(start_time_unix_nano=start_s * 10**9, time_unix_nano=(start_s + 60) * 10**9,
+                                      count=sum(bucket_counts), sum=float(sum(bucket_counts)),
+                                      explicit_bounds=[1.0, 5.0], bucket_counts=bucket_counts)
+    return data.SerializeToString()
+
+
+@pytest.mark.parametrize("temporality", [metrics_pb2.AGGREGATION_TEMPORALITY_DELTA,
+                                         metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE])
+def test_histograms_get_their_quantiles_through_the_job_and_a_run_without_any_leaves_their_udf_out(
+        spark, kafka, new_topic, tmp_path, temporality):
+    topic = new_topic()
+    producer = KafkaProducer(**kafka.client_options())
+    for i, buckets in enumerate([[1, 2, 1], [2, 5, 1]]):   # cumulative: the second adds [1, 3, 0]
+        producer.send(topic, value=_histogram_push("i1", buckets, temporality), key=b"i1",
+                      headers=[("client_instance_id", b"i1"), ("client_id", b"app")]).get(timeout=10)
+    producer.close()
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"))
+    _, written = _run_agreeing_with_points(spark, options)
+    latency = [r for r in written if r["metric"] == "request.latency"]
+    assert {r["resolution"] for r in latency} == {"1m", "1h"}
+    assert all(r["p50"] is not None and 1.0 <= r["p50"] <= 5.0 for r in latency), latency
+
+
+def test_finishing_rows_without_histograms_plans_no_python_udf(spark):
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS, rollup_state
+    from kcm_rollups.partial import state_schema
+
+    state = merge_batches(spark.createDataFrame([], state_schema(DEFAULT_DIMENSIONS)), DEFAULT_DIMENSIONS).drop(
+        "error", "needs_previous", "records", "points")
+    plans = {flag: rollup_state(state, parse_resolutions("1m,1h"), DEFAULT_DIMENSIONS, flag)._jdf.queryExecution()
+             .executedPlan().toString() for flag in (True, False)}
+    assert "BatchEvalPython" in plans[True] and "BatchEvalPython" not in plans[False]
+
+
 def _plain_otlp(*counters: tuple[str, int]) -> bytes:
     """What the OpenTelemetry Collector's Kafka exporter writes: plain OTLP with one ResourceMetrics per service
     (several in one record) and, here, one cumulative counter each."""

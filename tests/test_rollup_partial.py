@@ -77,12 +77,14 @@ def reference_state(points, dimensions=DEFAULT_DIMENSIONS, size_seconds=60):
                                 F.count("metric").alias("points")))
 
 
-def python_state(spark, points, batches, dimensions=DEFAULT_DIMENSIONS, size_seconds=60):
+def python_state(spark, points, batches, dimensions=DEFAULT_DIMENSIONS, size_seconds=60, min_points=1):
+    """The points cut into `batches` batches, state computed over runs of them holding `min_points` (1: each batch
+    its own state), merged by Spark."""
     table = points.toArrow().combine_chunks()
     step = max(1, math.ceil(table.num_rows / batches))
     pieces = [table.slice(i, step).to_batches()[0] for i in range(0, table.num_rows, step)]
-    state = pa.Table.from_batches(list(partial_batches(iter(pieces), size_seconds, dimensions)),
-                                  schema=pa.schema([f for f in _arrow(dimensions)]))
+    states = list(partial_batches(iter(pieces), size_seconds, dimensions, min_points))
+    state = pa.Table.from_batches(states, schema=pa.schema([f for f in _arrow(dimensions)]))
     return merge_batches(spark.createDataFrame(state, state_schema(dimensions)), dimensions)
 
 
@@ -155,6 +157,24 @@ def test_python_state_merged_over_batches_equals_spark_state_from_points(spark, 
     expected = comparable(reference_state(points))
     assert len(expected) >= 14
     assert comparable(python_state(spark, points, batches)) == expected
+
+
+def test_state_is_computed_over_runs_of_batches_holding_enough_points_and_merges_to_the_same(spark, monkeypatch):
+    import kcm_rollups.partial as partial
+
+    points = spark.createDataFrame(golden_points(), POINTS_SCHEMA)
+    table = points.toArrow().combine_chunks()
+    pieces = [table.slice(i, 3).to_batches()[0] for i in range(0, table.num_rows, 3)]   # 3 points each
+    computed = []
+    state_of = partial.partial_state
+    monkeypatch.setattr(partial, "partial_state", lambda points, *args: computed.append(points.num_rows) or state_of(
+        points, *args))
+    assert list(partial_batches(iter(pieces), 60, DEFAULT_DIMENSIONS, min_points=7))
+    # Runs of three batches (9 points, the first to reach 7), the rest last.
+    assert computed == [9] * (len(pieces) // 3) + ([table.num_rows % 9] if table.num_rows % 9 else [])
+    monkeypatch.undo()
+    expected = comparable(reference_state(points))
+    assert comparable(python_state(spark, points, len(pieces), min_points=7)) == expected
 
 
 def test_other_dimensions_and_windows_give_the_same_state(spark):

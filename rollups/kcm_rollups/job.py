@@ -431,7 +431,8 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
             log.warning("%d cumulative stream(s) found no point in the --lookback of %s before their first in the "
                         "range: their increase up to it is counted by no run; give a --lookback longer than the "
                         "longest push interval", unpreceded, duration_label(options.lookback_seconds))
-    rows = rollup_state(state, options.resolutions, options.dimensions)
+    histograms = any(r["histograms"] for r in counts)
+    rows = rollup_state(state, options.resolutions, options.dimensions, histograms)
     rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(options)).withColumn(
         "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
     finished("finish")
@@ -480,7 +481,8 @@ CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "c
 
 def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]:
     """One pass over the records: the finest windows' state of every point that needs no predecessor, and per decode
-    error the records and points, with how many points are cumulative (those need `add_cumulative`).
+    error the records and points, with how many points are cumulative (those need `add_cumulative`) and how many
+    state rows are histograms (only then does `finish` need its histogram UDF).
     `state_rows` is what `read_state` gives: state per batch, computed where the records were decoded."""
     # Cumulative points are rare (KIP-714 brokers ask clients for deltas) and get a pass of their own.
     from pyspark.sql import functions as F
@@ -490,7 +492,8 @@ def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]
     state = merge_batches(state_rows, options.dimensions).localCheckpoint(eager=True)
     counts = state.groupBy("error").agg(
         F.sum("records").alias("records"), F.sum("points").alias("points"),
-        F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative")).collect()
+        F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative"),
+        F.count(F.when(F.col("type") == "histogram", True)).alias("histograms")).collect()
     good = state.filter(F.col("error").isNull() & F.col("metric").isNotNull() & ~F.col("needs_previous"))
     return good.drop("error", "needs_previous", "records", "points"), counts
 

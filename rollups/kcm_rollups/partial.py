@@ -26,6 +26,9 @@ _HISTOGRAM_TYPES = ("histogram", "exponential_histogram", "summary")
 _KLL_K = 200          # Spark's default for kll_sketch_agg_double
 _HLL_LG_K = 12        # Spark's default for hll_sketch_agg
 _MICROS = 1_000_000
+# Point rows gathered before their state is computed: each state holds a row per group, which the JVM merges; the
+# batches that make them up stay small, since decoding builds Python objects for a whole batch at a time.
+STATE_POINTS = 200_000
 # Besides `aggregate.STATE_COLUMNS`: the order of `last` (to merge it exactly) and the error counts of first_pass.
 _ORDER = (("last_micros", LongType()), ("last_partition", IntegerType()), ("last_offset", LongType()),
           ("last_time_ns", LongType()))
@@ -50,14 +53,28 @@ def state_schema(dimensions: Sequence[str]) -> StructType:
            StructField("points", LongType())])
 
 
-def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int,
-                    dimensions: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    """Each batch of points (decode.POINTS_SCHEMA columns) as its rollup state (`state_schema`)."""
+def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int, dimensions: Sequence[str],
+                    min_points: int = STATE_POINTS) -> Iterator[pa.RecordBatch]:
+    """Batches of points (decode.POINTS_SCHEMA columns) as rollup state (`state_schema`): one state for each run of
+    consecutive batches holding at least `min_points` rows between them (the last run: whatever remains)."""
     schema = _arrow_schema(dimensions)
+    pending: list[pa.RecordBatch] = []
+    rows = 0
     for batch in batches:
-        state = partial_state(batch, size_seconds, dimensions)
-        if state.num_rows:
-            yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() for f in schema], schema=schema)
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= min_points:
+            yield from _state_batch(pending, size_seconds, dimensions, schema)
+            pending, rows = [], 0
+    if pending:
+        yield from _state_batch(pending, size_seconds, dimensions, schema)
+
+
+def _state_batch(points: list[pa.RecordBatch], size_seconds: int, dimensions: Sequence[str],
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    state = partial_state(points[0] if len(points) == 1 else pa.Table.from_batches(points), size_seconds, dimensions)
+    if state.num_rows:
+        yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() for f in schema], schema=schema)
 
 
 def _arrow_schema(dimensions: Sequence[str]) -> pa.Schema:
