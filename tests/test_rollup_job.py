@@ -178,8 +178,15 @@ def test_python_source_decoding_in_place_and_a_spark_kafka_source_shaped_frame_g
     # a frame like Spark's connector gives, equal to Spark's state from the points (sketches by their answers).
     reference = comparable(reference_state(decode_points(shaped), options.dimensions))
     assert len(reference) > 50
-    assert comparable(merge_batches(read_state(spark, options), options.dimensions)) == reference
-    assert comparable(merge_batches(state_of_records(shaped, options), options.dimensions)) == reference
+    # Both also say how far they read in each partition: past the last record read, whether in the range or not.
+    furthest = {}
+    for row in rows:
+        furthest[row[3]] = max(furthest.get(row[3], 0), row[4] + 1)
+    for state in (read_state(spark, options), state_of_records(shaped, options)):
+        merged = merge_batches(state, options.dimensions)
+        assert comparable(merged.filter("read_partition IS NULL").drop("read_partition", "read_end")) == reference
+        assert {r["read_partition"]: r["read_end"] for r in merged.filter("read_partition IS NOT NULL").collect()} == (
+            furthest)
 
 
 def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_path):
@@ -379,6 +386,47 @@ def test_cumulative_counters_get_their_own_pass_and_roll_up_as_rollup_computes_t
     hour = [r for r in written if r["metric"] == "written.total" and r["resolution"] == "1h"]
     # Each instance: +15, then a reset counts its new value 4, then +5 (its first point has no predecessor).
     assert [r["increase"] for r in hour] == [2 * (15 + 4 + 5)]
+
+
+@pytest.mark.parametrize("ranged", [False, True], ids=["offsets", "time-range"])
+def test_records_appended_while_a_run_reads_enter_no_pass_of_it(spark, kafka, new_topic, tmp_path, monkeypatch,
+                                                                 ranged):
+    """The cumulative pass reads the topic again: records appended since the first pass read it are not rolled up
+    through it alone, where the first pass's rows and summary never saw them."""
+    import kcm_rollups.job as job
+
+    topic = new_topic(partitions=2)
+    minute = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=10, second=0, microsecond=0)
+    producer = KafkaProducer(**kafka.client_options())
+
+    def send(instance: str, value: int, partition: int, at_s: int) -> None:
+        producer.send(topic, value=_cumulative_push(instance, value, 0), key=instance.encode(), partition=partition,
+                      headers=[("client_instance_id", instance.encode()), ("client_id", b"app")],
+                      timestamp_ms=int(minute.timestamp() + at_s) * 1000).get(timeout=10)  # one record per batch
+
+    send("i0", 10, 0, 0)
+    send("i0", 25, 0, 10)
+    read_first = job.first_pass
+
+    def first_pass_then_appended(*args):
+        passed = read_first(*args)
+        send("i0", 1000, 0, 20)   # the stream the first pass read, later: +975 if it entered
+        send("i1", 5, 1, 20)      # a partition of which the first pass read nothing: +45 if they entered
+        send("i1", 50, 1, 30)
+        return passed
+
+    monkeypatch.setattr(job, "first_pass", first_pass_then_appended)
+    hour = minute.replace(minute=0)
+    span = {"start": hour, "end": hour + timedelta(hours=1)} if ranged else {}
+    options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
+                            resolutions=parse_resolutions("1m,1h"), **span)
+    try:
+        result = run(spark, options)
+    finally:
+        producer.close()
+    assert "cumulative points" in result.stage_seconds and (result.input_records, result.points) == (2, 2 * 3)
+    written = spark.read.parquet(options.output).filter("resolution = '1h' AND metric = 'written.total'").collect()
+    assert [(r["increase"], r["instances"]) for r in written] == [(15.0, 1)]
 
 
 def _histogram_push(instance: str, bucket_counts: list[int], temporality: int, start_s: int = 0) -> bytes:

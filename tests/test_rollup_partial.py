@@ -85,7 +85,8 @@ def python_state(spark, points, batches, dimensions=DEFAULT_DIMENSIONS, size_sec
     pieces = [table.slice(i, step).to_batches()[0] for i in range(0, table.num_rows, step)]
     states = list(partial_batches(iter(pieces), size_seconds, dimensions, min_points))
     state = pa.Table.from_batches(states, schema=pa.schema([f for f in _arrow(dimensions)]))
-    return merge_batches(spark.createDataFrame(state, state_schema(dimensions)), dimensions)
+    return merge_batches(spark.createDataFrame(state, state_schema(dimensions)), dimensions).drop(
+        "read_partition", "read_end")
 
 
 def _arrow(dimensions):

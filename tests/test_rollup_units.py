@@ -623,3 +623,23 @@ def test_a_batch_without_points_yields_no_state():
 
     empty = _points_table([]).to_batches() or [pa.RecordBatch.from_pylist([], _points_table([]).schema)]
     assert list(partial_batches(iter(empty), 60, ())) == []
+
+
+def test_records_out_of_the_time_range_are_dropped_after_their_offsets_count_for_how_far_the_read_went():
+    from kcm_rollups.decode import DECODE_INPUT_SCHEMA
+    from kcm_rollups.partial import noting_read_ends
+
+    def batch(rows: list[tuple[int, int, int | None]]) -> pa.RecordBatch:   # (partition, offset, record_micros)
+        return pa.RecordBatch.from_pylist([{"topic": "t", "partition": p, "offset": o, "record_micros": micros,
+                                            "headers": []} for p, o, micros in rows], DECODE_INPUT_SCHEMA)
+
+    batches = [batch([(0, 5, 100), (0, 6, 250), (1, 3, 50), (1, 4, None)]), batch([]),
+               batch([(0, 7, 199), (2, 9, 300)])]
+    ends: dict[int, int] = {}
+    kept = list(noting_read_ends(iter(batches), ends, 100, 200))
+    assert [(r["partition"], r["offset"]) for b in kept for r in b.to_pylist()] == [(0, 5), (0, 7)]
+    assert ends == {0: 8, 1: 5, 2: 10}
+    ends.clear()
+    everything = list(noting_read_ends(iter(batches), ends, None, None))
+    assert sum(b.num_rows for b in everything) == 6 and ends == {0: 8, 1: 5, 2: 10}
+    assert [b.num_rows for b in noting_read_ends(iter(batches), {}, None, 100)] == [1]

@@ -208,19 +208,18 @@ def state_of_records(records: Any, options: RollupOptions, since_micros: int | N
                      until_micros: int | None = None) -> Any:
     """read_state for a DataFrame shaped like Spark's Kafka source (its connector's): decoded and aggregated per
     Arrow batch in `mapInArrow`."""
-    from pyspark.sql import functions as F
-
     from kcm_rollups.decode import decode_input, flatten_batches
-    from kcm_rollups.partial import partial_batches, state_schema
+    from kcm_rollups.partial import noting_read_ends, partial_batches, read_ends_batch, state_schema
 
     size, dimensions = options.resolutions[0].seconds, options.dimensions
-    if since_micros is not None:
-        records = records.filter(F.unix_micros("timestamp") >= F.lit(since_micros))
-    if until_micros is not None:
-        records = records.filter(F.unix_micros("timestamp") < F.lit(until_micros))
 
     def state_of(batches: Any) -> Any:
-        return partial_batches(flatten_batches(batches), size, dimensions)
+        # Records out of the time range are dropped here, not before: how far the read went counts them too.
+        read_ends: dict[int, int] = {}
+        yield from partial_batches(flatten_batches(noting_read_ends(batches, read_ends, since_micros, until_micros)),
+                                   size, dimensions)
+        if read_ends:
+            yield read_ends_batch(read_ends, dimensions)
 
     return decode_input(records).mapInArrow(state_of, state_schema(dimensions))
 
@@ -419,13 +418,13 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     span = options.window_range()
     read_from = max(0, span[0] - options.lookback_seconds) if span else None
     since_micros, until = (span[0] * 1_000_000, span[1]) if span else (None, None)
-    state, counts = first_pass(read_state(spark, options, span[0] if span else None, until), options)
+    state, counts, read_ends = first_pass(read_state(spark, options, span[0] if span else None, until), options)
     finished("read, decode and aggregate")
     if sum(r["cumulative"] or 0 for r in counts):
         # Only what the cumulative pass reads crosses from the Python workers to the JVM.
         columns = tuple(dict.fromkeys(CUMULATIVE_INPUTS + options.dimensions))
         state, unpreceded = add_cumulative(state, read_points(spark, options, read_from, until, columns), options,
-                                           since_micros, read_from * 1_000_000 if span else None)
+                                           since_micros, read_from * 1_000_000 if span else None, read_ends)
         finished("cumulative points")
         if span and unpreceded:
             log.warning("%d cumulative stream(s) found no point in the --lookback of %s before their first in the "
@@ -479,10 +478,11 @@ CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "c
                                       "attributes", "value", "count", "sum", "bucket_counts", "bounds", "error")
 
 
-def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]:
-    """One pass over the records: the finest windows' state of every point that needs no predecessor, and per decode
+def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any], dict[int, int]]:
+    """One pass over the records: the finest windows' state of every point that needs no predecessor; per decode
     error the records and points, with how many points are cumulative (those need `add_cumulative`) and how many
-    state rows are histograms (only then does `finish` need its histogram UDF).
+    state rows are histograms (only then does `finish` need its histogram UDF); and per partition read the offset
+    after the last record read (the cumulative pass takes no record the first did not see: one appended since).
     `state_rows` is what `read_state` gives: state per batch, computed where the records were decoded."""
     # Cumulative points are rare (KIP-714 brokers ask clients for deltas) and get a pass of their own.
     from pyspark.sql import functions as F
@@ -490,26 +490,32 @@ def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any]]
     from kcm_rollups.partial import merge_batches
 
     state = merge_batches(state_rows, options.dimensions).localCheckpoint(eager=True)
-    counts = state.groupBy("error").agg(
+    rows = state.groupBy("error", "read_partition").agg(
         F.sum("records").alias("records"), F.sum("points").alias("points"),
         F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative"),
-        F.count(F.when(F.col("type") == "histogram", True)).alias("histograms")).collect()
+        F.count(F.when(F.col("type") == "histogram", True)).alias("histograms"),
+        F.max("read_end").alias("read_end")).collect()
+    counts = [row for row in rows if row["read_partition"] is None]
+    read_ends = {row["read_partition"]: row["read_end"] for row in rows if row["read_partition"] is not None}
     good = state.filter(F.col("error").isNull() & F.col("metric").isNotNull() & ~F.col("needs_previous"))
-    return good.drop("error", "needs_previous", "records", "points"), counts
+    return good.drop("error", "needs_previous", "records", "points", "read_partition", "read_end"), counts, read_ends
 
 
 def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros: int | None,
-                   read_from_micros: int | None = None) -> tuple[Any, int]:
+                   read_from_micros: int | None = None, read_ends: dict[int, int] | None = None) -> tuple[Any, int]:
     """`state` merged with the state of the cumulative `points` (read from `read_from_micros`), each turned into an
-    increase by its predecessor; and how many streams found none for their first point from `since_micros` on."""
+    increase by its predecessor; and how many streams found none for their first point from `since_micros` on.
+    With `read_ends` (first_pass's), only points of records the first pass read too, or could have: see
+    `_seen_by_first_pass`."""
     from pyspark.sql import functions as F
 
     from kcm_rollups.aggregate import merge_state, needs_previous, partial_state, with_cumulative_increases
 
     finest = options.resolutions[0].seconds
-    cumulative = with_cumulative_increases(
-        points.filter(F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()), read_from_micros,
-        since_micros)
+    wanted = F.col("error").isNull() & F.col("metric").isNotNull() & needs_previous()
+    if read_ends is not None:
+        wanted = wanted & _seen_by_first_pass(read_ends, since_micros)
+    cumulative = with_cumulative_increases(points.filter(wanted), read_from_micros, since_micros)
     if since_micros is not None:
         cumulative = cumulative.filter(F.col("record_micros") >= F.lit(since_micros))
     # Only a stream's first point can be left without an increase (counters) or a count (histograms, summaries).
@@ -519,6 +525,18 @@ def add_cumulative(state: Any, points: Any, options: RollupOptions, since_micros
     missed = added.agg(F.sum("unpreceded")).first()[0] or 0
     both = state.unionByName(added.drop("unpreceded"))
     return merge_state(both, None, options.dimensions).localCheckpoint(eager=True), missed  # both in finest windows
+
+
+def _seen_by_first_pass(read_ends: dict[int, int], since_micros: int | None) -> Any:
+    """Points of records below the first pass's read end in each partition it read; in any other partition (the
+    first pass found nothing of the range there) only records from before the range, predecessors from the lookback.
+    A record appended between the two passes is left out: the first pass's counts and rows never saw it."""
+    from pyspark.sql import functions as F
+
+    ends = [F.lit(item) for pair in sorted(read_ends.items()) for item in pair]
+    end = F.try_element_at(F.create_map(*ends), F.col("partition")) if ends else F.lit(None).cast("long")
+    before = F.col("record_micros") < F.lit(since_micros) if since_micros is not None else F.lit(False)
+    return F.when(end.isNull(), before).otherwise(F.col("offset") < end)
 
 
 def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None,

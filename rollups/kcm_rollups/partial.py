@@ -32,6 +32,8 @@ STATE_POINTS = 200_000
 # Besides `aggregate.STATE_COLUMNS`: the order of `last` (to merge it exactly) and the error counts of first_pass.
 _ORDER = (("last_micros", LongType()), ("last_partition", IntegerType()), ("last_offset", LongType()),
           ("last_time_ns", LongType()))
+# Only in read_ends_batch's rows (null in all others): a partition, and the offset after the last record read in it.
+_READ_END = (("read_partition", IntegerType()), ("read_end", LongType()))
 
 
 def state_schema(dimensions: Sequence[str]) -> StructType:
@@ -50,7 +52,37 @@ def state_schema(dimensions: Sequence[str]) -> StructType:
            StructField("last_at", TimestampType()), StructField("kll_sketch", BinaryType()),
            StructField("instances_sketch", BinaryType()), StructField("increase", DoubleType()),
            StructField("bucket_counts", ArrayType(LongType())), StructField("records", LongType()),
-           StructField("points", LongType())])
+           StructField("points", LongType()), *[StructField(name, kind) for name, kind in _READ_END]])
+
+
+def read_ends_batch(ends: dict[int, int], dimensions: Sequence[str]) -> pa.RecordBatch:
+    """State rows saying how far a read went: per partition the offset after the last record it read (`read_end`),
+    every other column null (records and points 0). `job.first_pass` gathers them to pin the cumulative pass."""
+    schema = _arrow_schema(dimensions)
+    given = {"read_partition": pa.array(list(ends), pa.int32()), "read_end": pa.array(list(ends.values()), pa.int64()),
+             "records": pa.array([0] * len(ends), pa.int64()), "points": pa.array([0] * len(ends), pa.int64())}
+    return pa.RecordBatch.from_arrays([given.get(f.name, pa.nulls(len(ends), f.type)) for f in schema], schema=schema)
+
+
+def noting_read_ends(batches: Iterator[pa.RecordBatch], read_ends: dict[int, int], since_micros: int | None,
+                     until_micros: int | None) -> Iterator[pa.RecordBatch]:
+    """Batches of records (decode.DECODE_INPUT_SCHEMA) with record times in [since_micros, until_micros), noting in
+    `read_ends` per partition the offset after the last record read, in the range or not (see read_ends_batch)."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        furthest = pa.table({"partition": batch.column("partition"), "offset": batch.column("offset")}).group_by(
+            "partition").aggregate([("offset", "max")])
+        for partition, offset in zip(furthest.column("partition").to_pylist(),
+                                     furthest.column("offset_max").to_pylist()):
+            read_ends[partition] = max(offset + 1, read_ends.get(partition, offset + 1))
+        micros = batch.column("record_micros")
+        kept = [pc.greater_equal(micros, since_micros)] if since_micros is not None else []
+        kept += [pc.less(micros, until_micros)] if until_micros is not None else []
+        if kept:
+            batch = batch.filter(_and(*kept))  # a null time is outside any range
+        if batch.num_rows:
+            yield batch
 
 
 def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int, dimensions: Sequence[str],
@@ -74,7 +106,8 @@ def _state_batch(points: list[pa.RecordBatch], size_seconds: int, dimensions: Se
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     state = partial_state(points[0] if len(points) == 1 else pa.Table.from_batches(points), size_seconds, dimensions)
     if state.num_rows:
-        yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() for f in schema], schema=schema)
+        yield pa.RecordBatch.from_arrays([state.column(f.name).combine_chunks() if f.name in state.column_names
+                                          else pa.nulls(state.num_rows, f.type) for f in schema], schema=schema)
 
 
 def _arrow_schema(dimensions: Sequence[str]) -> pa.Schema:
@@ -258,11 +291,13 @@ def _sum_arrays(arrays: list[Any]) -> list[int | None] | None:
 
 def merge_batches(state: Any, dimensions: Sequence[str]) -> Any:
     """The Spark side: one row per key from the per-batch state rows, merged as `aggregate.merge_state` merges
-    windows, `last` by its full order, with the error counts of first_pass."""
+    windows, `last` by its full order, with the error counts of first_pass; and one row per partition a read went
+    through (`read_ends_batch`), with the furthest `read_end`."""
     from pyspark.sql import functions as F
 
     from kcm_rollups.aggregate import merge_state
 
-    return merge_state(state, None, dimensions, extra_keys=("error", "needs_previous"),
-                       extra=(F.sum("records").alias("records"), F.sum("points").alias("points")),
+    return merge_state(state, None, dimensions, extra_keys=("error", "needs_previous", "read_partition"),
+                       extra=(F.sum("records").alias("records"), F.sum("points").alias("points"),
+                              F.max("read_end").alias("read_end")),
                        last_order=F.struct(*[name for name, _ in _ORDER]))

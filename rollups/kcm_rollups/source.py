@@ -293,8 +293,11 @@ class Record(NamedTuple):
     headers: list[tuple[str, bytes | None]]
 
 
-def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Record]]:
-    """Every record of `offsets` in lists of Records; raises KafkaSourceError if Kafka cannot serve it all."""
+def read_range(options: SourceOptions, offsets: OffsetRange,
+               read_ends: dict[int, int] | None = None) -> Iterator[list[Record]]:
+    """Every record of `offsets` in lists of Records; raises KafkaSourceError if Kafka cannot serve it all. Once all
+    is read, `read_ends` (if given) holds for the partition the offset after the last record taken (past an open end
+    when the broker under-reported it)."""
     # confluent-kafka (librdkafka) costs a third of kafka-python's CPU per record, and this loop runs in every task.
     import confluent_kafka
 
@@ -342,6 +345,9 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Re
                 rows = []
         if rows:
             yield rows
+        if read_ends is not None:
+            end = position if offsets.open_end else offsets.end
+            read_ends[offsets.partition] = max(end, read_ends.get(offsets.partition, end))
     finally:
         consumer.close()
 
@@ -467,12 +473,14 @@ class KafkaReader(DataSourceReader):
             return  # nothing was planned (every range empty): PySpark still reads one partition it made up
         if self._options.decode == "state":
             from kcm_rollups.decode import flatten_batches
-            from kcm_rollups.partial import partial_batches
+            from kcm_rollups.partial import partial_batches, read_ends_batch
 
             options = self._options
-            batches = self._in_time(read_range(options, partition))
+            read_ends: dict[int, int] = {}
+            batches = self._in_time(read_range(options, partition, read_ends))
             yield from partial_batches(flatten_batches(records_to_decode_input(records) for records in batches),
                                        options.window_seconds, options.dimensions)
+            yield read_ends_batch(read_ends, options.dimensions)   # how far it read, for the job's cumulative pass
             return
         if self._options.decode == "points":
             from kcm_rollups.decode import flatten_batches
