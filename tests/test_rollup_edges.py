@@ -274,3 +274,17 @@ def test_the_cumulative_pass_counts_a_point_received_exactly_at_the_range_start(
     state, missed = add_cumulative(empty, points, _options("1m"), (T0 + 3600) * 10**6, (T0 + 3300) * 10**6)
     assert [(r["window_start"].timestamp() - T0, r["increase"]) for r in state.collect()] == [(3600, 30.0)]
     assert missed == 0
+
+
+@pytest.mark.parametrize("since_micros", [None, 1_000])
+def test_the_cumulative_pass_keeps_records_below_each_partitions_read_end_and_elsewhere_only_the_lookback(
+        spark, since_micros):
+    from kcm_rollups.job import _seen_by_first_pass
+
+    big = 2**40   # offsets past 32 bits beside small ones in one map
+    rows = [(0, 4, 500), (0, 5, 500), (1, big - 1, 2_000), (1, big, 2_000), (2, 0, 500), (2, 1, 2_000)]
+    frame = spark.createDataFrame(rows, "partition int, offset long, record_micros long")
+    kept = frame.filter(_seen_by_first_pass({0: 5, 1: big}, since_micros)).orderBy("partition", "offset").collect()
+    expected = [(0, 4), (1, big - 1)] + ([(2, 0)] if since_micros is not None else [])   # partition 2: not read
+    assert [(r["partition"], r["offset"]) for r in kept] == expected
+    assert frame.filter(_seen_by_first_pass({}, since_micros)).count() == (3 if since_micros is not None else 0)

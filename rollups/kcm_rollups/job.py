@@ -533,7 +533,8 @@ def _seen_by_first_pass(read_ends: dict[int, int], since_micros: int | None) -> 
     A record appended between the two passes is left out: the first pass's counts and rows never saw it."""
     from pyspark.sql import functions as F
 
-    ends = [F.lit(item) for pair in sorted(read_ends.items()) for item in pair]
+    ends = [column for partition, end in sorted(read_ends.items())
+            for column in (F.lit(partition).cast("int"), F.lit(end).cast("long"))]
     end = F.try_element_at(F.create_map(*ends), F.col("partition")) if ends else F.lit(None).cast("long")
     before = F.col("record_micros") < F.lit(since_micros) if since_micros is not None else F.lit(False)
     return F.when(end.isNull(), before).otherwise(F.col("offset") < end)
