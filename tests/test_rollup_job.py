@@ -189,6 +189,27 @@ def test_python_source_decoding_in_place_and_a_spark_kafka_source_shaped_frame_g
             furthest)
 
 
+def test_a_spark_kafka_source_shaped_frame_with_a_time_range_gives_the_state_of_its_records_in_it(spark, telemetry):
+    options = options_for(telemetry, "unused")
+    records = _records(telemetry.bootstrap, telemetry.options.topic)
+    rows = [(r.key, r.value, r.topic, r.partition, r.offset,
+             datetime.fromtimestamp(r.timestamp / 1000, timezone.utc), r.timestamp_type, list(r.headers))
+            for r in records]
+    shaped = spark.createDataFrame(rows, kafka_schema(True))
+    times = sorted(r.timestamp * 1000 for r in records)
+    since, until = times[len(times) // 3], times[2 * len(times) // 3]
+    assert times[0] < since < until <= times[-1]
+    inside = decode_points(shaped).filter((F.col("record_micros") >= since) & (F.col("record_micros") < until))
+    reference = comparable(reference_state(inside, options.dimensions))
+    assert reference
+    merged = merge_batches(state_of_records(shaped, options, since, until), options.dimensions)
+    assert comparable(merged.filter("read_partition IS NULL").drop("read_partition", "read_end")) == reference
+    # Records outside the range still count for how far the read went.
+    assert {r["read_partition"]: r["read_end"] for r in merged.filter("read_partition IS NOT NULL").collect()} == {
+        partition: max(r.offset for r in records if r.partition == partition) + 1
+        for partition in {r.partition for r in records}}
+
+
 def test_rerunning_a_range_replaces_exactly_its_windows(spark, telemetry, tmp_path):
     output = tmp_path / "out"
     now = datetime.now(timezone.utc)
@@ -417,7 +438,8 @@ def test_records_appended_while_a_run_reads_enter_no_pass_of_it(spark, kafka, ne
 
     monkeypatch.setattr(job, "first_pass", first_pass_then_appended)
     hour = minute.replace(minute=0)
-    span = {"start": hour, "end": hour + timedelta(hours=1)} if ranged else {}
+    # The time range also splits the partition read into several tasks (each notes how far it read).
+    span = {"start": hour, "end": hour + timedelta(hours=1), "min_partitions": 3} if ranged else {}
     options = RollupOptions(kafka=kafka, topic=topic, output=str(tmp_path / "out"),
                             resolutions=parse_resolutions("1m,1h"), **span)
     try:

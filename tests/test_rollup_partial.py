@@ -173,6 +173,13 @@ def test_state_is_computed_over_runs_of_batches_holding_enough_points_and_merges
     assert list(partial_batches(iter(pieces), 60, DEFAULT_DIMENSIONS, min_points=7))
     # Runs of three batches (9 points, the first to reach 7), the rest last.
     assert computed == [9] * (len(pieces) // 3) + ([table.num_rows % 9] if table.num_rows % 9 else [])
+    computed.clear()   # and never more bytes at once than max_bytes: a batch larger on its own goes alone
+    assert list(partial_batches(iter(pieces), 60, DEFAULT_DIMENSIONS, min_points=10**9, max_bytes=1))
+    assert computed == [piece.num_rows for piece in pieces]
+    computed.clear()
+    both = pieces[0].nbytes + pieces[1].nbytes
+    list(partial_batches(iter(pieces[:3]), 60, DEFAULT_DIMENSIONS, min_points=10**9, max_bytes=both))
+    assert computed == [pieces[0].num_rows + pieces[1].num_rows, pieces[2].num_rows]
     monkeypatch.undo()
     expected = comparable(reference_state(points))
     assert comparable(python_state(spark, points, len(pieces), min_points=7)) == expected

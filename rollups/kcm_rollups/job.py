@@ -184,7 +184,7 @@ def kafka_options(source: str, settings: KafkaSettings) -> dict[str, str]:
 
 def read_state(spark: Any, options: RollupOptions, since_s: int | None = None, until_s: int | None = None) -> Any:
     """The finest windows' rollup state (partial.state_schema) of the records with timestamps in [since_s, until_s),
-    one row per group and batch: computed by kcm's source in the worker that read the records, else by
+    one row per group and run of batches: computed by kcm's source in the worker that read the records, else by
     `partial.partial_batches` in `mapInArrow` after Spark's connector. `partial.merge_batches` merges the rows."""
     from kcm_rollups.session import kafka_format
     from kcm_rollups.source import DECODE_OPTION, DIMENSIONS_OPTION, SINCE_OPTION, SOURCE_NAME, UNTIL_OPTION, \
@@ -206,12 +206,22 @@ def read_state(spark: Any, options: RollupOptions, since_s: int | None = None, u
 
 def state_of_records(records: Any, options: RollupOptions, since_micros: int | None = None,
                      until_micros: int | None = None) -> Any:
-    """read_state for a DataFrame shaped like Spark's Kafka source (its connector's): decoded and aggregated per
-    Arrow batch in `mapInArrow`."""
+    """read_state for a DataFrame shaped like Spark's Kafka source (its connector's): decoded and aggregated in
+    `mapInArrow`. Records outside the time range reach it only for their offsets (how far the read went), without
+    key, value and headers."""
+    from pyspark.sql import functions as F
+
     from kcm_rollups.decode import decode_input, flatten_batches
     from kcm_rollups.partial import noting_read_ends, partial_batches, read_ends_batch, state_schema
 
     size, dimensions = options.resolutions[0].seconds, options.dimensions
+    inside = [condition for condition, bound in ((F.unix_micros("timestamp") >= F.lit(since_micros), since_micros),
+                                                 (F.unix_micros("timestamp") < F.lit(until_micros), until_micros))
+              if bound is not None]
+    if inside:
+        kept = inside[0] if len(inside) == 1 else inside[0] & inside[1]
+        records = records.withColumns({name: F.when(kept, F.col(name)) for name in ("key", "value", "headers")
+                                       if name in records.columns})
 
     def state_of(batches: Any) -> Any:
         # Records out of the time range are dropped here, not before: how far the read went counts them too.

@@ -2,7 +2,7 @@
 JVM: the same columns, with the same SQL semantics, as `aggregate.partial_state` over the points of `job.first_pass`.
 
 Decoding leaves some ten points per record; grouping them by window and dimensions where they are made means the
-JVM receives one row per group and batch (some 30x fewer rows than points) and merges those (`merge_batches`),
+JVM receives one row per group and run of batches (some 30x fewer rows than points) and merges those (`merge_batches`),
 instead of receiving every point and aggregating it. The sketches are Apache DataSketches' KLL (doubles, k=200) and HLL
 (lgConfigK=12, HLL_8), built with the `datasketches` package: the same binary forms Spark's `kll_sketch_agg_double`
 and `hll_sketch_agg` build, so Spark merges them with `kll_merge_agg_double` and `hll_union_agg`.
@@ -29,6 +29,9 @@ _MICROS = 1_000_000
 # Point rows gathered before their state is computed: each state holds a row per group, which the JVM merges; the
 # batches that make them up stay small, since decoding builds Python objects for a whole batch at a time.
 STATE_POINTS = 200_000
+# And at most this many bytes of them, as one batch of points (decode.MAX_BATCH_TEXT) holds: state concatenates their
+# columns, and a text column past 2 GiB fails.
+STATE_BYTES = 256 * 1024**2
 # Besides `aggregate.STATE_COLUMNS`: the order of `last` (to merge it exactly) and the error counts of first_pass.
 _ORDER = (("last_micros", LongType()), ("last_partition", IntegerType()), ("last_offset", LongType()),
           ("last_time_ns", LongType()))
@@ -86,18 +89,23 @@ def noting_read_ends(batches: Iterator[pa.RecordBatch], read_ends: dict[int, int
 
 
 def partial_batches(batches: Iterator[pa.RecordBatch], size_seconds: int, dimensions: Sequence[str],
-                    min_points: int = STATE_POINTS) -> Iterator[pa.RecordBatch]:
+                    min_points: int = STATE_POINTS, max_bytes: int = STATE_BYTES) -> Iterator[pa.RecordBatch]:
     """Batches of points (decode.POINTS_SCHEMA columns) as rollup state (`state_schema`): one state for each run of
-    consecutive batches holding at least `min_points` rows between them (the last run: whatever remains)."""
+    consecutive batches holding at least `min_points` rows between them, or as many as fit in `max_bytes` (a batch
+    larger on its own: alone), the last run whatever remains."""
     schema = _arrow_schema(dimensions)
     pending: list[pa.RecordBatch] = []
-    rows = 0
+    rows = size = 0
     for batch in batches:
+        if pending and size + batch.nbytes > max_bytes:
+            yield from _state_batch(pending, size_seconds, dimensions, schema)
+            pending, rows, size = [], 0, 0
         pending.append(batch)
         rows += batch.num_rows
+        size += batch.nbytes
         if rows >= min_points:
             yield from _state_batch(pending, size_seconds, dimensions, schema)
-            pending, rows = [], 0
+            pending, rows, size = [], 0, 0
     if pending:
         yield from _state_batch(pending, size_seconds, dimensions, schema)
 

@@ -443,7 +443,7 @@ def records_to_decode_input(records: list[Any]) -> pa.RecordBatch:
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """CPython's cyclic garbage collector off while a task reads (and the Python worker sends what it yields): the
-    20 000 records of a batch are hundreds of thousands of Python objects (values, header names and values, their
+    5,000 records of a batch are some hundred thousand Python objects (values, header names and values, their
     pairs), whose allocations set off thousands of collections: reading cost 12-16 µs of CPU per record with the
     collector on, 6 with it off (the benchmark's records). Reading makes no reference cycles: every object is still
     freed when its last reference goes. What was on before is on again after."""
