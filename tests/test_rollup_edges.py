@@ -288,3 +288,20 @@ def test_the_cumulative_pass_keeps_records_below_each_partitions_read_end_and_el
     expected = [(0, 4), (1, big - 1)] + ([(2, 0)] if since_micros is not None else [])   # partition 2: not read
     assert [(r["partition"], r["offset"]) for r in kept] == expected
     assert frame.filter(_seen_by_first_pass({}, since_micros)).count() == (3 if since_micros is not None else 0)
+
+
+@pytest.mark.parametrize(("since", "until", "kept"), [
+    (None, None, ["a", "b", "c", "none"]), (2_000_000, None, ["b", "c"]), (None, 3_000_000, ["a", "b"]),
+    (2_000_000, 3_000_000, ["b"])])
+def test_records_outside_a_time_range_cross_to_python_without_their_payload(spark, since, until, kept):
+    from kcm_rollups.job import _payload_in_range_only
+    from kcm_rollups.source import kafka_schema
+
+    stamps = {"a": 1, "b": 2, "c": 3, "none": None}
+    rows = [(name.encode(), name.encode(), "t", 0, i, None if at is None else datetime.fromtimestamp(at, timezone.utc),
+             0, [("h", name.encode())]) for i, (name, at) in enumerate(stamps.items())]
+    records = spark.createDataFrame(rows, kafka_schema(True))
+    out = _payload_in_range_only(records, since, until).orderBy("offset").collect()
+    assert [r["offset"] for r in out] == [0, 1, 2, 3]   # every record still there, for its offset
+    assert [r["value"].decode() for r in out if r["value"] is not None] == kept
+    assert all((r["key"] is None) == (r["value"] is None) == (r["headers"] is None) for r in out)

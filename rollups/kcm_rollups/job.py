@@ -209,19 +209,11 @@ def state_of_records(records: Any, options: RollupOptions, since_micros: int | N
     """read_state for a DataFrame shaped like Spark's Kafka source (its connector's): decoded and aggregated in
     `mapInArrow`. Records outside the time range reach it only for their offsets (how far the read went), without
     key, value and headers."""
-    from pyspark.sql import functions as F
-
     from kcm_rollups.decode import decode_input, flatten_batches
     from kcm_rollups.partial import noting_read_ends, partial_batches, read_ends_batch, state_schema
 
     size, dimensions = options.resolutions[0].seconds, options.dimensions
-    inside = [condition for condition, bound in ((F.unix_micros("timestamp") >= F.lit(since_micros), since_micros),
-                                                 (F.unix_micros("timestamp") < F.lit(until_micros), until_micros))
-              if bound is not None]
-    if inside:
-        kept = inside[0] if len(inside) == 1 else inside[0] & inside[1]
-        records = records.withColumns({name: F.when(kept, F.col(name)) for name in ("key", "value", "headers")
-                                       if name in records.columns})
+    records = _payload_in_range_only(records, since_micros, until_micros)
 
     def state_of(batches: Any) -> Any:
         # Records out of the time range are dropped here, not before: how far the read went counts them too.
@@ -232,6 +224,23 @@ def state_of_records(records: Any, options: RollupOptions, since_micros: int | N
             yield read_ends_batch(read_ends, dimensions)
 
     return decode_input(records).mapInArrow(state_of, state_schema(dimensions))
+
+
+def _payload_in_range_only(records: Any, since_micros: int | None, until_micros: int | None) -> Any:
+    """Kafka-source-shaped `records` with key, value and headers nulled outside [since_micros, until_micros) (and
+    for a record without a timestamp): such records still cross to Python, for their offsets, but nothing more."""
+    from pyspark.sql import functions as F
+
+    if since_micros is None and until_micros is None:
+        return records
+    micros = F.unix_micros("timestamp")
+    inside = F.lit(True)
+    if since_micros is not None:
+        inside = inside & (micros >= F.lit(since_micros))
+    if until_micros is not None:
+        inside = inside & (micros < F.lit(until_micros))
+    return records.withColumns({name: F.when(inside, F.col(name)) for name in ("key", "value", "headers")
+                                if name in records.columns})
 
 
 def _reader(spark: Any, source: str, options: RollupOptions, read_from_s: int | None) -> Any:
