@@ -80,13 +80,18 @@ def reference_state(points, dimensions=DEFAULT_DIMENSIONS, size_seconds=60):
 def python_state(spark, points, batches, dimensions=DEFAULT_DIMENSIONS, size_seconds=60, min_points=1):
     """The points cut into `batches` batches, state computed over runs of them holding `min_points` (1: each batch
     its own state), merged by Spark."""
+    return merge_batches(batch_state(spark, points, batches, dimensions, size_seconds, min_points), dimensions).drop(
+        "read_partition", "read_end")
+
+
+def batch_state(spark, points, batches, dimensions=DEFAULT_DIMENSIONS, size_seconds=60, min_points=1):
+    """python_state's state rows before Spark merges them: one set per run of batches, as kcm's source yields them."""
     table = points.toArrow().combine_chunks()
     step = max(1, math.ceil(table.num_rows / batches))
     pieces = [table.slice(i, step).to_batches()[0] for i in range(0, table.num_rows, step)]
     states = list(partial_batches(iter(pieces), size_seconds, dimensions, min_points))
     state = pa.Table.from_batches(states, schema=pa.schema([f for f in _arrow(dimensions)]))
-    return merge_batches(spark.createDataFrame(state, state_schema(dimensions)), dimensions).drop(
-        "read_partition", "read_end")
+    return spark.createDataFrame(state, state_schema(dimensions))
 
 
 def _arrow(dimensions):
@@ -158,6 +163,45 @@ def test_python_state_merged_over_batches_equals_spark_state_from_points(spark, 
     expected = comparable(reference_state(points))
     assert len(expected) >= 14
     assert comparable(python_state(spark, points, batches)) == expected
+
+
+def test_first_pass_merges_the_batches_state_after_the_shuffle_only_into_the_same_state(spark, monkeypatch):
+    """Keys barely repeat within a task (records come in time order), so first_pass has Spark skip its partial
+    aggregation: the plan it materialises has none (merge_batches' own plan has), and its state is the same."""
+    import kcm_rollups.partial as partial
+    from kcm_common.kafka import KafkaSettings
+    from kcm_rollups.job import RollupOptions, first_pass
+    from kcm_rollups.windows import parse_resolutions
+
+    points = spark.createDataFrame(golden_points(), POINTS_SCHEMA)
+    state_rows = batch_state(spark, points, 5).repartition(3)
+    plans = []
+    merge = partial.merge_batches
+
+    def recording(state, dimensions):
+        merged = merge(state, dimensions)
+        checkpoint = merged.localCheckpoint
+
+        def planned(eager=True):
+            plans.append(merged._jdf.queryExecution().executedPlan().toString())
+            return checkpoint(eager=eager)
+        merged.localCheckpoint = planned
+        return merged
+
+    monkeypatch.setattr(partial, "merge_batches", recording)
+    options = RollupOptions(kafka=KafkaSettings("127.0.0.1:9"), topic="t", output="/nowhere",
+                            resolutions=parse_resolutions("1m"))
+    state, counts, _ = first_pass(state_rows, options)
+    assert len(plans) == 1 and "kll_merge_agg_double" in plans[0]
+    assert "partial_" not in plans[0]
+    assert "partial_kll_merge_agg_double" in merge(state_rows, DEFAULT_DIMENSIONS)._jdf.queryExecution(
+    ).executedPlan().toString()
+    expected = python_state(spark, points, 1).filter(
+        F.col("error").isNull() & F.col("metric").isNotNull() & ~F.col("needs_previous")).drop(
+        "error", "needs_previous", "records", "points")
+    assert len(comparable(expected)) >= 10
+    assert comparable(state) == comparable(expected)
+    assert sorted((r["error"], r["records"]) for r in counts if r["error"]) == [("decompress-failed", 1), ("empty", 1)]
 
 
 def test_state_is_computed_over_runs_of_batches_holding_enough_points_and_merges_to_the_same(spark, monkeypatch):

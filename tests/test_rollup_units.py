@@ -367,6 +367,34 @@ def test_a_local_master_s_jvm_compiles_with_c1_only_unless_told_otherwise(monkey
     assert session.LOCAL_JVM_OPTIONS == "-XX:TieredStopAtLevel=1"
 
 
+class _Conf:
+    """spark.conf: a session's runtime settings."""
+
+    def __init__(self, settings):
+        self.settings = dict(settings)
+
+    def get(self, key, default=None):
+        return self.settings.get(key, default)
+
+    def set(self, key, value):
+        self.settings[key] = value
+
+    def unset(self, key):
+        self.settings.pop(key, None)
+
+
+def test_session_conf_holds_settings_for_its_block_only_and_puts_back_what_was_there():
+    from kcm_rollups.session import session_conf
+
+    spark = type("Session", (), {"conf": _Conf({"a": "1", "other": "x"})})()
+    with session_conf(spark, {"a": "2", "b": "3"}):
+        assert spark.conf.settings == {"a": "2", "b": "3", "other": "x"}
+    assert spark.conf.settings == {"a": "1", "other": "x"}   # b was unset before: unset again, not left at 3
+    with pytest.raises(ValueError), session_conf(spark, {"a": "4"}):
+        raise ValueError("a failed action")
+    assert spark.conf.settings == {"a": "1", "other": "x"}
+
+
 # ---------------------------------------------------------------- record times
 
 

@@ -507,8 +507,12 @@ def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any],
     from pyspark.sql import functions as F
 
     from kcm_rollups.partial import merge_batches
+    from kcm_rollups.session import BYPASS_PARTIAL_AGGREGATION, session_conf
 
-    state = merge_batches(state_rows, options.dimensions).localCheckpoint(eager=True)
+    # A key's rows come from the batches of one task or a few (the records are in time order): merged after the
+    # shuffle only (read stage's JVM time 0.7-1.0 -> 0.2 CPU-s at 1M points).
+    with session_conf(state_rows.sparkSession, {BYPASS_PARTIAL_AGGREGATION: "true"}):
+        state = merge_batches(state_rows, options.dimensions).localCheckpoint(eager=True)
     rows = state.groupBy("error", "read_partition").agg(
         F.sum("records").alias("records"), F.sum("points").alias("points"),
         F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative"),
@@ -648,16 +652,10 @@ def _read_partitioned_as_text(spark: Any, path: str) -> Any:
     `resolution=1d` reads as the number 1.0 (Java parses "1d" as a double). With every file's columns (Spark takes
     one file's by default, and rows an earlier run wrote with other --group-by dimensions would lose theirs when
     rewritten), and `path` taken as it is, not as a pattern (`[a]` or `{a}` in a directory name)."""
-    key = "spark.sql.sources.partitionColumnTypeInference.enabled"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, "false")
-    try:
+    from kcm_rollups.session import session_conf
+
+    with session_conf(spark, {"spark.sql.sources.partitionColumnTypeInference.enabled": "false"}):
         return spark.read.option("mergeSchema", "true").parquet(_literal(path))
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
 
 
 _GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")   # what Hadoop's glob patterns give a meaning: each escaped
