@@ -239,6 +239,30 @@ def test_the_windows_written_are_counted_once_per_window_over_every_date(spark, 
         8, {"1m": 2, "1h": 2})
 
 
+@pytest.mark.parametrize("seconds", [(10, 7210, 7270), ()])
+def test_what_rows_hold_is_the_same_observed_as_they_materialise_and_counted_by_a_query(spark, seconds):
+    from pyspark.sql import Observation
+
+    from kcm_rollups.job import RowsHeld, _rows_seen
+
+    points = [point(m, s, value=1.0) for m in ("a", "b") for s in seconds]
+    frame = spark.createDataFrame(points, POINTS_SCHEMA)
+    rows = rollup(frame, parse_resolutions("1m,1h")).withColumn("date", F.date_format("window_start", "yyyy-MM-dd"))
+    seen = Observation("test-rows")
+    materialised = rows.observe(seen, *_rows_seen(("1m", "1h"))).localCheckpoint(eager=True)
+    observed = RowsHeld.observed(seen.get, ("1m", "1h"))
+    assert observed == RowsHeld.counted(materialised, ("1m", "1h"))
+    latest = {label: None if at is None else at.replace(tzinfo=UTC).timestamp() - T0
+              for label, at in observed.latest.items()}
+    if seconds:   # two dates (T0 + 2h is midnight): 2 metrics x (3 minutes + 2 hours)
+        assert (observed.rows, observed.windows, latest) == (10, {"1m": 3, "1h": 2}, {"1m": 7260, "1h": 7200})
+        dates = [datetime.fromtimestamp(T0 + s, UTC).strftime("%Y-%m-%d") for s in (0, 7200)]
+        assert dates[0] != dates[1] and observed.partitions == {(r, d) for r in ("1m", "1h") for d in dates}
+    else:
+        assert (observed.rows, observed.windows, observed.partitions, latest) == (
+            0, {}, frozenset(), {"1m": None, "1h": None})
+
+
 def test_a_range_rerun_that_finds_no_records_any_more_keeps_the_other_windows_of_its_dates(spark, tmp_path):
     output = str(tmp_path / "out")
     write_rollups(spark, _rows(spark, [point("g", 10, value=1.0), point("g", -3590, value=3.0)]), output,
@@ -262,6 +286,13 @@ def test_the_top_rows_are_the_latest_windows_most_instances_first_and_no_more_th
                          point("c", 3610, "i1", value=1.0)])
     assert [(r["metric"], r["instances"], r["window_start"].replace(tzinfo=UTC).timestamp() - T0)
             for r in top_rows(rows, "1h", 2)] == [("b", 2, 3600), ("a", 1, 3600)]
+    # The latest window as run() observed it gives the same rows, without asking for it.
+    from kcm_rollups.job import RowsHeld
+
+    latest = RowsHeld.counted(rows, ("1m", "1h")).latest
+    assert top_rows(rows, "1h", 2, latest["1h"]) == top_rows(rows, "1h", 2)
+    assert [(r["metric"], r["window_start"]) for r in top_rows(rows, "1m", 5, latest["1m"])] == [
+        (metric, latest["1m"]) for metric in "bac"]   # b: two instances
 
 
 def test_the_cumulative_pass_counts_a_point_received_exactly_at_the_range_start(spark):

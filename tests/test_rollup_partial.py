@@ -165,43 +165,75 @@ def test_python_state_merged_over_batches_equals_spark_state_from_points(spark, 
     assert comparable(python_state(spark, points, batches)) == expected
 
 
-def test_first_pass_merges_the_batches_state_after_the_shuffle_only_into_the_same_state(spark, monkeypatch):
-    """Keys barely repeat within a task (records come in time order), so first_pass has Spark skip its partial
-    aggregation: the plan it materialises has none (merge_batches' own plan has), and its state is the same."""
-    import kcm_rollups.partial as partial
+def _job_options():
     from kcm_common.kafka import KafkaSettings
-    from kcm_rollups.job import RollupOptions, first_pass
+    from kcm_rollups.job import RollupOptions
     from kcm_rollups.windows import parse_resolutions
 
-    points = spark.createDataFrame(golden_points(), POINTS_SCHEMA)
-    state_rows = batch_state(spark, points, 5).repartition(3)
+    return RollupOptions(kafka=KafkaSettings("127.0.0.1:9"), topic="t", output="/nowhere",
+                         resolutions=parse_resolutions("1m"))
+
+
+def test_first_pass_merges_the_batches_state_after_the_shuffle_only_and_counts_while_it_materialises(spark,
+                                                                                                     monkeypatch):
+    """Keys barely repeat within a task (records come in time order), so first_pass has Spark skip its partial
+    aggregation: the plan it materialises has none (merge_batches' own plan has). Its state is the same, and what it
+    counts (observed on that one job) equals the points' own counts."""
+    from kcm_rollups.job import PassCounts, first_pass
+    from kcm_rollups.partial import read_ends_batch
+
+    # Three more points of the last cumulative record: points and records differ.
+    more = [{**point("c", 20, "i2", value=float(v), start_ns=1, **CUMULATIVE), "record_first": False}
+            for v in (1, 2, 3)]
+    points = spark.createDataFrame(golden_points() + more, POINTS_SCHEMA)
+    ends = [read_ends_batch({0: 7, 1: 3}, DEFAULT_DIMENSIONS), read_ends_batch({0: 12}, DEFAULT_DIMENSIONS)]
+    state_rows = batch_state(spark, points, 5).unionByName(spark.createDataFrame(
+        pa.Table.from_batches(ends), state_schema(DEFAULT_DIMENSIONS))).repartition(3)
     plans = []
-    merge = partial.merge_batches
+    frames = type(state_rows)   # Spark 4's classic DataFrame, under pyspark.sql.DataFrame
+    checkpoint = frames.localCheckpoint
 
-    def recording(state, dimensions):
-        merged = merge(state, dimensions)
-        checkpoint = merged.localCheckpoint
-
-        def planned(eager=True):
-            plans.append(merged._jdf.queryExecution().executedPlan().toString())
-            return checkpoint(eager=eager)
-        merged.localCheckpoint = planned
-        return merged
-
-    monkeypatch.setattr(partial, "merge_batches", recording)
-    options = RollupOptions(kafka=KafkaSettings("127.0.0.1:9"), topic="t", output="/nowhere",
-                            resolutions=parse_resolutions("1m"))
-    state, counts, _ = first_pass(state_rows, options)
+    def planned(frame, eager=True):
+        plans.append(frame._jdf.queryExecution().executedPlan().toString())
+        return checkpoint(frame, eager=eager)
+    monkeypatch.setattr(frames, "localCheckpoint", planned)
+    state, counts, read_ends = first_pass(state_rows, _job_options())
     assert len(plans) == 1 and "kll_merge_agg_double" in plans[0]
     assert "partial_" not in plans[0]
-    assert "partial_kll_merge_agg_double" in merge(state_rows, DEFAULT_DIMENSIONS)._jdf.queryExecution(
+    assert "partial_kll_merge_agg_double" in merge_batches(state_rows, DEFAULT_DIMENSIONS)._jdf.queryExecution(
     ).executedPlan().toString()
     expected = python_state(spark, points, 1).filter(
         F.col("error").isNull() & F.col("metric").isNotNull() & ~F.col("needs_previous")).drop(
         "error", "needs_previous", "records", "points")
     assert len(comparable(expected)) >= 10
     assert comparable(state) == comparable(expected)
-    assert sorted((r["error"], r["records"]) for r in counts if r["error"]) == [("decompress-failed", 1), ("empty", 1)]
+    decoded = points.filter(F.col("error").isNull())
+    assert counts == PassCounts(
+        records=points.filter("record_first").count(), points=decoded.count(),
+        cumulative=decoded.filter(needs_previous()).count(),
+        histograms=reference_state(points).filter(F.col("type") == "histogram").count(),
+        decode_errors={"decompress-failed": 1, "empty": 1})
+    assert counts.cumulative >= 3 and counts.histograms >= 4
+    assert read_ends == {0: 12, 1: 3}
+
+
+def test_without_decode_errors_the_first_pass_runs_no_job_but_the_merge(spark):
+    from kcm_rollups.job import first_pass
+    from kcm_rollups.session import BYPASS_PARTIAL_AGGREGATION, session_conf
+
+    points = spark.createDataFrame([p for p in golden_points() if p["error"] is None], POINTS_SCHEMA)
+    state_rows = batch_state(spark, points, 3).repartition(2).localCheckpoint(eager=True)
+    tracker = spark.sparkContext.statusTracker()
+
+    def jobs_of(action):
+        before = set(tracker.getJobIdsForGroup(None))
+        result = action()
+        return len(set(tracker.getJobIdsForGroup(None)) - before), result
+    with session_conf(spark, {BYPASS_PARTIAL_AGGREGATION: "true"}):
+        merge_only, _ = jobs_of(lambda: merge_batches(state_rows, DEFAULT_DIMENSIONS).localCheckpoint(eager=True))
+    jobs, (_, counts, _) = jobs_of(lambda: first_pass(state_rows, _job_options()))
+    assert counts.records == points.count() and not counts.decode_errors
+    assert merge_only >= 1 and jobs == merge_only
 
 
 def test_state_is_computed_over_runs_of_batches_holding_enough_points_and_merges_to_the_same(spark, monkeypatch):

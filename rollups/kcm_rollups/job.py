@@ -422,6 +422,7 @@ def default_master(master: str | None) -> str | None:
 
 def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> RollupResult:
     """The job on an existing session: read, decode, roll up, write, summarise."""
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from kcm_rollups.aggregate import rollup_state
@@ -439,7 +440,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     since_micros, until = (span[0] * 1_000_000, span[1]) if span else (None, None)
     state, counts, read_ends = first_pass(read_state(spark, options, span[0] if span else None, until), options)
     finished("read, decode and aggregate")
-    if sum(r["cumulative"] or 0 for r in counts):
+    if counts.cumulative:
         # Only what the cumulative pass reads crosses from the Python workers to the JVM.
         columns = tuple(dict.fromkeys(CUMULATIVE_INPUTS + options.dimensions))
         state, unpreceded = add_cumulative(state, read_points(spark, options, read_from, until, columns), options,
@@ -449,13 +450,15 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
             log.warning("%d cumulative stream(s) found no point in the --lookback of %s before their first in the "
                         "range: their increase up to it is counted by no run; give a --lookback longer than the "
                         "longest push interval", unpreceded, duration_label(options.lookback_seconds))
-    histograms = any(r["histograms"] for r in counts)
-    rows = rollup_state(state, options.resolutions, options.dimensions, histograms)
-    rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(options)).withColumn(
-        "date", F.date_format("window_start", "yyyy-MM-dd")).localCheckpoint(eager=True)
-    finished("finish")
+    rows = rollup_state(state, options.resolutions, options.dimensions, counts.histograms > 0)
     labels = tuple(r.label for r in options.resolutions)
-    rows_written, windows = write_rollups(spark, rows, options.output, span, labels)
+    seen = Observation("kcm-rollup-rows")   # what write_rollups and top_rows need, counted as the rows materialise
+    rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(options)).withColumn(
+        "date", F.date_format("window_start", "yyyy-MM-dd")).observe(seen, *_rows_seen(labels)).localCheckpoint(
+        eager=True)
+    held = RowsHeld.observed(seen.get, labels)
+    finished("finish")
+    rows_written, windows = write_rollups(spark, rows, options.output, span, labels, held)
     windows = {r.label: windows[r.label] for r in options.resolutions if r.label in windows}  # finest first
     finished("write")
     exported = None
@@ -474,12 +477,12 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
             ended = ended & (closes <= F.lit(int(now.timestamp())))
         exported = (options.otlp.endpoint, *export_rows(rows.filter(ended), options.otlp, options.dimensions))
         finished("OTLP export")
-    top = top_rows(rows, options.resolutions[-1].label, options.top)
+    top = top_rows(rows, options.resolutions[-1].label, options.top, held.latest[options.resolutions[-1].label])
     finished("summary")
     return RollupResult(
-        input_records=sum(r["records"] or 0 for r in counts),
-        decode_errors={r["error"]: r["records"] for r in counts if r["error"] is not None},
-        points=sum(r["points"] for r in counts if r["error"] is None),
+        input_records=counts.records,
+        decode_errors=counts.decode_errors,
+        points=counts.points,
         rows_written=rows_written,
         windows=windows,
         window_range=(datetime.fromtimestamp(span[0], timezone.utc), datetime.fromtimestamp(span[1], timezone.utc))
@@ -497,29 +500,55 @@ CUMULATIVE_INPUTS: tuple[str, ...] = ("partition", "offset", "record_micros", "c
                                       "attributes", "value", "count", "sum", "bucket_counts", "bounds", "error")
 
 
-def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, list[Any], dict[int, int]]:
-    """One pass over the records: the finest windows' state of every point that needs no predecessor; per decode
-    error the records and points, with how many points are cumulative (those need `add_cumulative`) and how many
-    state rows are histograms (only then does `finish` need its histogram UDF); and per partition read the offset
-    after the last record read (the cumulative pass takes no record the first did not see: one appended since).
-    `state_rows` is what `read_state` gives: state per batch, computed where the records were decoded."""
+@dataclass(frozen=True)
+class PassCounts:
+    """What the first pass counted: records read (decode errors included), points decoded, cumulative points (they
+    need `add_cumulative`), histogram state rows (only then does `finish` need its histogram UDF), records per decode
+    error reason."""
+
+    records: int
+    points: int
+    cumulative: int
+    histograms: int
+    decode_errors: dict[str, int]
+
+
+def first_pass(state_rows: Any, options: RollupOptions) -> tuple[Any, PassCounts, dict[int, int]]:
+    """One pass over the records: the finest windows' state of every point that needs no predecessor; what it
+    counted; and per partition read the offset after the last record read (the cumulative pass takes no record the
+    first did not see: one appended since). `state_rows` is what `read_state` gives: state per batch, computed where
+    the records were decoded."""
     # Cumulative points are rare (KIP-714 brokers ask clients for deltas) and get a pass of their own.
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from kcm_rollups.partial import merge_batches
     from kcm_rollups.session import BYPASS_PARTIAL_AGGREGATION, session_conf
 
+    # Counted while the merged state is materialised, not by a job of their own. Decode errors are rare: only their
+    # reasons are observed, and their records counted by a query when there are any.
+    seen = Observation("kcm-rollup-first-pass")
+    counted = F.col("read_partition").isNull()   # the other rows say how far a read went
+    merged = merge_batches(state_rows, options.dimensions).observe(
+        seen,
+        F.sum(F.when(counted, F.col("records"))).alias("records"),
+        F.sum(F.when(counted & F.col("error").isNull(), F.col("points"))).alias("points"),
+        F.sum(F.when(counted & F.col("needs_previous"), F.col("points"))).alias("cumulative"),
+        F.count(F.when(counted & (F.col("type") == "histogram"), True)).alias("histograms"),
+        F.collect_set(F.when(counted, F.col("error"))).alias("errors"),
+        F.collect_list(F.when(~counted, F.struct("read_partition", "read_end"))).alias("read_ends"))
     # A key's rows come from the batches of one task or a few (the records are in time order): merged after the
     # shuffle only (read stage's JVM time 0.7-1.0 -> 0.2 CPU-s at 1M points).
     with session_conf(state_rows.sparkSession, {BYPASS_PARTIAL_AGGREGATION: "true"}):
-        state = merge_batches(state_rows, options.dimensions).localCheckpoint(eager=True)
-    rows = state.groupBy("error", "read_partition").agg(
-        F.sum("records").alias("records"), F.sum("points").alias("points"),
-        F.sum(F.when(F.col("needs_previous"), F.col("points"))).alias("cumulative"),
-        F.count(F.when(F.col("type") == "histogram", True)).alias("histograms"),
-        F.max("read_end").alias("read_end")).collect()
-    counts = [row for row in rows if row["read_partition"] is None]
-    read_ends = {row["read_partition"]: row["read_end"] for row in rows if row["read_partition"] is not None}
+        state = merged.localCheckpoint(eager=True)
+    metrics = seen.get
+    errors = {}
+    if metrics["errors"]:
+        errors = {row["error"]: row["records"] for row in state.filter(counted & F.col("error").isNotNull())
+                  .groupBy("error").agg(F.sum("records").alias("records")).collect()}
+    counts = PassCounts(records=metrics["records"] or 0, points=metrics["points"] or 0,
+                        cumulative=metrics["cumulative"] or 0, histograms=metrics["histograms"], decode_errors=errors)
+    read_ends = {row["read_partition"]: row["read_end"] for row in metrics["read_ends"]}   # merged: one a partition
     good = state.filter(F.col("error").isNull() & F.col("metric").isNotNull() & ~F.col("needs_previous"))
     return good.drop("error", "needs_previous", "records", "points", "read_partition", "read_end"), counts, read_ends
 
@@ -563,21 +592,55 @@ def _seen_by_first_pass(read_ends: dict[int, int], since_micros: int | None) -> 
     return F.when(end.isNull(), before).otherwise(F.col("offset") < end)
 
 
+@dataclass(frozen=True)
+class RowsHeld:
+    """What rollup rows hold: how many, the windows of each resolution, the (resolution, date) partitions they fall
+    in, and each resolution's latest window start (None without rows)."""
+
+    rows: int
+    windows: dict[str, int]
+    partitions: frozenset[tuple[str, str]]
+    latest: dict[str, datetime | None]
+
+    @classmethod
+    def observed(cls, metrics: dict[str, Any], labels: tuple[str, ...]) -> RowsHeld:
+        """From the metrics `_rows_seen(labels)` observed over rows of those resolutions."""
+        windows = {label: metrics[f"windows {label}"] for label in labels if metrics[f"windows {label}"]}
+        return cls(rows=metrics["rows"], windows=windows,
+                   partitions=frozenset((row["resolution"], row["date"]) for row in metrics["partitions"]),
+                   latest={label: metrics[f"latest {label}"] for label in labels})
+
+    @classmethod
+    def counted(cls, rows: Any, labels: tuple[str, ...]) -> RowsHeld:
+        """By a query over materialised `rows` of those resolutions (when nothing observed them)."""
+        return cls.observed(rows.agg(*_rows_seen(labels)).first().asDict(recursive=False), labels)
+
+
+def _rows_seen(labels: tuple[str, ...]) -> list[Any]:
+    """Aggregates over rollup rows giving RowsHeld: to observe as they materialise, or to ask for."""
+    # The window starts of a resolution are gathered as a set: as large as the run's windows (1,440 a day at 1m).
+    from pyspark.sql import functions as F
+
+    per_label = []
+    for label in labels:
+        start = F.when(F.col("resolution") == label, F.col("window_start"))
+        per_label += [F.size(F.collect_set(start)).alias(f"windows {label}"), F.max(start).alias(f"latest {label}")]
+    return [F.count(F.lit(1)).alias("rows"), F.collect_set(F.struct("resolution", "date")).alias("partitions"),
+            *per_label]
+
+
 def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None,
-                  resolutions: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+                  resolutions: tuple[str, ...], held: RowsHeld | None = None) -> tuple[int, dict[str, int]]:
     """Replace exactly this run's windows under `output` with the materialised rows `new` (all windows of a time range
     in `resolutions`, else the ones computed), keeping all others; returns the number of rows and of windows per
-    resolution."""
+    resolution. `held`: what `new` holds, if already known."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors.exceptions.captured import CapturedException
     from pyspark.sql import functions as F
 
-    touched = new.groupBy("resolution", "date").agg(
-        F.count_distinct("window_start").alias("windows"), F.count("*").alias("rows")).collect()
-    windows: dict[str, int] = {}
-    for row in touched:
-        windows[row["resolution"]] = windows.get(row["resolution"], 0) + row["windows"]
-    rows_written = sum(row["rows"] for row in touched)
+    held = held or RowsHeld.counted(new, resolutions)
+    windows = dict(held.windows)
+    rows_written = held.rows
     existing = None
     target = output_target(spark, output)
     if target.exists():
@@ -591,7 +654,7 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
         if existing is not None and not {"resolution", "date", "window_start"} <= set(existing.columns):
             raise UserError(f"--output {output} holds Parquet that is not kcm rollups (no resolution, date and "
                             "window_start columns); give a new directory or one earlier runs wrote")
-    partitions = {(row["resolution"], row["date"]) for row in touched}
+    partitions = set(held.partitions)
     combined = new
     if existing is not None:
         if span is not None:
@@ -615,7 +678,7 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
         raise UserError(f"cannot write the rollups to --output {output}: {_first_line(err)}") from None
     # A partition whose every window was replaced by nothing is not rewritten by the overwrite: remove it. Partitions
     # with new rows are kept for sure; only the others need a look.
-    emptied = partitions - {(row["resolution"], row["date"]) for row in touched}
+    emptied = partitions - held.partitions
     if emptied:
         emptied -= {(r["resolution"], r["date"]) for r in combined.select("resolution", "date").distinct().collect()}
     for resolution, date in sorted(emptied):
@@ -692,12 +755,14 @@ class _HadoopPath:
         self._fs.delete(self._path, True)
 
 
-def top_rows(rows: Any, resolution: str, limit: int) -> list[dict[str, Any]]:
-    """The rows of the latest window of `resolution`, most instances first, as plain dicts for printing."""
+def top_rows(rows: Any, resolution: str, limit: int, latest: datetime | None = None) -> list[dict[str, Any]]:
+    """The rows of the latest window of `resolution` (`latest`, if known), most instances first, as plain dicts for
+    printing."""
     from pyspark.sql import functions as F
 
     finest = rows.filter(F.col("resolution") == resolution)
-    latest = finest.agg(F.max("window_start")).first()[0]
+    if latest is None:
+        latest = finest.agg(F.max("window_start")).first()[0]
     if latest is None:
         return []
     chosen = finest.filter(F.col("window_start") == latest).orderBy(
