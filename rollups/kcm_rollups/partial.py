@@ -308,4 +308,4 @@ def merge_batches(state: Any, dimensions: Sequence[str]) -> Any:
     return merge_state(state, None, dimensions, extra_keys=("error", "needs_previous", "read_partition"),
                        extra=(F.sum("records").alias("records"), F.sum("points").alias("points"),
                               F.max("read_end").alias("read_end")),
-                       last_order=F.struct(*[name for name, _ in _ORDER]))
+                       last_order=f"struct({', '.join(name for name, _ in _ORDER)})")
