@@ -250,7 +250,9 @@ def test_what_rows_hold_is_the_same_observed_as_they_materialise_and_counted_by_
     rows = rollup(frame, parse_resolutions("1m,1h")).withColumn("date", F.date_format("window_start", "yyyy-MM-dd"))
     seen = Observation("test-rows")
     materialised = rows.observe(seen, *_rows_seen(("1m", "1h"))).localCheckpoint(eager=True)
-    observed = RowsHeld.observed(seen.get, ("1m", "1h"))
+    observed = RowsHeld.observed(seen.get, materialised, ("1m", "1h"))
+    # Nothing observed grows with the windows: every task would send it to the driver.
+    assert set(seen.get) == {"rows", "partitions", "latest 1m", "latest 1h"}
     assert observed == RowsHeld.counted(materialised, ("1m", "1h"))
     latest = {label: None if at is None else at.replace(tzinfo=UTC).timestamp() - T0
               for label, at in observed.latest.items()}

@@ -456,7 +456,7 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     rows = rows.withColumn("partial", (F.col("window_end") > F.lit(now)) | _cut_by_offsets(options)).withColumn(
         "date", F.date_format("window_start", "yyyy-MM-dd")).observe(seen, *_rows_seen(labels)).localCheckpoint(
         eager=True)
-    held = RowsHeld.observed(seen.get, labels)
+    held = RowsHeld.observed(seen.get, rows, labels)
     finished("finish")
     rows_written, windows = write_rollups(spark, rows, options.output, span, labels, held)
     windows = {r.label: windows[r.label] for r in options.resolutions if r.label in windows}  # finest first
@@ -603,9 +603,15 @@ class RowsHeld:
     latest: dict[str, datetime | None]
 
     @classmethod
-    def observed(cls, metrics: dict[str, Any], labels: tuple[str, ...]) -> RowsHeld:
-        """From the metrics `_rows_seen(labels)` observed over rows of those resolutions."""
-        windows = {label: metrics[f"windows {label}"] for label in labels if metrics[f"windows {label}"]}
+    def observed(cls, metrics: dict[str, Any], rows: Any, labels: tuple[str, ...]) -> RowsHeld:
+        """From the metrics `_rows_seen(labels)` observed over the materialised `rows` of those resolutions; their
+        windows counted by a query (every task would send the driver a set of all window starts to observe: 8 bytes
+        a window a task, past spark.driver.maxResultSize for a week of 1s windows)."""
+        from pyspark.sql import functions as F
+
+        counted = {row["resolution"]: row["windows"] for row in rows.groupBy("resolution").agg(
+            F.count_distinct("window_start").alias("windows")).collect()}
+        windows = {label: counted[label] for label in labels if counted.get(label)}
         return cls(rows=metrics["rows"], windows=windows,
                    partitions=frozenset((row["resolution"], row["date"]) for row in metrics["partitions"]),
                    latest={label: metrics[f"latest {label}"] for label in labels})
@@ -613,20 +619,18 @@ class RowsHeld:
     @classmethod
     def counted(cls, rows: Any, labels: tuple[str, ...]) -> RowsHeld:
         """By a query over materialised `rows` of those resolutions (when nothing observed them)."""
-        return cls.observed(rows.agg(*_rows_seen(labels)).first().asDict(recursive=False), labels)
+        return cls.observed(rows.agg(*_rows_seen(labels)).first().asDict(recursive=False), rows, labels)
 
 
 def _rows_seen(labels: tuple[str, ...]) -> list[Any]:
     """Aggregates over rollup rows giving RowsHeld: to observe as they materialise, or to ask for."""
-    # The window starts of a resolution are gathered as a set: as large as the run's windows (1,440 a day at 1m).
+    # Only bounded values: the partitions are as many as the run's days times its resolutions.
     from pyspark.sql import functions as F
 
-    per_label = []
-    for label in labels:
-        start = F.when(F.col("resolution") == label, F.col("window_start"))
-        per_label += [F.size(F.collect_set(start)).alias(f"windows {label}"), F.max(start).alias(f"latest {label}")]
+    latest = [F.max(F.when(F.col("resolution") == label, F.col("window_start"))).alias(f"latest {label}")
+              for label in labels]
     return [F.count(F.lit(1)).alias("rows"), F.collect_set(F.struct("resolution", "date")).alias("partitions"),
-            *per_label]
+            *latest]
 
 
 def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | None,
