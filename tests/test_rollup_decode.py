@@ -252,6 +252,29 @@ def test_batches_of_points_are_cut_by_their_text_and_hold_the_same_rows():
     assert [batch.num_rows for batch in flatten_batches([records])] == [20]
 
 
+def test_batches_of_only_some_columns_hold_those_of_the_whole_rows_with_the_same_errors_and_cuts():
+    """With `columns`, flatten_batches builds only those (the state path needs 17 of 33): the same values, the same
+    error rows, batches cut where the whole rows are; a name POINTS_SCHEMA lacks is refused."""
+    from kcm_rollups.partial import state_input_columns
+
+    good = [(f"id-{i}", client_metrics(f"app-{i}").SerializeToString(),
+             {"client_id": f"app-{i}", "principal": "User:" + "u" * 1000}) for i in range(6)]
+    records = records_batch(good[:3] + [("bad", b"\x0a\xff", {})] + good[3:])
+    columns = state_input_columns(("client_id", "attributes"))
+    assert "principal" not in columns and "topic" not in columns and "resource" in columns
+    whole = list(flatten_batches([records], max_text=3000))
+    some = list(flatten_batches([records], max_text=3000, columns=columns))
+    assert len(some) == len(whole) > 1 and all(batch.schema.names == columns for batch in some)
+    assert [b.to_pylist() for b in some] == [b.select(columns).to_pylist() for b in whole]
+    assert sum(row["error"] is not None for b in some for row in b.to_pylist()) == 1
+    try:
+        list(flatten_batches([records], columns=["metric", "no_such_column"]))
+    except ValueError as err:
+        assert "no_such_column" in str(err)
+    else:
+        raise AssertionError("an unknown column was accepted")
+
+
 def test_an_empty_or_blank_key_header_or_attribute_names_no_one_so_resources_keep_other_writers_apart():
     """Producers that send b"" rather than a null key, or an empty instance-id header, must not make every resource
     of their records one instance (and one cumulative stream): an empty value is absent."""

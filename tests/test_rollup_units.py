@@ -615,11 +615,11 @@ def test_points_arrow_cannot_hold_become_a_too_large_row_per_record_not_a_failed
     *_, records_batch = _decode_helpers()
     real, calls = decode._Rows.batch, []
 
-    def fails_once(self, records, headers):
+    def fails_once(self, records, headers, fields):
         calls.append(1)
         if len(calls) == 1:
             raise pa.ArrowCapacityError("array cannot contain more than 2147483646 bytes")
-        return real(self, records, headers)
+        return real(self, records, headers, fields)
 
     monkeypatch.setattr(decode._Rows, "batch", fails_once)
     good = client_metrics().SerializeToString()

@@ -13,7 +13,7 @@ never fails the job.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,12 +94,17 @@ def decode_points(records: DataFrame) -> DataFrame:
     return decode_input(records).mapInArrow(flatten_batches, POINTS_SCHEMA)
 
 
-def flatten_batches(batches: Iterator[pa.RecordBatch],
-                    max_text: int | None = MAX_BATCH_TEXT) -> Iterator[pa.RecordBatch]:
+def flatten_batches(batches: Iterator[pa.RecordBatch], max_text: int | None = MAX_BATCH_TEXT,
+                    columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function: each batch of records into batches of points, a new one once a batch holds
-    `max_text` characters of text (None: never), so that no text column nears Arrow's 2 GiB."""
+    `max_text` characters of text (None: never), so that no text column nears Arrow's 2 GiB. With `columns` (names
+    of POINTS_SCHEMA, in its order) the batches hold only those: the others are never built. Which records are
+    error rows, and where batches are cut, does not depend on them."""
+    fields = [field for field in POINTS_SCHEMA if columns is None or field.name in columns]
+    if columns is not None and len(fields) != len(set(columns)):
+        raise ValueError(f"not columns of POINTS_SCHEMA: {sorted(set(columns) - set(POINTS_SCHEMA.names))}")
     for batch in batches:
-        yield from _Flattener(batch).batches(max_text)
+        yield from _Flattener(batch, fields).batches(max_text)
 
 
 def header_columns(headers: pa.Array, names: tuple[str, ...]) -> dict[str, pa.Array]:
@@ -134,14 +139,15 @@ def utf8_text(raw: pa.Array) -> pa.Array:
 def flatten(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decode every record of `batch` (DECODE_INPUT_SCHEMA) with the shared codec and flatten its data points column
     by column, into one batch (flatten_batches cuts a large one into several)."""
-    return next(_Flattener(batch).batches(None))
+    return next(_Flattener(batch, list(POINTS_SCHEMA)).batches(None))
 
 
 class _Flattener:
     """The records of one input batch, read column by column once, flattened into batches of points."""
 
-    def __init__(self, batch: pa.RecordBatch) -> None:
+    def __init__(self, batch: pa.RecordBatch, fields: list[StructField]) -> None:
         self._batch = batch
+        self._fields = fields
         self._values = batch.column("value").to_pylist()
         # Spark's binary-to-string cast of the key does not check it is UTF-8 (the key is the producer's): read as
         # bytes and replaced as the codec replaces them, rather than failing the batch and with it the job.
@@ -230,13 +236,13 @@ class _Flattener:
         """The batch of `rows`; if Arrow cannot hold it, an error row per record instead, counted as decode errors
         rather than failing the job."""
         try:
-            return rows.batch(self._batch, self._headers)
+            return rows.batch(self._batch, self._headers, self._fields)
         except (pa.ArrowException, MemoryError) as err:
             message = f"its points do not fit in an Arrow batch ({type(err).__name__}: {str(err)[:200]})"
         failed = _Rows()
         for i in dict.fromkeys(rows.built.record):
             self._add_empty(failed, i, self._given[i], TOO_LARGE, message)
-        return failed.batch(self._batch, self._headers)
+        return failed.batch(self._batch, self._headers, self._fields)
 
 
 class _Rows:
@@ -257,12 +263,13 @@ class _Rows:
         self.resources.append(resource)
         self.part_rows.append(count)
 
-    def batch(self, records: pa.RecordBatch, headers: dict[str, pa.Array]) -> pa.RecordBatch:
+    def batch(self, records: pa.RecordBatch, headers: dict[str, pa.Array],
+              fields: list[StructField]) -> pa.RecordBatch:
         built = self.built
         indices = pa.array(built.record, pa.int64())
         parts_of_rows = pa.array(np.repeat(np.arange(len(self.part_rows), dtype=np.int64), self.part_rows))
         arrays = []
-        for field in POINTS_SCHEMA:
+        for field in fields:
             if field.name in ("topic", "partition", "offset", "record_micros"):
                 arrays.append(records.column(field.name).take(indices))
             elif field.name in CARRIED:
@@ -275,7 +282,7 @@ class _Rows:
                 arrays.append(pa.array(self.first, pa.bool_()))
             else:
                 arrays.append(built.column(field.name, _ARROW_TYPES[field.dataType.simpleString()]))
-        return pa.RecordBatch.from_arrays(arrays, names=POINTS_SCHEMA.names)
+        return pa.RecordBatch.from_arrays(arrays, names=[field.name for field in fields])
 
 
 def _present(text: Any) -> Any:

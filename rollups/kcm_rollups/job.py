@@ -210,16 +210,18 @@ def state_of_records(records: Any, options: RollupOptions, since_micros: int | N
     `mapInArrow`. Records outside the time range reach it only for their offsets (how far the read went), without
     key, value and headers."""
     from kcm_rollups.decode import decode_input, flatten_batches
-    from kcm_rollups.partial import noting_read_ends, partial_batches, read_ends_batch, state_schema
+    from kcm_rollups.partial import (noting_read_ends, partial_batches, read_ends_batch, state_input_columns,
+                                     state_schema)
 
     size, dimensions = options.resolutions[0].seconds, options.dimensions
+    columns = state_input_columns(dimensions)
     records = _payload_in_range_only(records, since_micros, until_micros)
 
     def state_of(batches: Any) -> Any:
         # Records out of the time range are dropped here, not before: how far the read went counts them too.
         read_ends: dict[int, int] = {}
-        yield from partial_batches(flatten_batches(noting_read_ends(batches, read_ends, since_micros, until_micros)),
-                                   size, dimensions)
+        points = flatten_batches(noting_read_ends(batches, read_ends, since_micros, until_micros), columns=columns)
+        yield from partial_batches(points, size, dimensions)
         if read_ends:
             yield read_ends_batch(read_ends, dimensions)
 

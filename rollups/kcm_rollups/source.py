@@ -473,13 +473,14 @@ class KafkaReader(DataSourceReader):
             return  # nothing was planned (every range empty): PySpark still reads one partition it made up
         if self._options.decode == "state":
             from kcm_rollups.decode import flatten_batches
-            from kcm_rollups.partial import partial_batches, read_ends_batch
+            from kcm_rollups.partial import partial_batches, read_ends_batch, state_input_columns
 
             options = self._options
             read_ends: dict[int, int] = {}
             batches = self._in_time(read_range(options, partition, read_ends))
-            yield from partial_batches(flatten_batches(records_to_decode_input(records) for records in batches),
-                                       options.window_seconds, options.dimensions)
+            points = flatten_batches((records_to_decode_input(records) for records in batches),
+                                     columns=state_input_columns(options.dimensions))
+            yield from partial_batches(points, options.window_seconds, options.dimensions)
             yield read_ends_batch(read_ends, options.dimensions)   # how far it read, for the job's cumulative pass
             return
         if self._options.decode == "points":
@@ -487,7 +488,7 @@ class KafkaReader(DataSourceReader):
 
             columns = list(self._options.columns) or None
             batches = self._in_time(read_range(self._options, partition))
-            for points in flatten_batches(records_to_decode_input(records) for records in batches):
+            for points in flatten_batches((records_to_decode_input(records) for records in batches), columns=columns):
                 yield points.select(columns) if columns else points
             return
         schema = to_arrow_schema(self._schema, timezone="UTC")
