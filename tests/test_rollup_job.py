@@ -682,6 +682,37 @@ def test_a_run_rewrites_the_rows_it_keeps_with_the_dimension_columns_earlier_run
         ("1h", "User:alice", 1.0), ("1h", "User:bob", 5.0), ("1m", "User:alice", 1.0), ("1m", "User:bob", 5.0)]
 
 
+def test_a_run_reads_only_the_partitions_it_writes_or_whose_windows_it_replaces(spark, tmp_path):
+    """Every file footer under the output was read on every run (to merge their columns), so a scheduled run cost
+    more with every day the output held. Only the partitions a run writes, or whose windows its range replaces, are
+    read now: another day's file that is not even Parquet is neither read nor touched, for a time range as for
+    offsets, while the run's own partitions are still replaced."""
+    import pyarrow.parquet
+
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
+    from test_rollup_math import T0, point
+
+    output, both = str(tmp_path / "out"), ("1m", "1h")
+    other_day = tmp_path / "out" / "resolution=1m" / "date=2020-01-01"
+    other_day.mkdir(parents=True)
+    (other_day / "part-0.parquet").write_bytes(b"not parquet")
+    date = datetime.fromtimestamp(T0, timezone.utc).date().isoformat()
+    for value, span in ((1.0, (T0, T0 + 3600)), (5.0, (T0, T0 + 3600)), (7.0, None)):
+        write_rollups(spark, _rollup_rows(spark, [point("g", 10, value=value)], DEFAULT_DIMENSIONS), output, span,
+                      both)
+        for resolution in both:
+            written = pyarrow.parquet.read_table(f"{output}/resolution={resolution}/date={date}")
+            assert written.column("max").to_pylist() == [value], (resolution, span)
+    assert (other_day / "part-0.parquet").read_bytes() == b"not parquet"
+    # A range's own partitions are found in any session time zone: the dates of its ends and a day either side.
+    from kcm_rollups.job import _dates_around
+
+    assert _dates_around((T0, T0 + 3600)) == ["2023-11-13", "2023-11-14", "2023-11-15"]
+    assert _dates_around((T0, T0 + 7200)) == ["2023-11-13", "2023-11-14", "2023-11-15"]   # ends at midnight
+    assert _dates_around((T0, T0 + 7201))[-1] == "2023-11-16" and _dates_around((T0, T0))[0] == "2023-11-13"
+    assert len(_dates_around((T0, T0 + 30 * 86400))) == 33
+
+
 def test_an_output_named_with_glob_characters_is_found_again_by_the_next_run(spark, tmp_path):
     """The existing rows were read back through Spark, which takes `[a]`, `{a}` and `?` as a pattern: the second run
     found nothing there (or a neighbour) and refused the output an earlier run wrote as "not kcm rollups". One name

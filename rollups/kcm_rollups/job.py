@@ -647,20 +647,13 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
     held = held or RowsHeld.counted(new, resolutions)
     windows = dict(held.windows)
     rows_written = held.rows
-    existing = None
-    target = output_target(spark, output)
-    if target.exists():
-        try:
-            existing = _read_partitioned_as_text(spark, output)
-        except (CapturedException, Py4JJavaError) as err:
-            # An empty directory (made by hand, or by a failed first run): nothing to keep.
-            if "UNABLE_TO_INFER_SCHEMA" not in str(err):
-                raise UserError(f"--output {output} holds files that are not kcm rollups "
-                                f"({_first_line(err)}); give a new directory or one earlier runs wrote") from None
-        if existing is not None and not {"resolution", "date", "window_start"} <= set(existing.columns):
-            raise UserError(f"--output {output} holds Parquet that is not kcm rollups (no resolution, date and "
-                            "window_start columns); give a new directory or one earlier runs wrote")
     partitions = set(held.partitions)
+    # Earlier rows matter only in the partitions this run writes, or whose windows its range replaces: only those are
+    # read (their files' footers too), so a run costs the same however many days the output holds.
+    wanted = set(partitions)
+    if span is not None:
+        wanted |= {(resolution, date) for resolution in resolutions for date in _dates_around(span)}
+    existing = _existing_rollups(spark, output, wanted)
     combined = new
     if existing is not None:
         if span is not None:
@@ -692,6 +685,51 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
     return rows_written, windows
 
 
+def _dates_around(span: tuple[int, int]) -> list[str]:
+    """Every date (yyyy-MM-dd) a window starting in `span` can be written under, whatever the session's time zone:
+    those of its first and last second, a day more on either side, and all between."""
+    first = datetime.fromtimestamp(span[0], timezone.utc).date() - timedelta(days=1)
+    last = datetime.fromtimestamp(max(span[0], span[1] - 1), timezone.utc).date() + timedelta(days=1)
+    return [(first + timedelta(days=day)).isoformat() for day in range((last - first).days + 1)]
+
+
+def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> Any:
+    """The rows earlier runs wrote under `output` in those of the (resolution, date) partitions `wanted` that exist,
+    None if none does; UserError if `output` holds anything but kcm rollups."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    target = output_target(spark, output)
+    if not target.exists():
+        return None
+    mistaken = (f"--output {output} holds {{}} that {{}} not kcm rollups{{}}; give a new directory or one earlier runs "
+                "wrote")
+    # What kcm writes there: resolution=... directories, besides _SUCCESS and hidden files, which Spark skips.
+    entries = dict(item for item in target.children() if not item[0].startswith(("_", ".")))
+    foreign = sorted(name for name, is_dir in entries.items() if not (is_dir and name.startswith("resolution=")))
+    if foreign:
+        raise UserError(mistaken.format("files", "are", f" ({', '.join(foreign[:3])})"))
+    root = output.rstrip("/")
+    paths = []
+    for resolution in sorted({resolution for resolution, _ in wanted}):
+        if entries.get(f"resolution={resolution}"):
+            directory = _HadoopPath(spark, f"{root}/resolution={resolution}")
+            dates = {name for name, is_dir in directory.children() if is_dir}
+            paths += [f"{root}/resolution={resolution}/date={date}" for label, date in sorted(wanted)
+                      if label == resolution and f"date={date}" in dates]
+    if not paths:
+        return None
+    try:
+        existing = _read_partitioned_as_text(spark, output, paths)
+    except (CapturedException, Py4JJavaError) as err:
+        if "UNABLE_TO_INFER_SCHEMA" in str(err):
+            return None   # partitions without Parquet (a failed run's, or made by hand): nothing to keep
+        raise UserError(mistaken.format("files", "are", f" ({_first_line(err)})")) from None
+    if not {"resolution", "date", "window_start"} <= set(existing.columns):
+        raise UserError(mistaken.format("Parquet", "is", " (no resolution, date and window_start columns)"))
+    return existing
+
+
 def output_target(spark: Any, output: str) -> _HadoopPath:
     """`--output` as a Hadoop path that is a directory or nothing yet; UserError if it is a file, or if Spark cannot
     open its filesystem (an unknown scheme, s3a:// without hadoop-aws, refused credentials)."""
@@ -716,15 +754,17 @@ def _in_partitions(frame: Any, partitions: set[tuple[str, str]]) -> Any:
     return frame.filter(reduce(lambda a, b: a | b, conditions)) if conditions else frame.limit(0)
 
 
-def _read_partitioned_as_text(spark: Any, path: str) -> Any:
-    """The Parquet under `path` with its partition columns as strings: Spark would otherwise guess their types, and
-    `resolution=1d` reads as the number 1.0 (Java parses "1d" as a double). With every file's columns (Spark takes
-    one file's by default, and rows an earlier run wrote with other --group-by dimensions would lose theirs when
-    rewritten), and `path` taken as it is, not as a pattern (`[a]` or `{a}` in a directory name)."""
+def _read_partitioned_as_text(spark: Any, path: str, partitions: list[str]) -> Any:
+    """The Parquet of the partition directories `partitions` under `path`, with its partition columns as strings:
+    Spark would otherwise guess their types, and `resolution=1d` reads as the number 1.0 (Java parses "1d" as a
+    double). With every file's columns (Spark takes one file's by default, and rows an earlier run wrote with other
+    --group-by dimensions would lose theirs when rewritten), and the paths taken as they are, not as patterns (`[a]`
+    or `{a}` in a directory name)."""
     from kcm_rollups.session import session_conf
 
     with session_conf(spark, {"spark.sql.sources.partitionColumnTypeInference.enabled": "false"}):
-        return spark.read.option("mergeSchema", "true").parquet(_literal(path))
+        return spark.read.option("mergeSchema", "true").option("basePath", path).parquet(
+            *(_literal(partition) for partition in partitions))
 
 
 _GLOB_CHARACTERS = re.compile(r"[\\\[\]{}*?]")   # what Hadoop's glob patterns give a meaning: each escaped
@@ -759,6 +799,10 @@ class _HadoopPath:
 
     def delete(self) -> None:
         self._fs.delete(self._path, True)
+
+    def children(self) -> list[tuple[str, bool]]:
+        """Each entry of this directory: its name, and whether it is a directory."""
+        return [(status.getPath().getName(), bool(status.isDirectory())) for status in self._fs.listStatus(self._path)]
 
 
 def top_rows(rows: Any, resolution: str, limit: int, latest: datetime | None = None) -> list[dict[str, Any]]:
