@@ -253,8 +253,9 @@ def test_batches_of_points_are_cut_by_their_text_and_hold_the_same_rows():
 
 
 def test_batches_of_only_some_columns_hold_those_of_the_whole_rows_with_the_same_errors_and_cuts():
-    """With `columns`, flatten_batches builds only those (the state path needs 17 of 33): the same values, the same
-    error rows, batches cut where the whole rows are; a name POINTS_SCHEMA lacks is refused."""
+    """With `columns`, flatten_batches builds only those (the state path needs 21 of 35 with the default dimensions):
+    the same values, the same error rows, batches cut where the whole rows are; a name POINTS_SCHEMA lacks is
+    refused."""
     from kcm_rollups.partial import state_input_columns
 
     good = [(f"id-{i}", client_metrics(f"app-{i}").SerializeToString(),
