@@ -713,6 +713,42 @@ def test_a_run_reads_only_the_partitions_it_writes_or_whose_windows_it_replaces(
     assert len(_dates_around((T0, T0 + 30 * 86400))) == 33
 
 
+def test_an_empty_directory_beside_the_rollups_is_left_alone_and_an_output_it_cannot_list_is_one_line(
+        spark, tmp_path, monkeypatch):
+    """An output at the root of a volume of its own has `lost+found` beside the rollups: empty, it holds nothing and
+    the runs go on (Spark ignored it too); holding a file, it is refused. A listing Hadoop refuses (another account's
+    directory) is one line, not a traceback."""
+    import pyarrow.parquet
+
+    from kcm_rollups import job
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
+    from test_rollup_math import T0, point
+
+    volume, span = tmp_path / "volume", (T0, T0 + 3600)
+    (volume / "lost+found").mkdir(parents=True)
+    date = datetime.fromtimestamp(T0, timezone.utc).date().isoformat()
+    for value in (1.0, 5.0):
+        write_rollups(spark, _rollup_rows(spark, [point("g", 10, value=value)], DEFAULT_DIMENSIONS), str(volume),
+                      span, ("1m", "1h"))
+        assert pyarrow.parquet.read_table(f"{volume}/resolution=1m/date={date}").column("max").to_pylist() == [value]
+    (volume / "lost+found" / "#1234").write_text("x")
+    with pytest.raises(UserError, match=r"holds files that are not kcm rollups \(lost\+found\)"):
+        write_rollups(spark, _rollup_rows(spark, [point("g", 10, value=7.0)], DEFAULT_DIMENSIONS), str(volume),
+                      span, ("1m", "1h"))
+    (volume / "lost+found" / "#1234").unlink()
+
+    def refused(self):
+        return spark.sparkContext._jvm.java.lang.Class.forName("a.listing.Refused")   # a real Py4JJavaError
+
+    monkeypatch.setattr(job._HadoopPath, "children", refused)
+    with pytest.raises(UserError) as failed:
+        write_rollups(spark, _rollup_rows(spark, [point("g", 10, value=7.0)], DEFAULT_DIMENSIONS), str(volume),
+                      span, ("1m", "1h"))
+    message = str(failed.value)
+    assert message.startswith(f"cannot read --output {volume}: ") and "a.listing.Refused" in message, message
+    assert "\n" not in message
+
+
 def test_an_output_named_with_glob_characters_is_found_again_by_the_next_run(spark, tmp_path):
     """The existing rows were read back through Spark, which takes `[a]`, `{a}` and `?` as a pattern: the second run
     found nothing there (or a neighbour) and refused the output an earlier run wrote as "not kcm rollups". One name

@@ -704,19 +704,24 @@ def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> 
         return None
     mistaken = (f"--output {output} holds {{}} that {{}} not kcm rollups{{}}; give a new directory or one earlier runs "
                 "wrote")
-    # What kcm writes there: resolution=... directories, besides _SUCCESS and hidden files, which Spark skips.
-    entries = dict(item for item in target.children() if not item[0].startswith(("_", ".")))
-    foreign = sorted(name for name, is_dir in entries.items() if not (is_dir and name.startswith("resolution=")))
-    if foreign:
-        raise UserError(mistaken.format("files", "are", f" ({', '.join(foreign[:3])})"))
     root = output.rstrip("/")
     paths = []
-    for resolution in sorted({resolution for resolution, _ in wanted}):
-        if entries.get(f"resolution={resolution}"):
-            directory = _HadoopPath(spark, f"{root}/resolution={resolution}")
-            dates = {name for name, is_dir in directory.children() if is_dir}
-            paths += [f"{root}/resolution={resolution}/date={date}" for label, date in sorted(wanted)
-                      if label == resolution and f"date={date}" in dates]
+    try:
+        # What kcm writes there: resolution=... directories, besides _SUCCESS and hidden files, which Spark skips,
+        # and empty directories, which hold nothing (`lost+found` on a volume of its own).
+        entries = dict(item for item in target.children() if not item[0].startswith(("_", ".")))
+        foreign = sorted(name for name, is_dir in entries.items() if not (is_dir and name.startswith("resolution="))
+                         and not (is_dir and not _HadoopPath(spark, f"{root}/{name}").holds_files()))
+        if foreign:
+            raise UserError(mistaken.format("files", "are", f" ({', '.join(foreign[:3])})"))
+        for resolution in sorted({resolution for resolution, _ in wanted}):
+            if entries.get(f"resolution={resolution}"):
+                directory = _HadoopPath(spark, f"{root}/resolution={resolution}")
+                dates = {name for name, is_dir in directory.children() if is_dir}
+                paths += [f"{root}/resolution={resolution}/date={date}" for label, date in sorted(wanted)
+                          if label == resolution and f"date={date}" in dates]
+    except (CapturedException, Py4JJavaError) as err:   # not allowed to list it (written by another account), an object store refusing
+        raise UserError(f"cannot read --output {output}: {_first_line(err)}") from None
     if not paths:
         return None
     try:
@@ -799,6 +804,10 @@ class _HadoopPath:
 
     def delete(self) -> None:
         self._fs.delete(self._path, True)
+
+    def holds_files(self) -> bool:
+        """Whether this directory, or any below it, holds a file."""
+        return bool(self._fs.listFiles(self._path, True).hasNext())
 
     def children(self) -> list[tuple[str, bool]]:
         """Each entry of this directory: its name, and whether it is a directory."""
