@@ -720,7 +720,7 @@ def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> 
                 dates = {name for name, is_dir in directory.children() if is_dir}
                 paths += [f"{root}/resolution={resolution}/date={date}" for label, date in sorted(wanted)
                           if label == resolution and f"date={date}" in dates]
-    except (CapturedException, Py4JJavaError) as err:   # not allowed to list it (written by another account), an object store refusing
+    except (CapturedException, Py4JJavaError) as err:   # another account's directory, an object store refusing
         raise UserError(f"cannot read --output {output}: {_first_line(err)}") from None
     if not paths:
         return None
