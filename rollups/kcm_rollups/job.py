@@ -702,24 +702,30 @@ def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> 
     target = output_target(spark, output)
     if not target.exists():
         return None
-    mistaken = (f"--output {output} holds {{}} that {{}} not kcm rollups{{}}; give a new directory or one earlier runs "
-                "wrote")
+
+    def not_rollups(what: str) -> UserError:
+        return UserError(f"--output {output} holds {what}; give a new directory or one earlier runs wrote")
+
     root = output.rstrip("/")
+
+    def may_stay(name: str, is_dir: bool) -> bool:
+        # What kcm writes (resolution=... directories), and empty directories (`lost+found` on a volume of its own).
+        return is_dir and (name.startswith("resolution=") or not _HadoopPath(spark, f"{root}/{name}").holds_files())
+
     paths = []
     try:
-        # What kcm writes there: resolution=... directories, besides _SUCCESS and hidden files, which Spark skips,
-        # and empty directories, which hold nothing (`lost+found` on a volume of its own).
+        # _SUCCESS and hidden entries aside, as Spark sets them aside.
         entries = dict(item for item in target.children() if not item[0].startswith(("_", ".")))
-        foreign = sorted(name for name, is_dir in entries.items() if not (is_dir and name.startswith("resolution="))
-                         and not (is_dir and not _HadoopPath(spark, f"{root}/{name}").holds_files()))
+        foreign = sorted(name for name, is_dir in entries.items() if not may_stay(name, is_dir))
         if foreign:
-            raise UserError(mistaken.format("files", "are", f" ({', '.join(foreign[:3])})"))
-        for resolution in sorted({resolution for resolution, _ in wanted}):
-            if entries.get(f"resolution={resolution}"):
-                directory = _HadoopPath(spark, f"{root}/resolution={resolution}")
-                dates = {name for name, is_dir in directory.children() if is_dir}
-                paths += [f"{root}/resolution={resolution}/date={date}" for label, date in sorted(wanted)
-                          if label == resolution and f"date={date}" in dates]
+            raise not_rollups(f"files that are not kcm rollups ({', '.join(foreign[:3])})")
+        dates: dict[str, set[str]] = {}   # the date directories of each resolution, listed once
+        for resolution, date in sorted(wanted):
+            directory = f"{root}/resolution={resolution}"
+            if entries.get(f"resolution={resolution}") and resolution not in dates:
+                dates[resolution] = {name for name, is_dir in _HadoopPath(spark, directory).children() if is_dir}
+            if f"date={date}" in dates.get(resolution, ()):
+                paths.append(f"{directory}/date={date}")
     except (CapturedException, Py4JJavaError) as err:   # another account's directory, an object store refusing
         raise UserError(f"cannot read --output {output}: {_first_line(err)}") from None
     if not paths:
@@ -729,9 +735,9 @@ def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> 
     except (CapturedException, Py4JJavaError) as err:
         if "UNABLE_TO_INFER_SCHEMA" in str(err):
             return None   # partitions without Parquet (a failed run's, or made by hand): nothing to keep
-        raise UserError(mistaken.format("files", "are", f" ({_first_line(err)})")) from None
+        raise not_rollups(f"files that are not kcm rollups ({_first_line(err)})") from None
     if not {"resolution", "date", "window_start"} <= set(existing.columns):
-        raise UserError(mistaken.format("Parquet", "is", " (no resolution, date and window_start columns)"))
+        raise not_rollups("Parquet that is not kcm rollups (no resolution, date and window_start columns)")
     return existing
 
 
