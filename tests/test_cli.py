@@ -437,3 +437,37 @@ def test_the_bridge_s_stop_watchdog_exits_1_naming_the_blocked_call_and_stays_qu
     stopped.set()
     _exit_unless_stopped(stopped, 0.2, threading.main_thread(), exits.append).join(5)
     assert exits == [] and not caplog.records
+
+
+_FAILING_SPARK_TASK = """
+from kcm_rollups.session import spark_session
+from kcm_rollups.source import KafkaSourceError
+
+spark = spark_session("local[1]", "kcm-test-logging", {"spark.ui.enabled": "false"})
+
+
+def fails(batches):
+    for _ in batches:
+        raise KafkaSourceError("t-0 returned records up to offset 0 only")
+    yield from ()
+
+
+try:
+    spark.range(1).mapInArrow(fails, "id long").collect()
+except Exception as err:
+    print("KafkaSourceError: t-0 returned records" in str(err))
+finally:
+    spark.stop()
+"""
+
+
+def test_a_local_spark_says_nothing_of_a_failed_task_that_kcm_then_reports_in_one_line():
+    """Spark's default logging printed a failed task's exception and Python traceback twice, and its own start-up
+    notes, before `kcm rollup`'s one line: a local master kcm starts logs as kcm's log4j2 file says."""
+    result = subprocess.run([sys.executable, "-c", _FAILING_SPARK_TASK], capture_output=True, text=True, timeout=180,
+                            env={key: value for key, value in os.environ.items()
+                                 if key not in ("SPARK_CONF_DIR", "SPARK_HOME")})
+    assert result.returncode == 0 and result.stdout == "True\n", (result.stdout, result.stderr)
+    # The JVM's own note on the incubator module Spark loads is all there is (log4j cannot silence the JVM).
+    said = [line for line in result.stderr.splitlines() if line.strip()]
+    assert all(line.startswith("WARNING: Using incubator modules") for line in said), result.stderr

@@ -333,6 +333,19 @@ def test_an_output_spark_cannot_open_is_one_line_before_anything_is_read(spark, 
     assert len(str(refused.value).splitlines()) == 1
 
 
+def test_an_output_holding_other_files_is_refused_before_anything_is_read(spark, tmp_path):
+    # Kafka is unreachable: a run that got as far as reading would fail there, not at the output.
+    output = tmp_path / "reports"
+    (output / "2026").mkdir(parents=True)
+    (output / "2026" / "q1.csv").write_text("a,b\n")
+    (output / "resolution=1m").mkdir()
+    options = RollupOptions(kafka=KafkaSettings("127.0.0.1:1"), topic="t", output=str(output),
+                            resolutions=parse_resolutions("1m,1h"))
+    with pytest.raises(UserError, match=rf"^--output {output} holds files that are not kcm rollups \(2026\); give"):
+        run(spark, options)
+    assert (output / "2026" / "q1.csv").read_text() == "a,b\n"
+
+
 def test_runs_of_other_resolutions_over_one_range_keep_each_others_rows_and_a_day_stays_a_label(spark, telemetry,
                                                                                                   tmp_path):
     output = tmp_path / "out"
@@ -359,13 +372,22 @@ def test_runs_of_other_resolutions_over_one_range_keep_each_others_rows_and_a_da
 
 
 def test_ctrl_c_stops_a_run_with_exit_130_and_no_tracebacks(telemetry, tmp_path):
+    # A log4j2 configuration of the user's own (kcm's would keep Spark quiet), showing every warning and error, and
+    # when the SparkContext starts.
+    conf = tmp_path / "spark-conf"
+    conf.mkdir()
+    (conf / "log4j2.properties").write_text(
+        "rootLogger.level = warn\nrootLogger.appenderRef.stderr.ref = console\nappender.console.type = Console\n"
+        "appender.console.name = console\nappender.console.target = SYSTEM_ERR\n"
+        "appender.console.layout.type = PatternLayout\nappender.console.layout.pattern = %p %c{1}: %m%n%ex\n"
+        "logger.context.name = org.apache.spark.SparkContext\nlogger.context.level = info\n")
     process = subprocess.Popen(
         [sys.executable, "-m", "kcm_cli.main", "rollup", "--bootstrap-server", telemetry.bootstrap,
          "--topic", telemetry.options.topic, "--output", str(tmp_path / "out")],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "SPARK_CONF_DIR": str(conf)})
     try:
         lines = []
-        while not any("Setting default log level" in line for line in lines):  # the JVM is up: py4j calls follow
+        while not any("Running Spark version" in line for line in lines):  # the JVM is up: py4j calls follow
             line = process.stderr.readline()
             assert line, "".join(lines)
             lines.append(line)

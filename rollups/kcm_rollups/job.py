@@ -435,7 +435,8 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
     def finished(stage: str) -> None:
         stages[stage] = time.monotonic() - began - sum(stages.values())
 
-    output_target(spark, options.output)  # a typo or a filesystem Spark lacks costs seconds, not a whole pass
+    # A typo, a filesystem Spark lacks or a directory of other files costs seconds, not a whole pass.
+    output_entries(spark, options.output)
     now = now or datetime.now(timezone.utc)
     span = options.window_range()
     read_from = max(0, span[0] - options.lookback_seconds) if span else None
@@ -699,26 +700,12 @@ def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> 
     from py4j.protocol import Py4JJavaError
     from pyspark.errors.exceptions.captured import CapturedException
 
-    target = output_target(spark, output)
-    if not target.exists():
+    entries = output_entries(spark, output)
+    if entries is None:
         return None
-
-    def not_rollups(what: str) -> UserError:
-        return UserError(f"--output {output} holds {what}; give a new directory or one earlier runs wrote")
-
     root = output.rstrip("/")
-
-    def may_stay(name: str, is_dir: bool) -> bool:
-        # What kcm writes (resolution=... directories), and empty directories (`lost+found` on a volume of its own).
-        return is_dir and (name.startswith("resolution=") or not _HadoopPath(spark, f"{root}/{name}").holds_files())
-
     paths = []
     try:
-        # _SUCCESS and hidden entries aside, as Spark sets them aside.
-        entries = dict(item for item in target.children() if not item[0].startswith(("_", ".")))
-        foreign = sorted(name for name, is_dir in entries.items() if not may_stay(name, is_dir))
-        if foreign:
-            raise not_rollups(f"files that are not kcm rollups ({', '.join(foreign[:3])})")
         dates: dict[str, set[str]] = {}   # the date directories of each resolution, listed once
         for resolution, date in sorted(wanted):
             directory = f"{root}/resolution={resolution}"
@@ -735,10 +722,39 @@ def _existing_rollups(spark: Any, output: str, wanted: set[tuple[str, str]]) -> 
     except (CapturedException, Py4JJavaError) as err:
         if "UNABLE_TO_INFER_SCHEMA" in str(err):
             return None   # partitions without Parquet (a failed run's, or made by hand): nothing to keep
-        raise not_rollups(f"files that are not kcm rollups ({_first_line(err)})") from None
+        raise _not_rollups(output, f"files that are not kcm rollups ({_first_line(err)})") from None
     if not {"resolution", "date", "window_start"} <= set(existing.columns):
-        raise not_rollups("Parquet that is not kcm rollups (no resolution, date and window_start columns)")
+        raise _not_rollups(output, "Parquet that is not kcm rollups (no resolution, date and window_start columns)")
     return existing
+
+
+def output_entries(spark: Any, output: str) -> dict[str, bool] | None:
+    """What `--output` holds at its top level (name: is a directory), None if it does not exist yet; UserError if it
+    is a file, cannot be listed, or holds anything but kcm rollups: `resolution=...` directories, entries Spark sets
+    aside (`_SUCCESS`, hidden ones) and empty directories (`lost+found` on a volume of its own)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    target = output_target(spark, output)
+    if not target.exists():
+        return None
+    root = output.rstrip("/")
+
+    def may_stay(name: str, is_dir: bool) -> bool:
+        return is_dir and (name.startswith("resolution=") or not _HadoopPath(spark, f"{root}/{name}").holds_files())
+
+    try:
+        entries = dict(item for item in target.children() if not item[0].startswith(("_", ".")))
+        foreign = sorted(name for name, is_dir in entries.items() if not may_stay(name, is_dir))
+    except (CapturedException, Py4JJavaError) as err:   # another account's directory, an object store refusing
+        raise UserError(f"cannot read --output {output}: {_first_line(err)}") from None
+    if foreign:
+        raise _not_rollups(output, f"files that are not kcm rollups ({', '.join(foreign[:3])})")
+    return entries
+
+
+def _not_rollups(output: str, what: str) -> UserError:
+    return UserError(f"--output {output} holds {what}; give a new directory or one earlier runs wrote")
 
 
 def output_target(spark: Any, output: str) -> _HadoopPath:

@@ -36,8 +36,8 @@ SOURCE_NAME = "kcm_kafka"
 EARLIEST, LATEST = -2, -1  # Spark's sentinels inside startingOffsets/endingOffsets JSON
 # Records per Arrow batch a read yields. Decoding turns a whole batch into Python objects (some ten points a record)
 # before its columns are built: 20,000 records at a time cost the worker twice the kernel time of 5,000 (memory
-# mapped and returned), some 0.3 s a run of bench/rollup_throughput.py. State is still computed over some 200,000
-# points at a time (partial.STATE_POINTS), so smaller batches do not mean more rows for the JVM to merge.
+# mapped and returned), some 0.3 s a run of bench/rollup_throughput.py. State is computed over some 50,000 points at
+# a time (partial.STATE_POINTS), gathered from several batches, so smaller batches do not mean more rows to merge.
 _BATCH_RECORDS = 5_000
 # Records asked of one consume(): each is turned into Python objects (value, 16 headers) right after the call that
 # fetched it. Asking for a whole Arrow batch at once cost 16 µs of CPU per record, the records having left the CPU's
