@@ -371,7 +371,8 @@ def test_runs_of_other_resolutions_over_one_range_keep_each_others_rows_and_a_da
     assert counts() == {**minutes_and_hours, "1d": days} and days > 0
 
 
-def test_ctrl_c_stops_a_run_with_exit_130_and_no_tracebacks(telemetry, tmp_path):
+@pytest.mark.parametrize("delay", [0.2, 1.0])   # while the SparkContext starts (py4j calls under way), and later
+def test_ctrl_c_stops_a_run_with_exit_130_and_no_tracebacks(telemetry, tmp_path, delay):
     # A log4j2 configuration of the user's own (kcm's would keep Spark quiet), showing every warning and error, and
     # when the SparkContext starts.
     conf = tmp_path / "spark-conf"
@@ -391,7 +392,7 @@ def test_ctrl_c_stops_a_run_with_exit_130_and_no_tracebacks(telemetry, tmp_path)
             line = process.stderr.readline()
             assert line, "".join(lines)
             lines.append(line)
-        time.sleep(1.0)
+        time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, rest = process.communicate(timeout=60)
     finally:

@@ -706,3 +706,34 @@ def test_records_out_of_the_time_range_are_dropped_after_their_offsets_count_for
     everything = list(noting_read_ends(iter(batches), ends, None, None))
     assert sum(b.num_rows for b in everything) == 6 and ends == {0: 8, 1: 5, 2: 10}
     assert [b.num_rows for b in noting_read_ends(iter(batches), {}, None, 100)] == [1]
+
+
+def test_py4j_s_tracebacks_of_an_interrupted_call_are_kept_quiet_while_a_rollup_runs(monkeypatch, caplog):
+    """Ctrl-C inside a call to the JVM: py4j logs "... while sending command." on the root logger, and while Spark
+    starts "Exception occurred while shutting down connection" on its own logger, each with a traceback; the run
+    ends with exit 130 and nothing else. Other records, and these once the run is over, go through."""
+    import logging
+
+    from kcm_rollups import job
+
+    def interrupted(spark, options):
+        for name, message in (("", "An error occurred while sending command."),
+                              ("py4j.clientserver", "Exception occurred while shutting down connection"),
+                              ("py4j.clientserver", "Connection is closed")):
+            try:
+                raise BrokenPipeError(32, "Broken pipe")
+            except BrokenPipeError:
+                logging.getLogger(name).exception(message)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "check_reachable", lambda settings: None)
+    monkeypatch.setattr(job, "check_authenticates", lambda settings: None)
+    monkeypatch.setattr(job, "_started", lambda master: object())
+    monkeypatch.setattr(job, "run", interrupted)
+    caplog.set_level(logging.INFO)
+    with pytest.raises(KeyboardInterrupt):
+        job.run_rollup("127.0.0.1:9092", "t", "/tmp/unused", last=None, master="local[1]")
+    assert [r.getMessage() for r in caplog.records] == ["Connection is closed"]
+    caplog.clear()
+    logging.getLogger("py4j.clientserver").error("Exception occurred while shutting down connection")
+    assert len(caplog.records) == 1   # the filters are gone with the run

@@ -280,7 +280,8 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
     check_reachable(settings)
     check_authenticates(settings)
     quiet = _Py4jSendTraceback()
-    logging.getLogger().addFilter(quiet)
+    for name in quiet.LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
     try:
         return run(_started(master), rollup_options)
     except UserError:
@@ -292,7 +293,8 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
             raise
         raise UserError(found.group(1).strip()) from None
     finally:
-        logging.getLogger().removeFilter(quiet)
+        for name in quiet.LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
 
 
 def _cut_by_offsets(options: RollupOptions) -> Any:
@@ -373,10 +375,16 @@ def _started(master: str) -> Any:
 class _Py4jSendTraceback(logging.Filter):
     """py4j logs a traceback on the root logger for a call to the JVM that broke ("… while sending command."): on
     Ctrl-C (PySpark's handler cancels the jobs from inside the interrupted call) that is four tracebacks of noise, and
-    when the JVM dies the error that follows says so."""
+    when the JVM dies the error that follows says so. So is the one its `py4j.clientserver` logger adds when Ctrl-C
+    interrupts a call while Spark starts (the connection it then closes is broken)."""
+
+    LOGGERS = ("", "py4j.clientserver")   # the root logger, and py4j's own (a filter sees only its logger's records)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == "root" and str(record.msg).endswith("while sending command."))
+        message = str(record.msg)
+        return not ((record.name == "root" and message.endswith("while sending command."))
+                    or (record.name == "py4j.clientserver"
+                        and message.startswith("Exception occurred while shutting down connection")))
 
 
 def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
