@@ -664,6 +664,7 @@ def test_the_operator_listen_address_reaches_the_operator(helm: Path) -> None:
      "bridge.config.delivery.shutdown_timeout_s (120), plus a Kafka check, bridge.config.kafka.connect_timeout_s "
      "(10): Kubernetes would kill it mid-drain; give a grace period of at least 130"),
     (("bridge.config.kafka.connect_timeout_s=30",), "bridge.config.kafka.connect_timeout_s (30)"),
+    (("bridge.config.delivery.shutdown_timeout_s=1500000",), "give a grace period of at least 1500010"),   # not 1.5e+06
     # The bridge reads KCM_BRIDGE_SHUTDOWN_TIMEOUT_S over its config file.
     (("bridge.config.delivery.shutdown_timeout_s=5", "bridge.env[0].name=KCM_BRIDGE_SHUTDOWN_TIMEOUT_S",
       "bridge.env[0].value=:60"),

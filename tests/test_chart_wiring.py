@@ -327,7 +327,7 @@ def test_printer_columns_show_why_a_subscription_is_not_ready_and_where_a_connec
 
 # Every spelling of a loopback address Python's ipaddress (and so kcm's --listen-address) accepts.
 _LOOPBACKS = ("127.0.0.1", "127.1.2.3", "::1", "0:0:0:0:0:0:0:1", "::0:1", "0000::0001", "::ffff:127.0.0.1",
-              "::FFFF:7F00:1", "0:0:0:0:0:ffff:7f12:3456")
+              "::FFFF:7F00:1", "0:0:0:0:0:ffff:7f12:3456", "::0.0.0.1", "0:0:0:0:0:0:0.0.0.1", "::1%1")
 
 
 @pytest.mark.parametrize("setting", ["operator.listenAddress", "bridge.config.metrics_host"])
@@ -338,14 +338,14 @@ def test_a_loopback_listen_address_is_refused_since_the_kubelet_probes_the_pods_
     # the bridge never ready), and Prometheus could not scrape it.
     import ipaddress
 
-    parsed = ipaddress.ip_address(address)
+    parsed = ipaddress.ip_address(address.partition("%")[0])
     assert (getattr(parsed, "ipv4_mapped", None) or parsed).is_loopback
     result = run_helm(helm, "template", "kcm", str(CHART), "--set-string", f"{setting}={address}")
     assert result.returncode != 0 and setting.split(".")[-1] in result.stderr, result.stdout[-300:]
 
 
 @pytest.mark.parametrize("address", ["::", "::10", "::1:1", "1::1", "fe80::1", "::ffff:10.0.0.1", "::ffff:a00:1",
-                                     "10.127.0.1"])
+                                     "10.127.0.1", "::0.0.0.2", "::ffff:7f00:1:0:0"])
 def test_an_address_that_only_looks_like_loopback_renders(helm: Path, address: str) -> None:
     result = run_helm(helm, "template", "kcm", str(CHART), "--set-string", f"operator.listenAddress={address}",
                       "--set-string", f"bridge.config.metrics_host={address}")

@@ -351,7 +351,7 @@ class _Builder:
 
 
 @pytest.mark.parametrize("master, config, expected", [
-    ("local[2]", {}, "-XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file://"),
+    ("local[2]", {}, "-XX:TieredStopAtLevel=1 -Dlog4j.configurationFile=file://"),
     ("local[*]", {"spark.driver.defaultJavaOptions": "-Xss4m"}, "-Xss4m"),   # the caller's own wins
     ("spark://h:7077", {}, None), (None, {}, None),   # a cluster's JVMs are its own (or spark-submit's) to set
 ])
@@ -379,25 +379,28 @@ def test_a_local_master_logs_as_kcm_s_file_says_unless_spark_s_conf_directory_ha
 
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
     monkeypatch.delenv("SPARK_HOME", raising=False)
-    ours = f"-XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile={session.LOCAL_LOGGING.as_uri()}"
+    ours = f"-XX:TieredStopAtLevel=1 -Dlog4j.configurationFile={session.LOCAL_LOGGING.as_uri()}"
     assert session.local_jvm_options() == ours
     text = session.LOCAL_LOGGING.read_text()
     for logger in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"):
         name = next(line.split(" = ")[0] for line in text.splitlines() if line.endswith(f" = {logger}"))
-        assert f"{name.removesuffix('.name')}.level = fatal" in text
+        assert f"{name.removesuffix('.name')}.filter.failed.onMatch = DENY" in text   # its failure lines only
 
     home = tmp_path / "spark home"   # a path with a space: the launcher splits options at white space
     (home / "conf").mkdir(parents=True)
     monkeypatch.setenv("SPARK_HOME", str(home))
     monkeypatch.setattr(session, "LOCAL_LOGGING", home / "log4j2-local.properties")
-    assert session.local_jvm_options().split() == ["-XX:TieredStopAtLevel=1", "-Dlog4j2.configurationFile="
+    assert session.local_jvm_options().split() == ["-XX:TieredStopAtLevel=1", "-Dlog4j.configurationFile="
                                                    + (home / "log4j2-local.properties").as_uri()]
     (home / "conf" / "log4j2.xml").write_text("<Configuration/>")
     assert session.local_jvm_options() == "-XX:TieredStopAtLevel=1"   # SPARK_HOME/conf's own
     conf = tmp_path / "conf"
     conf.mkdir()
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf))   # SPARK_CONF_DIR first: without a configuration, kcm's
-    assert "log4j2.configurationFile" in session.local_jvm_options()
+    assert "log4j.configurationFile" in session.local_jvm_options()
+    for ignored in ("log4j2.properties.template", "log4j2.xml~"):   # what Spark ships, an editor's backup
+        (conf / ignored).write_text("rootLogger.level = info\n")
+        assert "log4j.configurationFile" in session.local_jvm_options(), ignored
     (conf / "log4j2.properties").write_text("rootLogger.level = info\n")
     assert session.local_jvm_options() == "-XX:TieredStopAtLevel=1"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ _CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 # And Spark's own logging, unless the user has a log4j2 configuration of their own: see the file.
 LOCAL_LOGGING = Path(__file__).with_name("log4j2-local.properties")
+# The files log4j2 finds in Spark's conf directory (not Spark's `log4j2.properties.template`).
+_LOG4J2_CONFIGURATION = re.compile(r"log4j2(-test)?\.(properties|xml|json|jsn|yaml|yml)")
 # Spark 4.3's switch to aggregate after the shuffle only (older versions ignore an unknown key). Merging state rows
 # whose keys barely repeat within a task, Spark's partial aggregation reduces nothing and costs a round of sketch
 # deserialising, merging and serialising per row.
@@ -63,10 +66,11 @@ def local_jvm_options() -> str:
     (SPARK_CONF_DIR, else SPARK_HOME/conf) holds a log4j2 configuration, which Spark then reads as ever."""
     conf = os.environ.get("SPARK_CONF_DIR") or (os.path.join(os.environ["SPARK_HOME"], "conf")
                                                 if os.environ.get("SPARK_HOME") else None)
-    if conf and any(Path(conf).glob("log4j2*")):
+    if conf and any(_LOG4J2_CONFIGURATION.fullmatch(path.name) for path in Path(conf).glob("log4j2*")):
         return LOCAL_JVM_OPTIONS
-    # A URI: the launcher splits these options at white space, which a path may hold.
-    return f"{LOCAL_JVM_OPTIONS} -Dlog4j2.configurationFile={LOCAL_LOGGING.as_uri()}"
+    # A URI: the launcher splits these options at white space, which a path may hold. log4j's older property name:
+    # either name in the user's own spark.driver.extraJavaOptions (which come after these) wins over it.
+    return f"{LOCAL_JVM_OPTIONS} -Dlog4j.configurationFile={LOCAL_LOGGING.as_uri()}"
 
 
 def kafka_format(spark: SparkSession) -> str:
