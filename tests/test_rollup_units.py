@@ -390,6 +390,8 @@ def test_a_local_master_logs_as_kcm_s_file_says_unless_spark_s_conf_directory_ha
     (home / "conf").mkdir(parents=True)
     monkeypatch.setenv("SPARK_HOME", str(home))
     monkeypatch.setattr(session, "LOCAL_LOGGING", home / "log4j2-local.properties")
+    assert session.local_jvm_options() == "-XX:TieredStopAtLevel=1"   # not on disk (kcm in a zip): Spark's own
+    (home / "log4j2-local.properties").write_text("")
     assert session.local_jvm_options().split() == ["-XX:TieredStopAtLevel=1", "-Dlog4j.configurationFile="
                                                    + (home / "log4j2-local.properties").as_uri()]
     (home / "conf" / "log4j2.xml").write_text("<Configuration/>")

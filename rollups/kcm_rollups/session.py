@@ -63,10 +63,13 @@ def spark_session(master: str | None = None, app_name: str = "kcm-rollup",
 
 def local_jvm_options() -> str:
     """The Java options of a local master's JVM: LOCAL_JVM_OPTIONS, and kcm's logging unless Spark's conf directory
-    (SPARK_CONF_DIR, else SPARK_HOME/conf) holds a log4j2 configuration, which Spark then reads as ever."""
+    (SPARK_CONF_DIR, else SPARK_HOME/conf) holds a log4j2 configuration, which Spark then reads as ever (or kcm's file
+    is not on disk)."""
     conf = os.environ.get("SPARK_CONF_DIR") or (os.path.join(os.environ["SPARK_HOME"], "conf")
                                                 if os.environ.get("SPARK_HOME") else None)
     if conf and any(_LOG4J2_CONFIGURATION.fullmatch(path.name) for path in Path(conf).glob("log4j2*")):
+        return LOCAL_JVM_OPTIONS
+    if not LOCAL_LOGGING.is_file():   # kcm run from a zip: no file for the JVM to read
         return LOCAL_JVM_OPTIONS
     # A URI: the launcher splits these options at white space, which a path may hold. log4j's older property name:
     # either name in the user's own spark.driver.extraJavaOptions (which come after these) wins over it.
