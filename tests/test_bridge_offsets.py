@@ -110,3 +110,18 @@ def test_holds_is_false_for_a_ticket_from_before_the_partition_was_revoked_and_a
     tracker.forget([P])
     tracker.add(P, 0, new)
     assert not tracker.holds(P, old) and tracker.holds(P, new)
+
+
+def test_pending_counts_each_unfinished_ticket_once_however_many_spans_and_partitions_it_holds():
+    """What the shutdown's warning reports: a batch split by a dead letter, on two partitions, is one batch."""
+    tracker, other = OffsetTracker(), ("metrics", 1)
+    batch, letter = Ticket(), Ticket()
+    tracker.add(P, 0, batch)
+    tracker.add(P, 1, letter)
+    tracker.add(P, 2, batch)
+    tracker.add(other, 0, batch)
+    assert (tracker.pending(), tracker.pending([P]), tracker.pending([other])) == (2, 2, 1)
+    letter.finish_part()
+    assert (tracker.pending(), tracker.pending([P])) == (1, 1)
+    batch.finish_part()
+    assert tracker.pending() == 0

@@ -465,3 +465,37 @@ def test_a_stream_idle_exactly_the_expiry_starts_again():
     converter.convert(one, "i", P0, now_s=0)
     converter.convert(two, "i", P0, now_s=10)
     assert _values(two) == [2]
+
+
+def test_a_stream_whose_client_moved_partition_is_forgotten_with_the_partition_it_is_read_from_now():
+    """A topic given more partitions moves keys: the revoke of the client's new partition restarts its stream, the
+    revoke of the one it was first read from does not."""
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    converter.convert(_push(5, T0), "a", P0, now_s=0)
+    converter.convert(_push(5, T0 + SECOND), "a", P1, now_s=1)    # its key hashes to P1 now
+    converter.forget([P0])
+    kept = _push(5, T0 + 2 * SECOND)
+    converter.convert(kept, "a", P1, now_s=2)
+    assert (_sum_point(kept)[1].start_time_unix_nano, _sum_point(kept)[1].as_int) == (T0 - SECOND, 15)
+    converter.forget([P1])
+    restarted = _push(5, T0 + 3 * SECOND)
+    converter.convert(restarted, "a", P1, now_s=3)
+    assert (_sum_point(restarted)[1].start_time_unix_nano, _sum_point(restarted)[1].as_int) == (T0 + 2 * SECOND, 5)
+
+
+def test_an_int_point_after_double_deltas_is_never_truncated():
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    seen = []
+    for i, delta in enumerate([2.5, 1, -4.0, -1, 0.5, 1]):
+        push = _push(0, T0 + i * SECOND)
+        point = _sum_point(push)[1]
+        if isinstance(delta, float):
+            point.as_double = delta
+        else:
+            point.as_int = delta
+        converter.convert(push, "a", P0, now_s=i)
+        point = _sum_point(push)[1]
+        seen.append((point.WhichOneof("value"), getattr(point, point.WhichOneof("value"))))
+    # A fraction stays a double; a whole total is an int again for an int point.
+    assert seen == [("as_double", 2.5), ("as_double", 3.5), ("as_double", -0.5), ("as_double", -1.5),
+                    ("as_double", -1.0), ("as_int", 0)]

@@ -119,6 +119,7 @@ class OffsetTracker:
         return any(span.ticket is ticket for span in self._spans.get(partition, ()))
 
     def pending(self, partitions: list[Partition] | None = None) -> int:
-        """Unfinished spans (of `partitions`, or all)."""
+        """Unfinished tickets (batches and dead-letter writes) holding records of `partitions`, or of any: each once,
+        however many spans and partitions its records make."""
         keys = self._spans if partitions is None else [p for p in partitions if p in self._spans]
-        return sum(1 for key in keys for span in self._spans[key] if not span.ticket.done)
+        return len({id(span.ticket) for key in keys for span in self._spans[key] if not span.ticket.done})

@@ -1127,8 +1127,8 @@ class Bridge:
                 time.sleep(0.02)
             left = self._tracker.pending()
             if left:
-                log.warning("shutdown timeout: %d batches not exported; they stay uncommitted and will be re-read",
-                            left)
+                log.warning("shutdown timeout: %d batches or dead-letter writes not finished; their records stay "
+                            "uncommitted and will be re-read", left)
             if not self._kafka.ok and self._tracker.to_commit():
                 log.warning("Kafka at %s cannot be reached: exported records are left uncommitted and will be "
                             "read again", self._settings.bootstrap_servers)

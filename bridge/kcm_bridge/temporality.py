@@ -124,6 +124,9 @@ class DeltaToCumulative:
             return False
         else:
             self._streams.move_to_end(key)
+            # Where its client is read now: a topic given more partitions moves keys, and `forget` must drop the
+            # streams of the partitions revoked, not of those their clients were first read from.
+            stream.partition = partition
         stream.keep_s = keep_s
         if not is_int and not math.isfinite(delta):
             # No meaningful running total includes it: passed on as it came, the total left as it was.
@@ -132,17 +135,17 @@ class DeltaToCumulative:
             point.start_time_unix_nano = stream.start_ns
             return True
         total = stream.total + delta
-        whole = _int64(total) if is_int else None
-        if whole is None if is_int else not math.isfinite(total):
+        if not math.isfinite(total) if isinstance(total, float) else _int64(total) is None:
             # Past int64, or a double total past the largest double: the series starts again, as after a counter
             # reset, rather than failing the record or staying infinite.
             stream.start_ns = point.start_time_unix_nano or point.time_unix_nano
             total = delta
-            whole = delta if is_int else None
         stream.total = total
         stream.last_ns = point.time_unix_nano
         stream.seen_s = now_s
         point.start_time_unix_nano = stream.start_ns
+        # An int point stays an int unless its stream mixed in doubles that left the total a fraction (or past int64).
+        whole = _int64(total) if is_int and (isinstance(total, int) or total.is_integer()) else None
         if whole is not None:
             point.as_int = whole
         else:
