@@ -344,3 +344,21 @@ def test_a_histogram_window_holding_points_without_a_sum_has_an_unknown_sum_and_
         (20, True, True), (24, True, True), (4, True, True)]
     known = rows[("1m", 60, "h", (5.0, 20.0))]
     assert (known["count"], known["sum"], known["avg"]) == (4, 40.0, 10.0)
+
+
+@pytest.mark.parametrize("kind", ["histogram", "exponential_histogram", "summary"])
+def test_a_window_holding_only_a_streams_first_cumulative_count_has_none_not_a_saturated_one(spark, kind):
+    """A stream's first cumulative point adds nothing (no predecessor): its window's count is unknown, and the hour
+    holds only what was added. Spark's LEAST skips nulls: a capped sum of nothing was 2^63 - 1."""
+    cumulative = {"type": kind, "temporality": "cumulative", "start_ns": 1}
+    bounded = {"bounds": [1.0], "bucket_counts": [1, 2]} if kind == "histogram" else {}
+    later = {"bounds": [1.0], "bucket_counts": [2, 3]} if kind == "histogram" else {}
+    rows = rows_of(spark, [point("h", 5, count=3, sum=6.0, **bounded, **cumulative),
+                           point("h", 65, count=5, sum=10.0, **later, **cumulative)])
+    bounds = (1.0,) if kind == "histogram" else ()
+    first, second, hour = (rows[("1m", 0, "h", bounds)], rows[("1m", 60, "h", bounds)],
+                           rows[("1h", 0, "h", bounds)])
+    assert (first["count"], first["avg"]) == (None, None)
+    assert (second["count"], second["sum"], hour["count"], hour["sum"]) == (2, 4.0, 2, 4.0)
+    if kind == "histogram":
+        assert (first["bucket_counts"], second["bucket_counts"], hour["bucket_counts"]) == (None, [1, 1], [1, 1])

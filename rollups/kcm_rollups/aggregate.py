@@ -131,15 +131,20 @@ def _started_since(read_from_micros: int | None) -> Column:
 
 def saturating_sum(column: str) -> Column:
     """SUM of a count column that stays at INT64_MAX instead of overflowing (one client pushing absurd histogram
-    counts must not fail the job for every other)."""
-    return F.expr(f"CAST(LEAST(SUM(CAST(`{column}` AS DECIMAL(38,0))), {INT64_MAX}L) AS BIGINT)")
+    counts must not fail the job for every other); null when every value is (a window where nothing was added)."""
+    return F.expr(f"CAST({_capped(f'SUM(CAST(`{column}` AS DECIMAL(38,0)))')} AS BIGINT)")
 
 
 def sum_arrays(column: str) -> Column:
     # Element-wise sum of equal-length arrays (histograms with the same bounds, so the same bucket count); each
     # element saturates at INT64_MAX as saturating_sum does.
     return F.expr(f"aggregate(collect_list(`{column}`), CAST(NULL AS ARRAY<BIGINT>), (acc, x) -> coalesce(zip_with("
-                  f"acc, x, (a, b) -> CAST(LEAST(CAST(a AS DECIMAL(20,0)) + b, {INT64_MAX}L) AS BIGINT)), x))")
+                  f"acc, x, (a, b) -> CAST({_capped('CAST(a AS DECIMAL(20,0)) + b')} AS BIGINT)), x))")
+
+
+def _capped(total: str) -> str:
+    """SQL of `total` capped at INT64_MAX, null when it is null (LEAST would skip the null and answer INT64_MAX)."""
+    return f"CASE WHEN {total} > {INT64_MAX}L THEN {INT64_MAX}L ELSE {total} END"
 
 
 def _keys(dimensions: Sequence[str]) -> list[str]:
