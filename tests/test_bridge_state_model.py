@@ -1,5 +1,5 @@
 """Seeded random operation sequences against the bridge's two pieces of state, each step checked against a reference
-model written from the documented rules: delta → cumulative (docs/bridge.md) and commit positions (Commit). A failure
+model written from the documented rules: delta → cumulative and commit positions (docs/bridge.md, Delivery). A failure
 names its seed: `run_offsets(_offset_ops(random.Random(seed)), ...)` replays it, and more seeds hunt further."""
 
 from __future__ import annotations
