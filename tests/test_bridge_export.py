@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -16,6 +15,7 @@ from kcm_common.otlp_export import Endpoint, RetryPolicy
 from kcm_rollups.otlp import OtlpTarget
 from fake_collector import FakeCollector
 from payloads import client_metrics
+from ports import CountingProxy
 
 RETRY = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=1.0)
 
@@ -190,52 +190,10 @@ def test_without_retrying_refused_credentials_they_are_a_refusal_for_good(collec
     assert (outcome.delivered, outcome.attempts, outcome.error) == (False, 1, "UNAUTHENTICATED")
 
 
-class _CountingProxy:
-    """A loopback TCP proxy that counts the bytes the client sends (gRPC servers hide grpc-encoding)."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.rsplit(":", 1)
-        self._upstream = (host, int(port))
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"127.0.0.1:{self._server.getsockname()[1]}"
-        self.sent = 0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                downstream, _ = self._server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._upstream)
-            threading.Thread(target=self._pipe, args=(downstream, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, downstream, False), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, target: socket.socket, count: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if count:
-                    with self._lock:
-                        self.sent += len(data)
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, target):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._server.close()
-
-
 @pytest.mark.parametrize("compression, compressed", [("gzip", True), ("none", False)])
 def test_compression_setting_decides_what_goes_over_the_wire(collector, compression, compressed):
     request = client_metrics().SerializeToString() * 200  # concatenated MetricsData: one larger, repetitive request
-    proxy = _CountingProxy(collector.endpoint)
+    proxy = CountingProxy(collector.endpoint)
     try:
         endpoint = open_endpoint(EndpointConfig(endpoint=proxy.endpoint, insecure=True, compression=compression),
                             RETRY, lambda: False)

@@ -26,11 +26,12 @@ from kcm_bridge import config as bridge_config
 from kcm_bridge.pipeline import Bridge, _BatchTicket
 from kcm_common import contract, points
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaConfigError, KafkaSettings
+from kcm_common.kafka import KafkaConfigError, KafkaSettings, ensure_topic
 from kcm_common.logs import where_blocked
+from kcm_sandbox.broker import EmbeddedBroker
 from fake_collector import FakeCollector
 from payloads import client_metrics
-from ports import reserved_port
+from ports import CountingProxy, reserved_port
 from test_sandbox_clients import _subscribe, running_producer
 
 BACKENDS = ("confluent-kafka", "kafka-python")
@@ -1385,6 +1386,44 @@ def test_closed_dead_letters_leave_no_connection_to_kafka(broker, client):
     assert outcomes == [True]
     letters.close(5)
     assert broker.stop(), "the broker had to be killed: a dead-letter client stayed connected after close"
+
+
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+def test_a_large_dead_letter_is_written_compressed_as_the_receiver_writes_the_metrics_topic(tmp_path, client):
+    """The records a collector refuses as too large are the ones most likely dead-lettered: the receiver wrote them
+    zstd-compressed within the metrics topic's max.message.bytes, so written uncompressed, one would exceed a
+    dead-letter topic of the same limit (Tansu enforces none: what the client sends is measured) and its partition
+    would never be committed past it."""
+    from kcm_bridge.consumer import Record, open_dead_letter_producer
+
+    value = contract.encode(client_metrics("large"))[0] * 20_000   # some 4 MiB of repetitive protobuf
+    assert len(value) > 4 * 2**20
+    with reserved_port() as port:
+        proxy = CountingProxy(f"127.0.0.1:{port}")
+        broker = EmbeddedBroker(port=port, advertised=proxy.endpoint, log_path=tmp_path / "tansu.log")
+        broker.start()
+    try:
+        ensure_topic(KafkaSettings(proxy.endpoint), "dlq", 1)   # created on a first write, Tansu's would have 4
+        letters, outcomes = open_dead_letter_producer(client, KafkaSettings(proxy.endpoint)), []
+        record = Record("metrics", 0, 7, b"key", value, [], None, 1_700_000_000_000)
+        letters.send("dlq", record, "refused-by-collector", outcomes.append)
+        letters.flush(20)
+        letters.close(5)
+        assert outcomes == [True]
+        assert proxy.sent < 2**20, f"{proxy.sent} bytes sent to write a {len(value)}-byte dead letter"
+        reader = confluent_kafka.Consumer({"bootstrap.servers": proxy.endpoint, "group.id": "check",
+                                           "fetch.max.bytes": 64 * 2**20, "max.partition.fetch.bytes": 64 * 2**20})
+        try:
+            reader.assign([confluent_kafka.TopicPartition("dlq", 0, 0)])
+            deadline, read = time.monotonic() + 20, None
+            while read is None and time.monotonic() < deadline:
+                read = reader.poll(0.5)
+            assert read is not None and read.error() is None and read.value() == value
+        finally:
+            reader.close()
+    finally:
+        broker.stop()
+        proxy.close()
 
 
 def test_a_flood_of_one_kind_of_event_is_logged_once_per_period_with_a_count(caplog):

@@ -553,6 +553,10 @@ _LIBRDKAFKA_LOG.addFilter(_drop_connection_failures)
 
 
 _DEAD_LETTER_MAX_BYTES = 64 * 1024 * 1024
+# The receiver writes the metrics topic zstd-compressed, and the records most likely to be dead-lettered are large
+# ones a collector refused: written uncompressed, one that fit the metrics topic could exceed a dead-letter topic of
+# the same max.message.bytes, and its partition would never be committed past it again.
+DEAD_LETTER_COMPRESSION = "zstd"
 
 
 # A refusing dead-letter topic fails every letter on every retry: one line per period, the metric counts each.
@@ -575,6 +579,7 @@ class ConfluentDeadLetters:
             self._producer = confluent_kafka.Producer({**librdkafka_config(settings), "enable.idempotence": False,
                                                        "linger.ms": 20, "reconnect.backoff.ms": _RECONNECT_BACKOFF_MS,
                                                        "message.max.bytes": _DEAD_LETTER_MAX_BYTES,
+                                                       "compression.type": DEAD_LETTER_COMPRESSION,
                                                        "logger": _LIBRDKAFKA_LOG})
         except confluent_kafka.KafkaException as exc:
             raise UserError("the Kafka dead-letter producer rejected its settings: "
@@ -626,7 +631,8 @@ class KafkaPythonDeadLetters:
             if self._producer is None:
                 # A short block: a missing topic must not hold the consuming thread; the write is retried later.
                 self._producer = KafkaProducer(linger_ms=20, max_request_size=_DEAD_LETTER_MAX_BYTES,
-                                               max_block_ms=200, **self._options)
+                                               compression_type=DEAD_LETTER_COMPRESSION, max_block_ms=200,
+                                               **self._options)
             # kafka-python's producer takes no null header value (TypeError): those headers are left out.
             headers = [(name, value) for name, value in dead_letter_headers(record, reason) if value is not None]
             future = self._producer.send(topic, value=record.value, key=record.key, timestamp_ms=_timestamp(record),
