@@ -71,9 +71,9 @@ def _refused(change) -> ConfigError:
         ([("match", OP_SET, "client_id=")], INVALID_CONFIG, "Illegal client matching pattern: client_id="),
         ([("match", OP_SET, "client_id=a=b")], INVALID_CONFIG, "Illegal client matching pattern: client_id=a=b"),
         ([("match", OP_SET, "client_id=a,")], INVALID_CONFIG, "Configuration 'match' values must not be empty."),
-        ([("match", OP_SET, "client_id=a,client_id=a")], INVALID_CONFIG,
-         "Configuration 'match' values must not be duplicated."),
-        ([("metrics", OP_SET, "a, a")], INVALID_CONFIG, "Configuration 'metrics' values must not be duplicated."),
+        # Repeats are dropped before the checks (below): the interval's range is what is refused.
+        ([("metrics", OP_SET, "a, a"), ("interval.ms", OP_SET, "5")], INVALID_REQUEST,
+         "Invalid value 5 for interval.ms, interval must be between 100 and 3600000 (1 hour)"),
         ([("match", OP_SET, "client_id=(?P<x>a)")], INVALID_CONFIG,
          "Illegal client matching pattern: client_id=(?P<x>a)"),
         ([("metrics", OP_SET, None)], INVALID_REQUEST, "Null value not supported for : metrics"),
@@ -93,6 +93,20 @@ def test_invalid_incremental_alter_is_refused_with_kafkas_code_and_message(ops, 
 
     assert (error.error_code, error.message) == (code, message)
     assert store.names() == [] and store.generation == 0
+
+
+def test_a_repeated_list_item_is_dropped_as_kafka_parses_lists_not_refused():
+    """ConfigDef.parseValue (Kafka 4.2+, KAFKA-19875) keeps the first of each repeated LIST item, with a warning in the
+    broker's log, before ValidList sees the list: accepted, described and matched without the repeats."""
+    store = SubscriptionStore()
+
+    store.incremental_alter("subs", _set(metrics="b., a., b.", match="client_id=x,client_id=x"))
+    store.incremental_alter("subs", [("metrics", OP_APPEND, "a.")])
+
+    assert {entry.name: entry.value for entry in store.describe("subs", ["metrics", "match"])} == {
+        "metrics": "b.,a.", "match": "client_id=x"}
+    (subscription,) = store.subscriptions()
+    assert (subscription.metrics, subscription.match) == (("b.", "a."), (("client_id", "x"),))
 
 
 def test_empty_subscription_name_is_an_invalid_request_everywhere():

@@ -93,10 +93,9 @@ def parse_list(value: str) -> list[str]:
 
 
 def parsed_list(key: str, value: str) -> list[str]:
-    """A LIST value checked as ValidList.anyNonDuplicateValues does: an empty or repeated item is INVALID_CONFIG."""
-    items = parse_list(value)
-    if len(set(items)) != len(items):
-        raise ConfigError(INVALID_CONFIG, f"Configuration '{key}' values must not be duplicated.")
+    """A LIST value as ConfigDef.parseValue reads it: repeated items dropped (the first of each kept; Kafka 4.2+ logs
+    a warning, KAFKA-19875), then checked as ValidList.anyNonDuplicateValues does: an empty item is INVALID_CONFIG."""
+    items = list(dict.fromkeys(parse_list(value)))
     if "" in items:
         raise ConfigError(INVALID_CONFIG, f"Configuration '{key}' values must not be empty.")
     return items

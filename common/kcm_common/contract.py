@@ -45,7 +45,7 @@ DECODE_REASONS: tuple[str, ...] = (
 
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _GZIP_MAGIC = b"\x1f\x8b"
-_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER_SIZE = 16
 # zstd allocates the window a frame header asks for before producing output; streaming
@@ -414,7 +414,7 @@ def _unlz4(data: bytes, max_bytes: int) -> bytes:
             _check_size(len(out), max_bytes)
         return position - len(decoder.unused_data or b"")
 
-    return _concatenated(data, "lz4", _LZ4_MAGIC, frame)
+    return _concatenated(data, "lz4", LZ4_MAGIC, frame)
 
 
 def _unzstd(data: bytes, max_bytes: int) -> bytes:

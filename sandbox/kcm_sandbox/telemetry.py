@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import heapq
 import ipaddress
+import itertools
 import logging
 import time
 import uuid
@@ -25,6 +27,7 @@ from kcm_common.contract import (
     COMPRESSION_IDS,
     CONTENT_TYPE_HEADER,
     CONTENT_TYPE_PROTOBUF,
+    LZ4_MAGIC,
     DecodeError,
     decode,
     decompress,
@@ -51,7 +54,7 @@ DEFAULT_TELEMETRY_MAX_BYTES = 1048576
 UNKNOWN_SOFTWARE = "unknown"  # ClientInformation.EMPTY: what Kafka records when ApiVersions v3+ was not sent
 CACHE_MAX_SIZE = 16384
 CACHE_EXPIRY_MS = 60000
-_SWEEP_INTERVAL_MS = 1000
+_LZ4_BLOCK_INDEPENDENCE = 0x20   # the FLG byte's bit 5
 _GET_AGAIN_AFTER = (UNKNOWN_SUBSCRIPTION_ID, UNSUPPORTED_COMPRESSION_TYPE)
 # Java has no bound on a match; one catastrophic pattern must not stall every client on the event loop.
 MATCH_TIMEOUT_S = 0.05
@@ -114,12 +117,13 @@ class _ClientInstance:
     generation: int
     metrics: tuple[str, ...]
     push_interval_ms: int
-    connection_id: str | None
+    connection_id: str | None   # of the latest request: Kafka's expiry task, scheduled by each request, unmaps it
     expires_at_ms: float = 0.0
     last_get_ms: float = float("-inf")
     last_push_ms: float = float("-inf")
     terminating: bool = False
     last_error: int = NONE
+    scheduled: bool = False   # has an entry in the manager's expiry queue
 
     def accept_get(self, now_ms: float) -> bool:
         """maybeUpdateGetRequestTimestamp: a Get is due one push interval after the last Get or Push."""
@@ -244,7 +248,10 @@ class TelemetryManager:
         self._connections: dict[str, uuid.UUID] = {}
         self._subscriptions: list[Subscription] = []
         self._subscriptions_generation: int | None = None
-        self._next_sweep_ms = float("-inf")
+        # Kafka's expiry timer tasks: (due, sequence, instance), one entry per instance, moved on when its expiry was
+        # extended; entries of instances replaced or evicted are skipped (and dropped when they outnumber the rest).
+        self._expiries: list[tuple[float, int, _ClientInstance]] = []
+        self._sequence = itertools.count()
 
     def get_subscriptions(
         self, client_instance_id: uuid.UUID | None, identity: ClientIdentity, *, connection_id: str | None = None
@@ -338,6 +345,8 @@ class TelemetryManager:
         # metrics topic, so a payload beyond the limit or not MetricsData fails as an exporter does: INVALID_RECORD.
         assert admitted.compressed is not None
         try:
+            if COMPRESSION_IDS[admitted.compression_type] == "lz4":
+                _check_kafka_lz4(admitted.compressed)
             payload = decompress(admitted.compressed, COMPRESSION_IDS[admitted.compression_type], self._max_bytes)
             if payload:
                 decode(payload, [(CONTENT_TYPE_HEADER, CONTENT_TYPE_PROTOBUF)], max_decompressed_bytes=self._max_bytes)
@@ -355,12 +364,14 @@ class TelemetryManager:
 
     def connection_closed(self, connection_id: str) -> None:
         """Forget the client whose state was created on this connection, as Kafka's disconnect listener does."""
+        self._expire(self._now_ms())   # Kafka's expiry tasks due by now have run, unmapping their connections
         client_instance_id = self._connections.pop(connection_id, None)
         if client_instance_id is not None:
             self._instances.pop(client_instance_id, None)
 
     def client_count(self) -> int:
         """How many client instances are held (Kafka's `instance-count` metric)."""
+        self._expire(self._now_ms())
         return len(self._instances)
 
     def _check_push(
@@ -400,9 +411,6 @@ class TelemetryManager:
         self._expire(now)
         generation = self._store.generation
         instance = self._instances.get(client_instance_id)
-        if instance is not None and instance.expires_at_ms <= now:
-            self._drop(instance)
-            instance = None
         if instance is None:
             instance = self._create(client_instance_id, client_attributes(client_instance_id, identity), connection_id)
         elif instance.generation != generation:
@@ -410,6 +418,9 @@ class TelemetryManager:
             instance = self._create(client_instance_id, instance.attributes, connection_id)
         self._instances.move_to_end(client_instance_id)
         instance.expires_at_ms = now + max(CACHE_EXPIRY_MS, instance.push_interval_ms * 3)
+        instance.connection_id = connection_id
+        if not instance.scheduled:
+            self._schedule(instance)
         return instance
 
     def _create(
@@ -439,14 +450,36 @@ class TelemetryManager:
         return self._subscriptions
 
     def _expire(self, now: float) -> None:
-        # Kafka runs a timer per client; one sweep a second bounds memory the same way.
-        if now < self._next_sweep_ms:
-            return
-        self._next_sweep_ms = now + _SWEEP_INTERVAL_MS
-        for instance in [item for item in self._instances.values() if item.expires_at_ms <= now]:
-            self._drop(instance)
+        # The expiry tasks due by `now`, in their order, as Kafka's timer runs them before the request at `now`.
+        while self._expiries and self._expiries[0][0] <= now:
+            _, _, instance = heapq.heappop(self._expiries)
+            if self._instances.get(instance.client_instance_id) is not instance:
+                continue   # replaced by a re-evaluation, evicted or dropped on disconnect: its task was cancelled
+            instance.scheduled = False
+            if instance.expires_at_ms > now:
+                self._schedule(instance)   # extended by a request since: its task is the later one
+            else:
+                self._expired(instance)
+
+    def _schedule(self, instance: _ClientInstance) -> None:
+        if len(self._expiries) > 2 * len(self._instances) + 1024:   # mostly cancelled tasks: keep memory bounded
+            self._expiries = [entry for entry in self._expiries
+                              if self._instances.get(entry[2].client_instance_id) is entry[2]]
+            heapq.heapify(self._expiries)
+        heapq.heappush(self._expiries, (instance.expires_at_ms, next(self._sequence), instance))
+        instance.scheduled = True
+
+    def _expired(self, instance: _ClientInstance) -> None:
+        # ExpirationTimerTask.run: unmaps the connection of the request that scheduled it, whichever client the
+        # connection names by then (a later disconnect of the connection the client was created on still drops
+        # whatever client state that connection names).
+        self._instances.pop(instance.client_instance_id, None)
+        if instance.connection_id is not None:
+            self._connections.pop(instance.connection_id, None)
 
     def _drop(self, instance: _ClientInstance) -> None:
+        # Evicted from the cache (its size limit). Kafka's expiry task would unmap its connection later; ours is
+        # gone with the instance, so the mapping goes now if it still names this client.
         self._instances.pop(instance.client_instance_id, None)
         if instance.connection_id and self._connections.get(instance.connection_id) == instance.client_instance_id:
             del self._connections[instance.connection_id]
@@ -458,6 +491,13 @@ class TelemetryManager:
 
     def _now_ms(self) -> float:
         return self._clock() * 1000.0
+
+
+def _check_kafka_lz4(data: bytes) -> None:
+    """Kafka's own LZ4 reader (Lz4BlockInputStream.readHeader, FLG.validate) refuses a frame whose blocks depend on
+    the ones before (what Python's lz4.frame writes past 64 KiB by default); other LZ4 readers take it."""
+    if len(data) >= 5 and data[:4] == LZ4_MAGIC and not data[4] & _LZ4_BLOCK_INDEPENDENCE:
+        raise DecodeError("decompress-failed", "lz4 payload is corrupt: Dependent block stream is unsupported")
 
 
 def _too_soon(client_instance_id: uuid.UUID) -> str:
