@@ -18,11 +18,14 @@ OLDER, NEWER = "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z"
 
 
 def _body(name: str, created: str, cluster_id: str | None, annotations: dict | None = None,
-          spec: dict = SPEC) -> kopf.Body:
+          spec: dict = SPEC, not_ready: str | None = None) -> kopf.Body:
+    """A resource being deleted; Ready=True once applied (`cluster_id`), unless `not_ready` gives the reason it is not
+    now."""
     meta = {"namespace": "team", "name": name, "uid": f"uid-{name}", "creationTimestamp": created,
             "annotations": annotations or {}, "generation": 1, "deletionTimestamp": "2026-01-01T00:00:10Z"}
+    ready = {"type": "Ready", "status": "True" if cluster_id and not not_ready else "False"}
     return kopf.Body({"metadata": meta, "spec": spec, "status": {"clusterId": cluster_id, "conditions": [
-        {"type": "Ready", "status": "True" if cluster_id else "False"}]}})
+        {**ready, **({"reason": not_ready} if not_ready else {})}]}})
 
 
 def _claim(name: str, created: str, cluster_id: str | None, deleting: bool) -> Claim:
@@ -73,6 +76,29 @@ def test_a_resource_deleted_with_an_owner_that_retains_the_subscription_leaves_i
         earlier = {handlers.OWNER_DELETED_ANNOTATION: "team/a0 at 2025-12-01T00:00:00Z"}
         handlers._delete(config, _body("b", NEWER, None, earlier), kopf.Patch(), both, 0)
         assert sandbox.store.configs("payments")
+    finally:
+        config.close()
+
+
+def test_a_non_owner_that_applied_the_subscription_once_deleted_with_its_owner_leaves_it_to_the_owner(sandbox):
+    """b applied `payments` before the older a took it over (a's connection did not work then, say). Deleted together
+    (a namespace), a's policy (Retain) decides, whether a is still in kopf's index when b's deletion runs (b's status
+    need not say Conflict then: here its cluster was unreachable at its last reconcile) or gone already (then b's
+    status says Conflict, as its last reconcile found a the owner)."""
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+    config.wake = lambda heir, owner: None
+    try:
+        cluster = _applied_by_a(config, {**SPEC, "deletionPolicy": "Retain"})
+        both = {"payments": [_claim("a", OLDER, cluster, True), _claim("b", NEWER, cluster, True)]}
+        handlers._delete(config, _body("b", NEWER, cluster, not_ready="KafkaUnavailable"), kopf.Patch(), both, 0)
+        assert sandbox.store.configs("payments")
+
+        only_b = {"payments": [_claim("b", NEWER, cluster, True)]}
+        handlers._delete(config, _body("b", NEWER, cluster, not_ready="Conflict"), kopf.Patch(), only_b, 0)
+        assert sandbox.store.configs("payments")
+
+        handlers._delete(config, _body("b", NEWER, cluster), kopf.Patch(), only_b, 0)   # the owner: it removes it
+        assert sandbox.store.configs("payments") == {}
     finally:
         config.close()
 

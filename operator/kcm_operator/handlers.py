@@ -621,6 +621,15 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     # Handed over, and nothing else names it any more: the owner is gone, and this one never applied it (Kafka
     # refused its spec, say). What Kafka holds is the deleted owner's, which only this one can remove now.
     inherited = inherited or bool(handed_by and not named_too)
+    # Deleted together with the owner (older on this cluster and being deleted too, or already gone while this one's
+    # status still says Conflict), this one was handed nothing: the owner's policy decides, whatever this one once
+    # applied (before the owner took the subscription over, say).
+    with_owner = any(claim.deleting and _same_cluster(config, me, claim) and oldest_first([claim, me])[0] is claim
+                     for claim in named_too)
+    if not inherited and (with_owner or _in_conflict(body.status)):
+        _say(logging.INFO, namespace, name, "deleted as a non-owner of subscription %s: its owner's deletionPolicy "
+             "decides, Kafka is not touched", desired.name)
+        return
     if not _ever_applied(body.status) and not inherited:
         # Whatever Kafka holds under that name, this resource never put it there (one made by hand, say).
         _say(logging.INFO, namespace, name, "deleted; it was never applied, so subscription %s is not touched",
@@ -648,6 +657,8 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
             return
         change = removal(desired.name, admin.describe_one(desired.name))
         error = admin.alter_one(change)
+        if error is not None:
+            raise error  # InvalidSpecError for the removal itself, KafkaRefusedError for anything else
     except (InvalidSpecError, *RETRIED) as exc:
         if not isinstance(exc, (InvalidSpecError, KubernetesApiError)):
             metrics.KAFKA_ERRORS.labels(reason_of(exc)).inc()
@@ -658,11 +669,6 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
             _retry_or_let_go(body, desired, retry, exc)
             return
         _hold_deletion(body, patch, desired, retry, exc)
-    if isinstance(error, InvalidSpecError):  # Kafka refuses the removal itself: asking again will not help
-        _retry_or_let_go(body, desired, retry, error)
-        return
-    if error is not None:
-        _hold_deletion(body, patch, desired, retry, error)
     _say(logging.INFO, namespace, name, "%s", change.describe())
 
 
@@ -724,6 +730,12 @@ def _ever_applied(status: Mapping[str, Any]) -> bool:
     return bool(status.get("clusterId") or status.get("lastAppliedTime") or any(
         condition.get("type") == "Ready" and condition.get("status") == "True"
         for condition in status.get("conditions") or ()))
+
+
+def _in_conflict(status: Mapping[str, Any]) -> bool:
+    """Whether the resource's last reconcile found an older resource owning its subscription."""
+    return any(condition.get("type") == "Ready" and condition.get("reason") == "Conflict"
+               for condition in status.get("conditions") or ())
 
 
 def _retry_or_let_go(body: kopf.Body, desired: Desired, retry: int, why: object) -> None:
