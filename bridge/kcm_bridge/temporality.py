@@ -135,16 +135,18 @@ class DeltaToCumulative:
             point.start_time_unix_nano = stream.start_ns
             return True
         total = stream.total + delta
-        # An int total (only int points so far) is exact; once doubles mixed in, the total is a double.
-        whole = _int64(total) if isinstance(total, int) else None
-        if whole is None if isinstance(total, int) else not math.isfinite(total):
+        if isinstance(total, int):   # only int points so far: exact
+            whole = _int64(total)
+            overflowed = whole is None
+        else:   # doubles mixed in: an int point stays an int while the total is whole, never truncated
+            whole = _int64(total) if is_int and total.is_integer() else None
+            overflowed = not math.isfinite(total)
+        if overflowed:
             # Past int64, or a double total past the largest double: the series starts again, as after a counter
             # reset, rather than failing the record or staying infinite.
             stream.start_ns = point.start_time_unix_nano or point.time_unix_nano
             total = delta
             whole = delta if is_int else None
-        elif is_int and whole is None and total.is_integer():
-            whole = _int64(total)   # an int point stays an int while the double total is whole, never truncated
         stream.total = total
         stream.last_ns = point.time_unix_nano
         stream.seen_s = now_s
