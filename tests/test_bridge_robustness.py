@@ -456,6 +456,36 @@ def test_a_revoke_cut_short_by_the_shutdown_says_so_not_revoke_timeout_s(tmp_pat
             bridge.stop(at_once=True)
 
 
+def test_a_stop_during_a_revoke_wait_ends_it_within_shutdown_timeout_s(tmp_path, collector, caplog):
+    """`shutdown_timeout_s` counts from the signal: a revoke waiting for exports when it comes (a rebalance, inside
+    a poll) must not go on for its own `revoke_timeout_s` first, which could pass the stop watchdog's bound
+    (shutdown_timeout_s + connect_timeout_s + 5 s) and end a working bridge with exit 1."""
+    import grpc
+
+    config = _config(tmp_path, "127.0.0.1:9", "metrics", collector.endpoint, "confluent-kafka",
+                     {("delivery", "revoke_timeout_s"): 30, ("delivery", "shutdown_timeout_s"): 1,
+                      ("retry", "initial_backoff_s"): 0.05, ("retry", "max_backoff_s"): 0.1})
+    collector.refuse_when(lambda request: True, code=grpc.StatusCode.UNAVAILABLE)
+    with _unstarted_bridge(config) as bridge:
+        bridge._consumer = _CommittingConsumer([("metrics", 0)])
+        try:
+            bridge._add(_pushes(["a"], 0, 0))
+            bridge._flush()
+            _wait(lambda: collector.rejected_calls >= 1, 10, "the export retried")
+            with caplog.at_level(logging.WARNING, logger="kcm.bridge"):
+                revoke = threading.Thread(target=bridge._on_revoke, args=([("metrics", 0)],), daemon=True)
+                revoke.start()
+                time.sleep(0.3)
+                stopped = time.monotonic()
+                bridge.stop()   # SIGTERM
+                revoke.join(10)
+                took = time.monotonic() - stopped
+            assert not revoke.is_alive() and took < 2.5, f"the revoke went on {took:.1f}s after the stop"
+            assert "1 batches of the revoked partitions were not exported by the shutdown's deadline" in caplog.text
+        finally:
+            bridge.stop(at_once=True)
+
+
 def test_an_export_that_cannot_be_handed_to_the_threads_holds_back_no_other_and_stops_the_bridge(
         tmp_path, monkeypatch):
     """`submit` failing (can't start new thread) for an export that waited left it registered as its clients' last:

@@ -469,9 +469,11 @@ class Bridge:
     def stop(self, at_once: bool = False) -> None:
         """Ask the bridge to stop fetching, drain and exit (safe from signal handlers and other threads). `at_once`
         (a second Ctrl-C) also stops waiting for exports: what was exported is committed, the rest is read again by
-        the next consumer of those partitions."""
-        if at_once:
-            self._drain_deadline = time.monotonic()   # the drain keeps the earlier of this and its own deadline
+        the next consumer of those partitions. `delivery.shutdown_timeout_s` counts from the first call: a revoke
+        waiting for exports when it comes (inside a poll) waits no longer than the drain would."""
+        wait = 0.0 if at_once else self.config.delivery.shutdown_timeout_s
+        # The drain, and a revoke under way, keep the earliest deadline asked for.
+        self._drain_deadline = min(self._drain_deadline, time.monotonic() + wait)
         self._stopping.set()
 
     @property
@@ -1081,12 +1083,13 @@ class Bridge:
         """Export what is open, wait a bounded time for those partitions' exports, commit them, forget them."""
         log.info("revoking %s", ", ".join(f"{t}/{p}" for t, p in partitions) or "nothing")
         self._flush()
-        # Closing the consumer at shutdown revokes too: that wait stays within the shutdown's own deadline.
-        shutting_down = self._drain_deadline < time.monotonic() + self.config.delivery.revoke_timeout_s
-        deadline = min(time.monotonic() + self.config.delivery.revoke_timeout_s, self._drain_deadline)
-        while self._tracker.pending(partitions) and time.monotonic() < deadline:
+        # Closing the consumer at shutdown revokes too, and a stop may come while a revoke waits: the wait stays
+        # within the shutdown's own deadline.
+        deadline = time.monotonic() + self.config.delivery.revoke_timeout_s
+        while self._tracker.pending(partitions) and time.monotonic() < min(deadline, self._drain_deadline):
             self._serve_dead_letters(0.05)
             time.sleep(0.02)
+        shutting_down = self._drain_deadline < deadline
         self._commit(only=partitions)
         late = [ticket for ticket in self._tracker.forget(partitions) if isinstance(ticket, _BatchTicket)]
         if late:
