@@ -727,13 +727,16 @@ def test_a_run_reads_only_the_partitions_it_writes_or_whose_windows_it_replaces(
             written = pyarrow.parquet.read_table(f"{output}/resolution={resolution}/date={date}")
             assert written.column("max").to_pylist() == [value], (resolution, span)
     assert (other_day / "part-0.parquet").read_bytes() == b"not parquet"
-    # A range's own partitions are found in any session time zone: the dates of its ends and a day either side.
+    # A range's own partitions: in a UTC session (kcm's) the UTC dates of its ends and between; in any other time
+    # zone (a caller's session), a day either side too.
     from kcm_rollups.job import _dates_around
 
-    assert _dates_around((T0, T0 + 3600)) == ["2023-11-13", "2023-11-14", "2023-11-15"]
-    assert _dates_around((T0, T0 + 7200)) == ["2023-11-13", "2023-11-14", "2023-11-15"]   # ends at midnight
-    assert _dates_around((T0, T0 + 7201))[-1] == "2023-11-16" and _dates_around((T0, T0))[0] == "2023-11-13"
-    assert len(_dates_around((T0, T0 + 30 * 86400))) == 33
+    assert _dates_around((T0, T0 + 3600), True) == ["2023-11-14"]
+    assert _dates_around((T0, T0 + 7200), True) == ["2023-11-14"]   # ends at midnight
+    assert _dates_around((T0, T0 + 7201), True) == ["2023-11-14", "2023-11-15"]
+    assert _dates_around((T0, T0 + 3600), False) == ["2023-11-13", "2023-11-14", "2023-11-15"]
+    assert _dates_around((T0, T0 + 7201), False)[-1] == "2023-11-16" and _dates_around((T0, T0), False)[0] == "2023-11-13"
+    assert len(_dates_around((T0, T0 + 30 * 86400), False)) == 33
 
 
 def test_an_empty_directory_beside_the_rollups_is_left_alone_and_an_output_it_cannot_list_is_one_line(

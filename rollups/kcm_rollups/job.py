@@ -661,7 +661,8 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
     # read (their files' footers too), so a run costs the same however many days the output holds.
     wanted = set(partitions)
     if span is not None:
-        wanted |= {(resolution, date) for resolution in resolutions for date in _dates_around(span)}
+        utc = spark.conf.get("spark.sql.session.timeZone") in _UTC
+        wanted |= {(resolution, date) for resolution in resolutions for date in _dates_around(span, utc)}
     existing = _existing_rollups(spark, output, wanted)
     combined = new
     if existing is not None:
@@ -694,11 +695,17 @@ def write_rollups(spark: Any, new: Any, output: str, span: tuple[int, int] | Non
     return rows_written, windows
 
 
-def _dates_around(span: tuple[int, int]) -> list[str]:
-    """Every date (yyyy-MM-dd) a window starting in `span` can be written under, whatever the session's time zone:
-    those of its first and last second, a day more on either side, and all between."""
-    first = datetime.fromtimestamp(span[0], timezone.utc).date() - timedelta(days=1)
-    last = datetime.fromtimestamp(max(span[0], span[1] - 1), timezone.utc).date() + timedelta(days=1)
+# Names of UTC for `spark.sql.session.timeZone` (kcm's own session sets "UTC"): dates written are then UTC dates.
+_UTC = frozenset({"UTC", "Z", "GMT", "Etc/UTC", "+00:00"})
+
+
+def _dates_around(span: tuple[int, int], utc: bool) -> list[str]:
+    """Every date (yyyy-MM-dd) a window starting in `span` is written under: those of its first and last second and
+    all between, in a session whose time zone is UTC (`utc`, kcm's own); in any other (a session of the Python API's
+    caller), a day more on either side."""
+    margin = timedelta(days=0 if utc else 1)
+    first = datetime.fromtimestamp(span[0], timezone.utc).date() - margin
+    last = datetime.fromtimestamp(max(span[0], span[1] - 1), timezone.utc).date() + margin
     return [(first + timedelta(days=day)).isoformat() for day in range((last - first).days + 1)]
 
 
