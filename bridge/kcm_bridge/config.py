@@ -474,9 +474,9 @@ def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
     node = document
     for depth, key in enumerate(where[:-1]):
         child = node.get(key)
-        if child is None:
+        if key not in node:
             child = node[key] = {}
-        elif not isinstance(child, dict):   # the file's mistake, whatever a flag sets inside it
+        elif not isinstance(child, dict):   # the file's mistake (`batch:` left empty too), whatever a flag sets in it
             raise ConfigError(f"{'.'.join(where[:depth + 1])} must be a mapping, not {type(child).__name__}")
         node = child
     node[where[-1]] = value
