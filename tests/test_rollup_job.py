@@ -739,6 +739,27 @@ def test_a_run_reads_only_the_partitions_it_writes_or_whose_windows_it_replaces(
     assert len(_dates_around((T0, T0 + 30 * 86400), False)) == 33
 
 
+def test_a_range_in_a_session_of_another_time_zone_replaces_the_windows_written_under_its_local_dates(spark,
+                                                                                                       tmp_path):
+    """A caller's session in another time zone (the Python API) writes a window under its local date, which may be
+    the day after the range's UTC date: such a run reads the days either side too, so a re-run of the range with no
+    records still removes the window (kcm's UTC session reads the range's own days only)."""
+    from kcm_rollups.aggregate import DEFAULT_DIMENSIONS
+    from test_rollup_math import T0, point
+
+    output, span, both = tmp_path / "out", (T0, T0 + 3600), ("1m", "1h")   # 22:00-23:00 UTC: 07:00 the next day
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")
+    try:
+        write_rollups(spark, _rollup_rows(spark, [point("g", 10, value=1.0)], DEFAULT_DIMENSIONS), str(output), span,
+                      both)
+        assert sorted(path.name for path in (output / "resolution=1m").iterdir()) == ["date=2023-11-15"]
+        write_rollups(spark, _rollup_rows(spark, [], DEFAULT_DIMENSIONS), str(output), span, both)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert not (output / "resolution=1m" / "date=2023-11-15").exists()
+
+
 def test_an_empty_directory_beside_the_rollups_is_left_alone_and_an_output_it_cannot_list_is_one_line(
         spark, tmp_path, monkeypatch):
     """An output at the root of a volume of its own has `lost+found` beside the rollups: empty, it holds nothing and

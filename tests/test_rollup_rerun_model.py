@@ -25,8 +25,7 @@ tests/test_rollup_model.py's. Checked after each run:
   (`_`- and `.`-named ones, an empty directory) stay; a directory holding other files is refused, nothing changed;
 - the summary: rows written, windows per resolution, input records; the top rows are the latest coarsest window's;
 - the same run again gives the same output, column by column.
-A failure names its seed and step (set SEEDS to that seed to replay it). A test marked xfail is a disagreement with
-the docs, kept as they say.
+A failure names its seed and step (set SEEDS to that seed to replay it).
 """
 
 from __future__ import annotations

@@ -473,10 +473,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
     node = document
     for depth, key in enumerate(where[:-1]):
-        child = node.get(key)
-        if key not in node:
-            child = node[key] = {}
-        elif not isinstance(child, dict):   # the file's mistake (`batch:` left empty too), whatever a flag sets in it
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):   # the file's mistake (`batch:` left empty too), whatever a flag sets in it
             raise ConfigError(f"{'.'.join(where[:depth + 1])} must be a mapping, not {type(child).__name__}")
         node = child
     node[where[-1]] = value
