@@ -83,6 +83,7 @@ public final class ReceiverConfig {
                         + ": the receiver writes bytes with its own serializers; remove this property");
             }
             checkProducerKey(key);
+            checkProducerValue(key, overrides.get(key));
         }
         List<String> bootstrap = parsed.getList(BOOTSTRAP_SERVERS);
         Map<String, Object> producer = new HashMap<>();
@@ -185,6 +186,27 @@ public final class ReceiverConfig {
                 throw new ConfigException(PRODUCER_PREFIX + key + " is not a producer property; did you mean "
                         + PRODUCER_PREFIX + name + "?");
             }
+        }
+    }
+
+    /**
+     * A known producer setting's value parsed and validated alone, as the producer will, so that a bad one is named by
+     * its whole property ({@code kcm.receiver.producer.linger.ms}); settings that only fail together (acks with
+     * idempotence) are left to {@link #checkProducer}. The producer's message quotes the value: never for a password.
+     */
+    static void checkProducerValue(String key, Object value) {
+        ConfigDef.ConfigKey definition = ProducerConfig.configDef().configKeys().get(key);
+        if (definition == null) {
+            return;
+        }
+        try {
+            Object parsed = ConfigDef.parseType(key, value, definition.type);
+            if (definition.validator != null) {
+                definition.validator.ensureValid(key, parsed);
+            }
+        } catch (ConfigException e) {
+            throw new ConfigException(PRODUCER_PREFIX + key + ": " + (definition.type == Type.PASSWORD
+                    ? "not a valid value (not shown: a password)" : e.getMessage()));
         }
     }
 

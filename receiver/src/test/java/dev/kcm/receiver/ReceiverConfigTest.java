@@ -22,7 +22,10 @@ class ReceiverConfigTest {
         assertTrue(failure("kcm.receiver.topik", "x").contains("kcm.receiver.topik"));
         assertTrue(failure("kcm.receiver.producer.key.serializer", "x")
                 .contains("kcm.receiver.producer.key.serializer"));
-        assertTrue(failure("kcm.receiver.producer.acks", "some").contains("kcm.receiver.producer."));
+        assertTrue(failure("kcm.receiver.producer.acks", "some").contains("kcm.receiver.producer.acks"));
+        assertTrue(failure("kcm.receiver.producer.linger.ms", "soon").contains("kcm.receiver.producer.linger.ms"));
+        // Settings that fail only together are named by the prefix: acks=1 needs idempotence off.
+        assertTrue(failure("kcm.receiver.producer.acks", "1").contains("kcm.receiver.producer.*"));
     }
 
     @Test
