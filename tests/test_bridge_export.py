@@ -420,3 +420,44 @@ def test_a_header_grpc_sets_itself_or_http2_forbids_is_refused_at_start(name):
                                 ("endpoints",): [{"endpoint": "c:4317", "headers": {name: "x"}}]})
     with pytest.raises(UserError, match=f"header '{name}' is one gRPC sets itself"):
         OtlpTarget("c:4317", header_files=((name, __file__),))
+
+
+@pytest.fixture
+def two_addresses(monkeypatch):
+    """Two collectors on the same port of two loopback addresses, and an endpoint name that resolves to both (as a
+    headless Service's name does to its pods): gRPC's `ipv4:` resolver stands in for DNS, which has no such name
+    here."""
+    first = FakeCollector("127.0.0.1")
+    first.start()
+    second = FakeCollector("127.0.0.2", first.port)
+    try:
+        second.start()
+    except BaseException:
+        first.stop()
+        raise
+    monkeypatch.setattr("kcm_common.otlp_export._target", lambda endpoint: (
+        f"ipv4:127.0.0.1:{first.port},127.0.0.2:{first.port}" if endpoint == "collectors:4317" else endpoint))
+    try:
+        yield first, second
+    finally:
+        first.stop()
+        second.stop()
+
+
+@pytest.mark.parametrize("balancing", ["pick_first", "round_robin"])
+def test_round_robin_balancing_spreads_exports_over_every_address_of_the_name(two_addresses, balancing):
+    first, second = two_addresses
+    endpoint = open_endpoint(EndpointConfig(endpoint="collectors:4317", insecure=True, balancing=balancing), RETRY,
+                             lambda: False)
+    try:
+        assert all(endpoint.export(client_metrics().SerializeToString()).delivered for _ in range(20))
+        counts = sorted((len(first.exports), len(second.exports)))
+        # round_robin takes each address in turn once connected (the first calls may all go to the first ready).
+        assert counts == [0, 20] if balancing == "pick_first" else counts[0] >= 5, counts
+        # The busier address gone (a collector pod stopped): either policy goes on with the other, nothing lost.
+        (first if len(first.exports) >= len(second.exports) else second).stop()
+        outcomes = [endpoint.export(client_metrics().SerializeToString()) for _ in range(10)]
+    finally:
+        endpoint.close()
+    assert all(outcome.delivered for outcome in outcomes)
+    assert len(first.exports) + len(second.exports) == 30

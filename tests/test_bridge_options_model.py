@@ -291,8 +291,8 @@ def test_the_full_example_loads_and_gives_the_values_its_comments_say(tmp_path, 
     assert first.headers == {"x-scope-orgid": "kafka-team"}
     assert first.headers_from_files == {"authorization": str(tmp_path / "token")}
     assert first.headers_from_env == {"x-api-key": "OTLP_API_KEY"}
-    assert (first.compression, first.timeout_s, first.concurrency, first.retry_refused_credentials) == (
-        "gzip", 10.0, 2, False)
+    assert (first.compression, first.timeout_s, first.concurrency, first.retry_refused_credentials,
+            first.balancing) == ("gzip", 10.0, 2, False, "pick_first")
     assert backup.endpoint == "backup-collector:4317" and backup.insecure
     assert config.routing == "fanout"
     assert (config.batch.max_points, config.batch.max_bytes, config.batch.linger_ms) == (8192, 2097152, 200)
@@ -390,6 +390,8 @@ ENDPOINT_OPTIONS = {
     "timeout_s": (10.0, [("1", 1.0), ("2.5", 2.5)], ["0", "nan", "-1"]),
     "concurrency": (2, [("1", 1), ("64", 64), ("7", 7)], ["0", "65", "1.5"]),
     "retry_refused_credentials": (False, [("true", True), ("on", True), ("no", False)], ["maybe"]),
+    "balancing": ("pick_first", [("pick_first", "pick_first"), ("round_robin", "round_robin")],
+                  ["roundrobin", "ROUND_ROBIN", "least_request"]),
 }
 
 

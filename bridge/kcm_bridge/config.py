@@ -80,6 +80,8 @@ class EndpointConfig:
     concurrency: int = 2
     # Retry UNAUTHENTICATED/PERMISSION_DENIED (final by the OTLP spec) until a fixed token is accepted: nothing dropped.
     retry_refused_credentials: bool = False
+    # round_robin: every address the name resolves to (a headless Service's pods) takes requests in turn.
+    balancing: Literal["pick_first", "round_robin"] = "pick_first"
 
 
 @dataclass(frozen=True)

@@ -17,4 +17,4 @@ def open_endpoint(config: EndpointConfig, retry: RetryPolicy, give_up: Callable[
     return Endpoint(config.endpoint, retry, give_up, insecure=config.insecure, tls=tls,
                     metadata=lambda: endpoint_metadata(config), compression=config.compression,
                     timeout_s=config.timeout_s, on_failure=on_failure,
-                    retry_auth_refusals=config.retry_refused_credentials)
+                    retry_auth_refusals=config.retry_refused_credentials, balancing=config.balancing)

@@ -189,6 +189,13 @@ def channel_options(retry: RetryPolicy) -> list[tuple[str, int]]:
             ("grpc.initial_reconnect_backoff_ms", min(most_ms, max(100, int(retry.initial_backoff_s * 1000))))]
 
 
+def _target(endpoint: str) -> str:
+    """gRPC's target for HOST:PORT: with the scheme spelt out, no host name is read as one (a host "unix" or "ipv4"
+    would be, before a colon). Resolved by DNS, to every address of the name; `pick_first` uses the first that
+    answers, `round_robin` all of them in turn."""
+    return f"dns:///{endpoint}"
+
+
 class Endpoint:
     """One OTLP/gRPC collector: a channel, its call metadata, and the retry loop.
 
@@ -200,7 +207,8 @@ class Endpoint:
     call and may hold tokens: never logged. It may be a function returning it, called again after each
     UNAUTHENTICATED or PERMISSION_DENIED answer (a token file a Kubernetes Secret rotates), so the next call carries
     what it returns now. With `retry_auth_refusals` those answers are retried with backoff instead of being final,
-    which the OTLP specification does not do.
+    which the OTLP specification does not do. `balancing` is gRPC's load-balancing policy over the addresses the
+    endpoint's name resolves to.
     """
 
     def __init__(self, endpoint: str, retry: RetryPolicy, give_up: Callable[[], bool], *, insecure: bool = False,
@@ -208,7 +216,8 @@ class Endpoint:
                  metadata: Sequence[tuple[str, str]] | Callable[[], Sequence[tuple[str, str]]] = (),
                  compression: Literal["gzip", "none"] = "gzip", timeout_s: float = 10.0,
                  on_failure: Callable[[str, bool], None] = lambda code, retrying: None,
-                 retry_auth_refusals: bool = False) -> None:
+                 retry_auth_refusals: bool = False,
+                 balancing: Literal["pick_first", "round_robin"] = "pick_first") -> None:
         self.name = endpoint
         self._read_metadata = metadata if callable(metadata) else None
         self._retried = RETRYABLE | AUTH_REFUSALS if retry_auth_refusals else RETRYABLE
@@ -217,9 +226,8 @@ class Endpoint:
         self._give_up = give_up
         self._timeout_s = timeout_s
         self._rng = random.Random()
-        options = channel_options(retry)
-        # With the scheme spelt out, no host name is read as one (a host "unix" or "ipv4" would be, before a colon).
-        target = f"dns:///{endpoint}"
+        options = [*channel_options(retry), ("grpc.lb_policy_name", balancing)]
+        target = _target(endpoint)
         if insecure:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
