@@ -869,10 +869,10 @@ def test_the_top_rows_say_whether_their_window_is_still_open(spark):
     (["--from", "2026-01-01", "--to", "9999-12-31T23:59:59Z", "--resolution", "1d"], "is outside"),
     # Epoch seconds are held to the same range (they crashed after the Spark job, or inside kafka-python).
     (["--from", "253402300000", "--to", "253402300799", "--resolution", "1d"], "is outside 1970-01-01 to 9000-01-01"),
-    (["--from", "-100", "--to", "0"], "time '-100' is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "-100", "--to", "0"], "--from '-100' is outside 1970-01-01 to 9000-01-01"),
     (["--from", "2.5e11"], "is outside 1970-01-01 to 9000-01-01"),
     (["--from", "nan"], "is outside 1970-01-01 to 9000-01-01"),
-    (["--from", "2026-01-01", "--to", "inf"], "is outside 1970-01-01 to 9000-01-01"),
+    (["--from", "2026-01-01", "--to", "inf"], "--to 'inf' is outside 1970-01-01 to 9000-01-01"),
     (["--top", "99999999999"], "--top must be from 0 to 100,000"),
     (["--min-partitions", "99999999999999999999"], "--min-partitions must be from 1 to 100,000"),
 ])

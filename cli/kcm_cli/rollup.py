@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
                         "need --otlp-endpoint")
     result = run_rollup(
         args.bootstrap_server, args.topic, args.output,
-        start=parse_time(args.start) if args.start else None,
-        end=parse_time(args.end) if args.end else None,
+        start=parse_time(args.start, "--from") if args.start else None,
+        end=parse_time(args.end, "--to") if args.end else None,
         last=timedelta(seconds=parse_duration(args.last, "--last")) if args.last else None,
         resolutions=args.resolution, command_config=args.command_config, master=args.master,
         starting_offsets=args.starting_offsets, ending_offsets=args.ending_offsets,

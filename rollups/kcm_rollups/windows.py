@@ -69,8 +69,9 @@ def widen(start: float, end: float, size: int) -> tuple[int, int]:
     return align_down(start, size), -align_down(-end, size)
 
 
-def parse_time(text: str) -> datetime:
-    """ISO 8601 (a zone-less time is UTC) or epoch seconds, as an aware UTC datetime; raises UserError."""
+def parse_time(text: str, what: str = "time") -> datetime:
+    """ISO 8601 (a zone-less time is UTC) or epoch seconds, as an aware UTC datetime; raises UserError naming `what`
+    (the option it was given to)."""
     value = text.strip()
     moment: datetime | None
     try:
@@ -79,7 +80,7 @@ def parse_time(text: str) -> datetime:
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
-            raise UserError(f"time {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
+            raise UserError(f"{what} {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         try:
@@ -92,6 +93,6 @@ def parse_time(text: str) -> datetime:
         except (ValueError, OverflowError, OSError):  # NaN, or beyond what dates hold
             moment = None
     if moment is None or not EARLIEST_TIME <= moment < LATEST_TIME:
-        raise UserError(f"time {text!r} is outside {EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}: Kafka "
+        raise UserError(f"{what} {text!r} is outside {EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}: Kafka "
                         "timestamps count from 1970, and windows beyond must still be dates")
     return moment
