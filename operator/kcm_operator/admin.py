@@ -123,8 +123,8 @@ class SubscriptionAdmin:
                                              include_synonyms=False)
             for result in self._send(request).results:
                 found[result.resource_name] = (
-                    _error(result.error_code, f"describing subscription {result.resource_name}: "
-                                              f"{result.error_message}") if result.error_code else
+                    _error(result.error_code, f"subscription {result.resource_name!r}: {result.error_message}")
+                    if result.error_code else
                     {entry.name: entry.value for entry in result.configs
                      if entry.config_source == CLIENT_METRICS_CONFIG_SOURCE})
         return found
