@@ -30,6 +30,7 @@ CHART = REPO / "charts" / "kafka-client-metrics"
 KUBE_VERSIONS = ("1.29.0", "1.37.0")
 # APIs of the optional CRDs (Prometheus Operator, Spark operator, kopf): present, the chart renders those parts.
 OPTIONAL_APIS = ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
+                 "monitoring.coreos.com/v1/PrometheusRule",
                  "sparkoperator.k8s.io/v1beta2", "sparkoperator.k8s.io/v1beta2/ScheduledSparkApplication",
                  "kopf.dev/v1")
 # Groups whose kinds kubernetes-validate has no schema for; a built-in kind without a schema is a failure.
@@ -571,7 +572,7 @@ def test_notes_warn_when_a_service_monitor_was_asked_for_but_not_rendered(helm: 
                       "--set", "bridge.serviceMonitor.enabled=true")
     assert result.returncode == 0, result.stderr
     assert ("WARNING: bridge.serviceMonitor.enabled is true but monitoring.coreos.com/v1\nis not served here: "
-            "no ServiceMonitor was created") in result.stdout.split("NOTES:", 1)[1]
+            "no ServiceMonitor or PrometheusRule was created") in result.stdout.split("NOTES:", 1)[1]
     quiet = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client")
     assert "ServiceMonitor" not in quiet.stdout.split("NOTES:", 1)[1]
 

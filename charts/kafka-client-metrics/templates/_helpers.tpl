@@ -36,6 +36,13 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when the Prometheus Operator's PrometheusRule kind is served (as for kcm.serviceMonitorApi). */}}
+{{- define "kcm.prometheusRuleApi" -}}
+{{- if or (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule") -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "kcm.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "kcm.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
