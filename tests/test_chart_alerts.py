@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import promql_parser
-import pytest
 from prometheus_client import Counter, Gauge, Histogram
 
 import test_chart
