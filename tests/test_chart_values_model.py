@@ -1045,6 +1045,7 @@ _REFUSALS: list[Refusal | tuple[Any, ...]] = [
     _schema_refusal("bridge.serviceAccount.annotations", {"not a key!": "x"}),
     _schema_refusal("bridge.nodeSelector", {"zone": "eu west"}),
     _schema_refusal("prometheusRule.additionalAlertLabels", {"team-name": "x"}),
+    _schema_refusal("rollup.sparkConf", {"sql.shuffle.partitions": "8"}),   # docs: spark.* keys
     # A misspelt key is named.
     _misspelt("bridge.replica"),
     _misspelt("operator.wach"),
