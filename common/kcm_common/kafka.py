@@ -86,6 +86,9 @@ _PEM_CONVERSION = ("kcm reads PEM files only: convert a JKS or PKCS12 store with
                    "`keytool -exportcert -rfc` or `openssl pkcs12 -nodes` (see docs/kafka-clients.md)")
 _SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_LOGIN_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
+                  "org.apache.kafka.common.security.scram.ScramLoginModule")
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 _ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
 _API_VERSIONS_V0 = struct.pack(">hhih", 18, 0, 0x6B636D, 3) + b"kcm"  # ApiVersions v0, correlation id "kcm"
 # Neither client can send a lone surrogate (kafka-python raises, librdkafka aborts the process): Python reads a byte
@@ -196,6 +199,7 @@ def _check_pem_file(key: str, path: str) -> None:
 
 
 _PROPERTY_NAME = re.compile(r"[a-z][a-z0-9-]*(\.[a-z0-9-]+)+")  # how every Kafka client property is spelt
+_DOTLESS_PROPERTIES = frozenset({"acks", "retries"})   # the Java clients' properties with no dot in their names
 
 
 def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
@@ -217,7 +221,7 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
             continue
         if key not in _PROPERTY_TO_KWARG:
             # A key that is no property name may be a password on a line missing its key: never shown.
-            named = f"property {key!r}" if _PROPERTY_NAME.fullmatch(key) else (
+            named = f"property {key!r}" if _PROPERTY_NAME.fullmatch(key) or key in _DOTLESS_PROPERTIES else (
                 "property whose name is not a property name (not shown: is a line missing its key?)")
             raise KafkaConfigError(f"unsupported client {named}; supported: "
                                    f"{', '.join(sorted([*_PROPERTY_TO_KWARG, *_STORE_TYPES]))}; and for kcm bridge's "
@@ -238,7 +242,8 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
                 f"sasl.mechanism must be one of {', '.join(_SASL_MECHANISMS)}, not {shown(options['sasl_mechanism'])}"
             )
     # Java clients read the JAAS line only for SASL: a leftover one beside PLAINTEXT or SSL is ignored, as there.
-    jaas = _jaas_options(options.pop("sasl_jaas_config", None) if protocol.startswith("SASL") else None)
+    jaas_text = options.pop("sasl_jaas_config", None)
+    jaas = _jaas_options(jaas_text if protocol.startswith("SASL") else None)
     if jaas is not None and ("sasl_plain_username" in options or "sasl_plain_password" in options):
         # Java clients would log in with the JAAS line and the others with these: one source of credentials.
         raise KafkaConfigError("give either sasl.jaas.config or sasl.username/sasl.password, not both")
@@ -256,10 +261,10 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
                                    f"name) or empty or none (do not), not {shown(options['ssl_check_hostname'])}")
         options["ssl_check_hostname"] = algorithm == "https"
     if "request_timeout_ms" in options:
-        try:
-            options["request_timeout_ms"] = int(options["request_timeout_ms"])
-        except ValueError:
-            raise KafkaConfigError("request.timeout.ms must be a whole number of milliseconds") from None
+        # As Java's Integer.parseInt reads it: digits, perhaps signed (Python's int() would take `1_000` too).
+        if not _WHOLE_NUMBER.fullmatch(options["request_timeout_ms"]):
+            raise KafkaConfigError("request.timeout.ms must be a whole number of milliseconds")
+        options["request_timeout_ms"] = int(options["request_timeout_ms"])
         if options["request_timeout_ms"] <= 0:
             raise KafkaConfigError(
                 f"request.timeout.ms must be a positive number of milliseconds, not {options['request_timeout_ms']}")
@@ -279,6 +284,10 @@ def _jaas_options(text: str | None) -> dict[str, str] | None:
                                'password="...";)') from None
     if len(entries) != 1:
         raise KafkaConfigError(f"sasl.jaas.config names {len(entries)} login modules; a client takes exactly one")
+    # By class name, wherever a build shades Kafka's package (Databricks: kafkashaded.org.apache.kafka…).
+    if entries[0].login_module.rpartition(".")[2] not in ("PlainLoginModule", "ScramLoginModule"):
+        raise KafkaConfigError(f"sasl.jaas.config names the login module {shown(entries[0].login_module)}; kcm logs in "
+                               f"with username and password: {' or '.join(_LOGIN_MODULES)}")
     missing = [name for name in ("username", "password") if name not in entries[0].options]
     if missing:
         raise KafkaConfigError(f"sasl.jaas.config has no {' and no '.join(missing)} option; kcm logs in with "

@@ -24,8 +24,8 @@ _LIBRDKAFKA_NAMES = {
     "ssl_keyfile": "ssl.key.location",
     "ssl_password": "ssl.key.password",
     "client_id": "client.id",
-    "request_timeout_ms": "socket.timeout.ms",
 }
+_SOCKET_TIMEOUT_MS = (10, 300_000)
 
 
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -36,6 +36,11 @@ def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
     for key, value in kafka_python_options(settings.properties).items():
         if key == "ssl_check_hostname":
             config["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        elif key == "request_timeout_ms":
+            # librdkafka's socket.timeout.ms takes 10 to 300000 (Java's request.timeout.ms any positive number).
+            config["socket.timeout.ms"] = min(max(value, _SOCKET_TIMEOUT_MS[0]), _SOCKET_TIMEOUT_MS[1])
         elif key in _LIBRDKAFKA_NAMES:
             config[_LIBRDKAFKA_NAMES[key]] = value
+    if settings.security_protocol.startswith("SASL") and "sasl.mechanism" not in config:
+        config["sasl.mechanism"] = "PLAIN"   # kcm's default for every client (librdkafka's own is GSSAPI)
     return config
