@@ -572,7 +572,7 @@ def test_notes_warn_when_a_service_monitor_was_asked_for_but_not_rendered(helm: 
                       "--set", "bridge.serviceMonitor.enabled=true")
     assert result.returncode == 0, result.stderr
     assert ("WARNING: bridge.serviceMonitor.enabled is true but monitoring.coreos.com/v1\nis not served here: "
-            "no ServiceMonitor or PrometheusRule was created") in result.stdout.split("NOTES:", 1)[1]
+            "no ServiceMonitor was created") in result.stdout.split("NOTES:", 1)[1]
     quiet = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client")
     assert "ServiceMonitor" not in quiet.stdout.split("NOTES:", 1)[1]
 

@@ -19,9 +19,9 @@ MONITORED = ("bridge.serviceMonitor.enabled=true", "operator.serviceMonitor.enab
              "prometheusRule.enabled=true")
 # Labels the Prometheus Operator puts on every target of a ServiceMonitor, beside `up`'s own.
 TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "container", "endpoint"}
-BRIDGE_ALERTS = {"KcmBridgeDown", "KcmBridgeExportFailing", "KcmBridgeLagHigh", "KcmBridgeRecordsUndecodable",
-                 "KcmBridgeDeadLetterWritesFailing"}
-OPERATOR_ALERTS = {"KcmOperatorDown", "KcmOperatorKafkaErrors"}
+BRIDGE_ALERTS = {"KcmBridgeDown", "KcmBridgeAbsent", "KcmBridgeExportFailing", "KcmBridgeLagHigh",
+                 "KcmBridgeRecordsUndecodable", "KcmBridgeDeadLetterWritesFailing"}
+OPERATOR_ALERTS = {"KcmOperatorDown", "KcmOperatorAbsent", "KcmOperatorKafkaErrors"}
 
 
 def _exposed(metrics: list[Any]) -> dict[str, set[str]]:
@@ -131,7 +131,7 @@ def test_every_alert_selects_series_the_components_export_from_the_targets_the_c
         assert alert["labels"]["severity"] in ("critical", "warning")
         assert alert["annotations"]["summary"] and alert["annotations"]["description"]
         # An alert fires per pod (`up` is per target): every grouping keeps `pod`, but the lag's, summed over the
-        # replicas that share a topic's partitions.
+        # replicas that share a topic's partitions (and `absent`, which has no pod to name).
         if name != "KcmBridgeLagHigh":
             assert all("pod" in labels for labels, _ in _grouping(expression)), name
 
@@ -158,7 +158,7 @@ def test_values_leave_alerts_out_add_labels_and_set_the_lag_threshold(helm: Path
     assert lag["expr"].endswith(") > 2500") and "2500 records" in lag["annotations"]["description"]
     # Every alert of a group left out: the group goes, not an empty one.
     only_bridge = _rules(render(helm, sets=(*MONITORED, "prometheusRule.disabled={KcmOperatorDown,"
-                                                        "KcmOperatorKafkaErrors}")))
+                                                        "KcmOperatorAbsent,KcmOperatorKafkaErrors}")))
     assert set(only_bridge) == BRIDGE_ALERTS
 
 
@@ -173,7 +173,8 @@ def test_each_components_alerts_follow_its_service_monitor(helm: Path) -> None:
 
 
 def _refusal(helm: Path, *sets: str) -> str:
-    args = ["template", "kcm", str(CHART), "--namespace", "kcm", "--api-versions", "monitoring.coreos.com/v1"]
+    args = ["template", "kcm", str(CHART), "--namespace", "kcm", "--api-versions", "monitoring.coreos.com/v1",
+            "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
     for item in sets:
         args += ["--set", item]
     result = run_helm(helm, *args)
@@ -190,14 +191,36 @@ def test_alerts_without_a_service_monitor_or_with_a_wrong_value_are_refused_nami
     assert "additionalAlertLabels" in _refusal(helm, *MONITORED, "prometheusRule.additionalAlertLabels.severity=x")
 
 
-def test_no_prometheus_rule_without_the_api_and_the_notes_say_so(helm: Path) -> None:
+def test_no_prometheus_rule_without_its_kind_and_the_notes_say_so(helm: Path) -> None:
     assert not find(render(helm, apis=(), sets=MONITORED), "PrometheusRule")
+    # monitoring.coreos.com/v1 with the ServiceMonitor CRD alone (an OpenTelemetry target allocator's): the
+    # ServiceMonitors render, the PrometheusRule would not be accepted.
+    monitors_only = render(helm, apis=("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor"),
+                           sets=MONITORED)
+    assert len(find(monitors_only, "ServiceMonitor")) == 2 and not find(monitors_only, "PrometheusRule")
     result = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client",
                       "--set", "prometheusRule.enabled=true", "--set", "bridge.serviceMonitor.enabled=true")
     assert result.returncode == 0, result.stderr
     notes = result.stdout.split("NOTES:", 1)[1]
-    assert "bridge.serviceMonitor.enabled and prometheusRule.enabled are true" in notes
-    assert "no ServiceMonitor or PrometheusRule was created" in notes
+    assert "WARNING: prometheusRule.enabled is true but the PrometheusRule kind" in notes
+    assert "no alerts were created" in notes
+    quiet = run_helm(helm, "install", "kcm", str(CHART), "--namespace", "kcm", "--dry-run=client")
+    assert "PrometheusRule" not in quiet.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_counters_alerts_take_the_increase_of_start_at_zero_for_every_reason() -> None:
+    # increase() cannot count the jump that creates a series: a reason's first burst would never fire an alert.
+    from kcm_bridge.metrics import UNPROCESSABLE, BridgeMetrics
+    from kcm_common.contract import DECODE_REASONS
+    from kcm_operator import metrics as operator_metrics
+
+    exposed = {(sample.name, sample.labels.get("reason"), sample.value)
+               for metric in BridgeMetrics().registry.collect() for sample in metric.samples}
+    for reason in (*DECODE_REASONS, UNPROCESSABLE):
+        assert ("kcm_bridge_decode_failures_total", reason, 0.0) in exposed, reason
+    operator = {sample.labels.get("reason") for metric in operator_metrics.KAFKA_ERRORS.collect()
+                for sample in metric.samples if sample.name == "kcm_operator_kafka_errors_total"}
+    assert operator >= {"KafkaUnavailable", "KafkaRefused", "Failed"}
 
 
 def test_the_schema_names_exactly_the_alerts_the_chart_renders(helm: Path) -> None:

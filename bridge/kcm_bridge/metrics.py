@@ -10,6 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kcm_common.contract import DECODE_REASONS
+
+
+# The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
+UNPROCESSABLE = "unprocessable"
 
 EXPORT_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                           float("inf"))
@@ -24,6 +29,10 @@ class BridgeMetrics:
         self.records = Counter("kcm_bridge_records_consumed", "Records consumed", registry=r)
         self.bytes = Counter("kcm_bridge_bytes_consumed", "Record value bytes consumed", registry=r)
         self.decode_failures = Counter("kcm_bridge_decode_failures", "Undecodable records", ["reason"], registry=r)
+        # Every reason from 0: Prometheus's increase() cannot count the jump that creates a series, so a first burst
+        # of a reason would never show in an alert.
+        for reason in (*DECODE_REASONS, UNPROCESSABLE):
+            self.decode_failures.labels(reason)
         self.dead_lettered = Counter("kcm_bridge_dead_lettered", "Records written to the dead-letter topic",
                                      registry=r)
         self.dead_letter_failures = Counter("kcm_bridge_dead_letter_failures",

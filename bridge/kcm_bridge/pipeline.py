@@ -39,7 +39,7 @@ from kcm_bridge.consumer import (Consumer, DeadLetterProducer, Partition, Record
 from kcm_bridge.enrich import Added, Enricher
 from kcm_bridge.export import open_endpoint
 from kcm_bridge.health import KAFKA_RETRY, KafkaHealth
-from kcm_bridge.metrics import BridgeMetrics, serve
+from kcm_bridge.metrics import UNPROCESSABLE, BridgeMetrics, serve
 from kcm_bridge.offsets import OffsetTracker, Ticket
 from kcm_bridge.temporality import MAX_PAYLOAD_BYTES, DeltaToCumulative
 from kcm_bridge.wire import count_points
@@ -59,8 +59,6 @@ _POLL_RECORDS = 100
 # the in-flight budget filled and the consuming thread waited for it, a third of its time on the benchmark. A tenth
 # of that interval took the bridge from 25k to 33k records/s there. Set for the whole process by `kcm bridge`.
 SWITCH_INTERVAL_S = 0.0005
-# The reason given to a record that decoded but could not be prepared for export (an input nobody foresaw).
-UNPROCESSABLE = "unprocessable"
 # The reason given to a record a collector refused as invalid (INVALID_ARGUMENT) or too large (RESOURCE_EXHAUSTED
 # without a retry delay: over its message size limit), alone or in the smallest part of its batch the splitting reached.
 REFUSED = "refused-by-collector"

@@ -13,6 +13,9 @@ DURATION = Histogram("kcm_operator_reconcile_duration_seconds", "Time to reconci
 MANAGED = Gauge("kcm_operator_managed_subscriptions", "ClientMetricsSubscriptions whose subscription is Ready")
 DRIFT_CORRECTIONS = Counter("kcm_operator_drift_corrections", "Out-of-band subscription changes reverted")
 KAFKA_ERRORS = Counter("kcm_operator_kafka_errors", "Kafka calls that failed", ["reason"])
+# Every reason from 0, so that a rate or increase() in an alert counts a reason's first errors too.
+for _reason in ("KafkaUnavailable", "KafkaRefused", "Failed"):
+    KAFKA_ERRORS.labels(_reason)
 
 
 def record(started: float, result: str, reason: str) -> None:

@@ -36,9 +36,10 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the Prometheus Operator's PrometheusRule kind is served (as for kcm.serviceMonitorApi). */}}
+{{/* "true" when the PrometheusRule kind is served: by kind only, since a cluster may serve monitoring.coreos.com/v1
+     with the ServiceMonitor CRD alone (an OpenTelemetry target allocator's). */}}
 {{- define "kcm.prometheusRuleApi" -}}
-{{- if or (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule") -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule" -}}
 true
 {{- end -}}
 {{- end -}}
