@@ -355,3 +355,19 @@ def test_an_address_that_only_looks_like_loopback_renders(helm: Path, address: s
 def test_a_listen_address_on_every_interface_renders(helm: Path) -> None:
     manifests = render(helm, sets=("operator.listenAddress=::", "bridge.config.metrics_host=::"))
     assert "--listen-address=::" in _pod(one(manifests, "Deployment", "-operator"))["containers"][0]["args"]
+
+
+def test_real_world_names_labels_and_references_pass_the_schemas_checks(helm: Path) -> None:
+    # The schema refuses malformed names, labels and image references: these well-formed ones must still install.
+    manifests = render(helm, sets=(
+        "rollup.enabled=true", "rollup.output=s3a://b/kcm",
+        r"rollup.sparkConf.spark\.kubernetes\.driver\.annotation\.example\.com/owner=obs",
+        "image.repository=[2001:db8::1]:5000/kcm/kcm", "rollup.image.repository=My-Registry.example:443/spark_x/kcm",
+        r"commonLabels.app\.kubernetes\.io/team=obs.core", r"bridge.podLabels.example\.com/tier=",
+        r"bridge.serviceAccount.annotations.eks\.amazonaws\.com/role-arn=arn:aws:iam::1:role/kcm bridge",
+        "operator.priorityClassName=system-cluster-critical", "nameOverride=kcm2", "fullnameOverride=",
+        "bridge.serviceAccount.name=kcm.bridge"))
+    deployment = one(manifests, "Deployment", "-bridge")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].startswith("[2001:db8::1]:5000/kcm/kcm:")
+    app = one(manifests, "ScheduledSparkApplication")
+    assert app["spec"]["template"]["sparkConf"]["spark.kubernetes.driver.annotation.example.com/owner"] == "obs"
