@@ -720,3 +720,11 @@ def test_a_kafka_connection_that_cannot_load_names_the_secret_and_key_never_a_va
     message = str(refused.value)
     assert named[0] in message and repr(named[1]) in message and "\n" not in message, message
     assert MARK not in message and str(tmp_path) not in message, message
+
+
+@pytest.mark.parametrize("given", [{"sasl.username": "u"}, {"sasl.password": f"p-{MARK}"}])
+def test_sasl_with_half_of_its_credentials_is_refused_naming_both(given):
+    # docs: "a SASL protocol without credentials is rejected at start-up"; a user without a password is one.
+    with pytest.raises(KafkaConfigError, match="needs sasl.username and sasl.password") as refused:
+        KafkaSettings("kafka:9092", {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", **given}).validate()
+    assert MARK not in str(refused.value)

@@ -250,7 +250,7 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
     if jaas is not None:
         options["sasl_plain_username"] = jaas["username"]
         options["sasl_plain_password"] = jaas["password"]
-    if protocol.startswith("SASL") and not options.get("sasl_plain_username"):
+    if protocol.startswith("SASL") and not (options.get("sasl_plain_username") and "sasl_plain_password" in options):
         raise KafkaConfigError(f"security.protocol {protocol} needs sasl.username and sasl.password (or sasl.jaas.config)")
     if "ssl_check_hostname" in options:
         # `https` checks the broker's host name; empty (Java) or `none` (librdkafka) does not. Anything else fails
