@@ -185,6 +185,10 @@ def _refusal(helm: Path, *sets: str) -> str:
 def test_alerts_without_a_service_monitor_or_with_a_wrong_value_are_refused_naming_it(helm: Path) -> None:
     assert ("prometheusRule.enabled: the alerts read what the ServiceMonitors scrape"
             in _refusal(helm, "prometheusRule.enabled=true"))
+    # A ServiceMonitor of a component that is off renders nothing either: the message names both halves.
+    assert "enable the bridge or the operator with its serviceMonitor" in _refusal(
+        helm, "prometheusRule.enabled=true", "operator.serviceMonitor.enabled=true", "bridge.enabled=false",
+        "operator.enabled=false")
     assert "/prometheusRule/disabled/0" in _refusal(helm, *MONITORED, "prometheusRule.disabled={KcmBridgeLagTypo}")
     assert "bridgeLagRecords" in _refusal(helm, *MONITORED, "prometheusRule.bridgeLagRecords=0")
     # An alert's severity is its own: a label of that name would override it on every alert.

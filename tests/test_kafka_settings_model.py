@@ -722,9 +722,45 @@ def test_a_kafka_connection_that_cannot_load_names_the_secret_and_key_never_a_va
     assert MARK not in message and str(tmp_path) not in message, message
 
 
-@pytest.mark.parametrize("given", [{"sasl.username": "u"}, {"sasl.password": f"p-{MARK}"}])
+@pytest.mark.parametrize("given", [{"sasl.username": "u"}, {"sasl.password": f"p-{MARK}"},
+                                   {"sasl.username": "u", "sasl.password": ""}])
 def test_sasl_with_half_of_its_credentials_is_refused_naming_both(given):
     # docs: "a SASL protocol without credentials is rejected at start-up"; a user without a password is one.
     with pytest.raises(KafkaConfigError, match="needs sasl.username and sasl.password") as refused:
         KafkaSettings("kafka:9092", {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", **given}).validate()
     assert MARK not in str(refused.value)
+
+
+@pytest.mark.parametrize("line", [f'{LOGIN_MODULES["PLAIN"]} required username="u" password="";',
+                                  f'{LOGIN_MODULES["PLAIN"]} required username="" password="p-{MARK}";'])
+def test_a_jaas_line_with_an_empty_username_or_password_is_refused(line):
+    with pytest.raises(KafkaConfigError, match="sasl.jaas.config gives an empty username or password") as refused:
+        KafkaSettings("kafka:9092", {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                                     "sasl.jaas.config": line}).validate()
+    assert MARK not in str(refused.value)
+
+
+def test_a_scram_login_module_without_a_mechanism_is_refused_rather_than_tried_as_plain():
+    line = f'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p-{MARK}";'
+    with pytest.raises(KafkaConfigError, match="set sasl.mechanism to SCRAM-SHA-256 or SCRAM-SHA-512"):
+        KafkaSettings("kafka:9092", {"security.protocol": "SASL_SSL", "sasl.jaas.config": line}).validate()
+    KafkaSettings("kafka:9092", {"security.protocol": "SASL_SSL", "sasl.jaas.config": line,
+                                 "sasl.mechanism": "SCRAM-SHA-512"}).validate()
+
+
+def test_a_request_timeout_beyond_a_java_int_is_refused():
+    with pytest.raises(KafkaConfigError, match="up to 2147483647"):
+        KafkaSettings("kafka:9092", {"request.timeout.ms": "3000000000"}).validate()
+    KafkaSettings("kafka:9092", {"request.timeout.ms": "2147483647"}).validate()
+
+
+def test_the_java_path_logs_in_with_kafkas_own_login_module_whatever_package_the_file_names():
+    from kcm_common.kafka_java import java_client_properties
+
+    shaded = "kafkashaded.org.apache.kafka.common.security.scram.ScramLoginModule"
+    line = f'{shaded} required username="u" password="p-{MARK}";'
+    settings = KafkaSettings("kafka:9092", {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+                                            "sasl.jaas.config": line})
+    settings.validate()
+    assert java_client_properties(settings)["sasl.jaas.config"] == (
+        f'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p-{MARK}";')

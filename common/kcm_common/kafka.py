@@ -89,6 +89,7 @@ _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _LOGIN_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
                   "org.apache.kafka.common.security.scram.ScramLoginModule")
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+_JAVA_INT_MAX = 2**31 - 1
 _ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
 _API_VERSIONS_V0 = struct.pack(">hhih", 18, 0, 0x6B636D, 3) + b"kcm"  # ApiVersions v0, correlation id "kcm"
 # Neither client can send a lone surrogate (kafka-python raises, librdkafka aborts the process): Python reads a byte
@@ -248,9 +249,15 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
         # Java clients would log in with the JAAS line and the others with these: one source of credentials.
         raise KafkaConfigError("give either sasl.jaas.config or sasl.username/sasl.password, not both")
     if jaas is not None:
+        if not (jaas["username"] and jaas["password"]):
+            raise KafkaConfigError("sasl.jaas.config gives an empty username or password")
+        if jaas["module"] == "ScramLoginModule" and "sasl_mechanism" not in options:
+            # kcm's default mechanism is PLAIN: a SCRAM user would be refused as if the password were wrong.
+            raise KafkaConfigError("sasl.jaas.config names ScramLoginModule but sasl.mechanism is not set (kcm's "
+                                   "default is PLAIN): set sasl.mechanism to SCRAM-SHA-256 or SCRAM-SHA-512")
         options["sasl_plain_username"] = jaas["username"]
         options["sasl_plain_password"] = jaas["password"]
-    if protocol.startswith("SASL") and not (options.get("sasl_plain_username") and "sasl_plain_password" in options):
+    if protocol.startswith("SASL") and not (options.get("sasl_plain_username") and options.get("sasl_plain_password")):
         raise KafkaConfigError(f"security.protocol {protocol} needs sasl.username and sasl.password (or sasl.jaas.config)")
     if "ssl_check_hostname" in options:
         # `https` checks the broker's host name; empty (Java) or `none` (librdkafka) does not. Anything else fails
@@ -265,15 +272,15 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
         if not _WHOLE_NUMBER.fullmatch(options["request_timeout_ms"]):
             raise KafkaConfigError("request.timeout.ms must be a whole number of milliseconds")
         options["request_timeout_ms"] = int(options["request_timeout_ms"])
-        if options["request_timeout_ms"] <= 0:
-            raise KafkaConfigError(
-                f"request.timeout.ms must be a positive number of milliseconds, not {options['request_timeout_ms']}")
+        if not 0 < options["request_timeout_ms"] <= _JAVA_INT_MAX:
+            raise KafkaConfigError(f"request.timeout.ms must be a positive number of milliseconds up to {_JAVA_INT_MAX} "
+                                   f"(a Java int), not {options['request_timeout_ms']}")
     return options
 
 
 def _jaas_options(text: str | None) -> dict[str, str] | None:
-    """The username and password of a `sasl.jaas.config` (PLAIN or SCRAM login module), read as Java clients read
-    it; None without one. The message names what is wrong, never a value."""
+    """The login module's class name (`module`), username and password of a `sasl.jaas.config` (PLAIN or SCRAM login
+    module), read as Java clients read it; None without one. The message names what is wrong, never a value."""
     if text is None:
         return None
     try:
@@ -285,14 +292,15 @@ def _jaas_options(text: str | None) -> dict[str, str] | None:
     if len(entries) != 1:
         raise KafkaConfigError(f"sasl.jaas.config names {len(entries)} login modules; a client takes exactly one")
     # By class name, wherever a build shades Kafka's package (Databricks: kafkashaded.org.apache.kafka…).
-    if entries[0].login_module.rpartition(".")[2] not in ("PlainLoginModule", "ScramLoginModule"):
+    module = entries[0].login_module.rpartition(".")[2]
+    if module not in ("PlainLoginModule", "ScramLoginModule"):
         raise KafkaConfigError(f"sasl.jaas.config names the login module {shown(entries[0].login_module)}; kcm logs in "
                                f"with username and password: {' or '.join(_LOGIN_MODULES)}")
     missing = [name for name in ("username", "password") if name not in entries[0].options]
     if missing:
         raise KafkaConfigError(f"sasl.jaas.config has no {' and no '.join(missing)} option; kcm logs in with "
                                "username and password (PLAIN or SCRAM)")
-    return {name: entries[0].options[name] for name in ("username", "password")}
+    return {"module": module, **{name: entries[0].options[name] for name in ("username", "password")}}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kcm_common.java import TRIM_CHARACTERS
 from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options
 
 _LOGIN_MODULES = {
@@ -30,9 +31,13 @@ def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
     if protocol.startswith("SASL"):
         mechanism = options.get("sasl_mechanism", "PLAIN")
         properties["sasl.mechanism"] = mechanism
-        properties["sasl.jaas.config"] = settings.properties.get("sasl.jaas.config") or (
+        # The file's own line as written (it may hold more options), unless it names a login module of another
+        # package (a shaded build's, kafkashaded.org.apache.kafka…), which the Spark image's kafka-clients lacks.
+        given = settings.properties.get("sasl.jaas.config")
+        properties["sasl.jaas.config"] = given if given and given.strip(TRIM_CHARACTERS).startswith(
+            tuple(set(_LOGIN_MODULES.values()))) else (
             f'{_LOGIN_MODULES[mechanism]} required username="{_quoted(options["sasl_plain_username"])}" '
-            f'password="{_quoted(options.get("sasl_plain_password") or "")}";')
+            f'password="{_quoted(options["sasl_plain_password"])}";')
     if "ssl_cafile" in options:
         properties["ssl.truststore.type"] = "PEM"
         properties["ssl.truststore.certificates"] = _certificates(options["ssl_cafile"])
