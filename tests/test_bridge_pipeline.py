@@ -628,7 +628,7 @@ def test_healthz_fails_once_the_consuming_loop_is_stuck_names_where_once_and_rec
 
     monkeypatch.setattr(pipeline, "_check_stall_timeout", lambda config, tuning: None)   # its bound: tested apart
     config = _config(tmp_path, f"127.0.0.1:{closed_port()}", "metrics", "127.0.0.1:9", "confluent-kafka",
-                     {("stall_timeout_s",): 1, ("metrics_port",): 0, ("metrics_host",): "127.0.0.1"})
+                     {("stall_timeout_s",): 2, ("metrics_port",): 0, ("metrics_host",): "127.0.0.1"})
     stuck, release = threading.Event(), threading.Event()
     bridge = Bridge(config)
     real = bridge._backpressure
@@ -650,13 +650,15 @@ def test_healthz_fails_once_the_consuming_loop_is_stuck_names_where_once_and_rec
             status, body, _ = _get(f"http://127.0.0.1:{bridge.metrics_port}/healthz")
             return status, body.decode()
 
-        time.sleep(1.5)   # turning (checking a Kafka that is not there, with backoff): past the limit, still healthy
+        # Turning (checking a Kafka that is not there, with backoff; a turn is 0.5 s and a probe, under load once
+        # over 1 s): past the limit, still healthy.
+        time.sleep(2.5)
         assert answer() == (200, "ok\n")
         stuck.set()
         _wait(lambda: answer()[0] == 503, 10, "/healthz failing")
         status, text = answer()
         assert text.startswith("stalled: the consuming loop has not come round for "), text
-        assert text.endswith("s (stall_timeout_s 1)\n"), text
+        assert text.endswith("s (stall_timeout_s 2)\n"), text
         stalls = [r.getMessage() for r in caplog.records if "has not come round" in r.getMessage()]
         assert len(stalls) == 1 and "in backpressure_that_never_returns" in stalls[0], stalls
         stuck.clear()

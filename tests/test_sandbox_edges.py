@@ -296,7 +296,8 @@ def test_a_jaas_line_beside_sasl_username_is_refused_by_the_python_clients_too()
 def test_a_request_timeout_of_zero_is_refused():
     from kcm_common.kafka import KafkaConfigError, kafka_python_options
 
-    with pytest.raises(KafkaConfigError, match="positive number of milliseconds, not 0"):
+    with pytest.raises(KafkaConfigError, match=r"positive number of milliseconds up to 2147483647 \(a Java int\), "
+                                               r"not 0"):
         kafka_python_options({"request.timeout.ms": "0"})
 
 
