@@ -86,8 +86,12 @@ _PEM_CONVERSION = ("kcm reads PEM files only: convert a JKS or PKCS12 store with
                    "`keytool -exportcert -rfc` or `openssl pkcs12 -nodes` (see docs/kafka-clients.md)")
 _SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-_LOGIN_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
-                  "org.apache.kafka.common.security.scram.ScramLoginModule")
+# Kafka's own login module for each mechanism kcm takes (the Java path writes JAAS lines with them).
+LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 _JAVA_INT_MAX = 2**31 - 1
 _ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:\[\]\s]+)):(?P<port>\d{1,5})")
@@ -295,7 +299,7 @@ def _jaas_options(text: str | None) -> dict[str, str] | None:
     module = entries[0].login_module.rpartition(".")[2]
     if module not in ("PlainLoginModule", "ScramLoginModule"):
         raise KafkaConfigError(f"sasl.jaas.config names the login module {shown(entries[0].login_module)}; kcm logs in "
-                               f"with username and password: {' or '.join(_LOGIN_MODULES)}")
+                               f"with username and password: {' or '.join(sorted(set(LOGIN_MODULES.values())))}")
     missing = [name for name in ("username", "password") if name not in entries[0].options]
     if missing:
         raise KafkaConfigError(f"sasl.jaas.config has no {' and no '.join(missing)} option; kcm logs in with "

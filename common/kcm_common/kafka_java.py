@@ -14,13 +14,7 @@ import re
 from pathlib import Path
 
 from kcm_common.java import TRIM_CHARACTERS
-from kcm_common.kafka import KafkaConfigError, KafkaSettings, kafka_python_options
-
-_LOGIN_MODULES = {
-    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
-}
+from kcm_common.kafka import LOGIN_MODULES, KafkaConfigError, KafkaSettings, kafka_python_options
 
 
 def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
@@ -35,8 +29,8 @@ def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
         # package (a shaded build's, kafkashaded.org.apache.kafka…), which the Spark image's kafka-clients lacks.
         given = settings.properties.get("sasl.jaas.config")
         properties["sasl.jaas.config"] = given if given and given.strip(TRIM_CHARACTERS).startswith(
-            tuple(set(_LOGIN_MODULES.values()))) else (
-            f'{_LOGIN_MODULES[mechanism]} required username="{_quoted(options["sasl_plain_username"])}" '
+            tuple(set(LOGIN_MODULES.values()))) else (
+            f'{LOGIN_MODULES[mechanism]} required username="{_quoted(options["sasl_plain_username"])}" '
             f'password="{_quoted(options["sasl_plain_password"])}";')
     if "ssl_cafile" in options:
         properties["ssl.truststore.type"] = "PEM"
