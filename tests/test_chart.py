@@ -369,6 +369,7 @@ def test_cluster_wide_rbac_is_least_privilege(helm: Path) -> None:
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules[(("kcm.dev",), ("clientmetricssubscriptions",))] == {"get", "list", "watch", "patch"}
     assert rules[(("kcm.dev",), ("kafkaconnections",))] == {"get"}
+    assert rules[(("kcm.dev",), ("kafkaconnections/status",))] == {"patch"}
     assert rules[(("kcm.dev",), ("clientmetricssubscriptions/status",))] == {"patch"}
     assert rules[(("",), ("events",))] == {"create"}
     assert "secrets" not in json.dumps(role["rules"])

@@ -887,7 +887,8 @@ def check_rbac(case: Case, manifests: list[Manifest]) -> None:
         return
     scopes = ["*"] if operator["watch"]["allNamespaces"] else watched(case)
     needed = {("kcm.dev", "clientmetricssubscriptions", verb) for verb in ("list", "watch", "patch")}
-    needed |= {("kcm.dev", "clientmetricssubscriptions/status", "patch"), ("kcm.dev", "kafkaconnections", "get")}
+    needed |= {("kcm.dev", "clientmetricssubscriptions/status", "patch"), ("kcm.dev", "kafkaconnections", "get"),
+               ("kcm.dev", "kafkaconnections/status", "patch")}
     allowed = needed | {("kcm.dev", "clientmetricssubscriptions", "get"),
                         ("kcm.dev", "clientmetricssubscriptions/finalizers", "update"), ("", "events", "create")}
     if operator["peering"]["enabled"]:

@@ -236,6 +236,7 @@ RECONCILE_RULES = {
     (("kcm.dev",), ("clientmetricssubscriptions/status",), frozenset({"patch"})),
     (("kcm.dev",), ("clientmetricssubscriptions/finalizers",), frozenset({"update"})),
     (("kcm.dev",), ("kafkaconnections",), frozenset({"get"})),
+    (("kcm.dev",), ("kafkaconnections/status",), frozenset({"patch"})),
     (("",), ("events",), frozenset({"create"})),
 }
 DISCOVERY_RULES = {
@@ -319,6 +320,9 @@ def test_printer_columns_show_why_a_subscription_is_not_ready_and_where_a_connec
         '.status.conditions[?(@.type=="Ready")].reason'
     assert columns("kafkaconnections.kcm.dev.yaml") == {"Bootstrap": ".spec.bootstrapServers",
                                                         "Protocol": ".spec.securityProtocol",
+                                                        "Cluster": ".status.clusterId",
+                                                        "Ready": '.status.conditions[?(@.type=="Ready")].status',
+                                                        "Reason": '.status.conditions[?(@.type=="Ready")].reason',
                                                         "Age": ".metadata.creationTimestamp"}
 
 

@@ -432,3 +432,122 @@ def test_a_rotated_connection_closes_its_old_admin_only_after_calls_on_it_could_
         time.sleep(0.05)
     assert not new.admin._closed
     new.close()
+
+
+class _StatusApi:
+    """The custom objects API's status patch, answering each write with the next of `answers` (None: written)."""
+
+    def __init__(self, answers: list[Exception | None] | None = None) -> None:
+        self.answers = list(answers or [])
+        self.writes: list[tuple[str, str, dict]] = []
+        self.changed = threading.Condition()
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
+        assert (group, version, plural) == ("kcm.dev", "v1alpha1", "kafkaconnections")
+        answer = self.answers.pop(0) if self.answers else None
+        with self.changed:
+            self.writes.append((namespace, name, body["status"]))
+            self.changed.notify_all()
+        if answer is not None:
+            raise answer
+
+    def wait(self, count: int, timeout: float = 10.0) -> list[tuple[str, str, dict]]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.writes) >= count, timeout), self.writes
+            return list(self.writes)
+
+
+def test_a_connections_status_is_written_once_per_change_latest_report_winning():
+    api = _StatusApi()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.resolved("ns", "a", 3)
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        (first,) = api.wait(1)
+        assert first[:2] == ("ns", "a")
+        assert first[2]["clusterId"] == "c1" and first[2]["observedGeneration"] == 3
+        (condition,) = first[2]["conditions"]
+        assert condition["type"] == "Ready" and condition["status"] == "True" and condition["reason"] == "Connected"
+        assert condition["observedGeneration"] == 3 and condition["lastTransitionTime"].endswith("Z")
+        for _ in range(5):   # every subscription naming it reports the same: nothing more to write
+            statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        time.sleep(0.3)
+        assert len(api.writes) == 1
+
+        time.sleep(1.1)   # a second later: the condition's transition time moves only when its status does
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers, again", "c1")
+        (*_, same) = api.wait(2)
+        assert same[2]["conditions"][0]["lastTransitionTime"] == condition["lastTransitionTime"]
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
+        (*_, second) = api.wait(3)
+        assert "clusterId" not in second[2]   # a merge patch: the cluster last reached stays on the status
+        assert second[2]["conditions"][0]["status"] == "False"
+        assert second[2]["conditions"][0]["lastTransitionTime"] > condition["lastTransitionTime"]
+
+        statuses.unused({("ns", "other"), None})
+        (*_, unused) = api.wait(4)
+        assert unused[2]["conditions"][0]["reason"] == "Unused"
+        wait_until = time.monotonic() + 5
+        while statuses.shown("ns", "a") is not None and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        assert statuses.shown("ns", "a") is None, "an unused connection is forgotten once said"
+        statuses.unused(set())
+        time.sleep(0.3)
+        assert len(api.writes) == 4
+    finally:
+        statuses.close()
+
+
+def test_a_failed_status_write_is_retried_with_backoff_a_refusal_logged_once_and_a_deleted_connection_forgotten(
+        caplog):
+    forbidden = client.ApiException(status=403, reason="Forbidden")
+    api = _StatusApi([forbidden, forbidden, None, client.ApiException(status=404, reason="Not Found")])
+    statuses = connections.ConnectionStatuses(api, retry_max_s=0.6)
+    try:
+        with caplog.at_level("WARNING", logger="kcm.operator"):
+            statuses.report("ns", "a", "False", "KafkaRefused", "CLUSTER_AUTHORIZATION_FAILED")
+            api.wait(1)
+            time.sleep(0.1)   # its backoff has begun
+            statuses.report("ns", "a", "False", "KafkaRefused", "CLUSTER_AUTHORIZATION_FAILED, still")
+            time.sleep(0.2)
+            assert len(api.writes) == 1, "a report made during a backoff waits for it"
+            writes = api.wait(3)
+        assert [w[2]["conditions"][0]["message"] for w in writes] == [
+            "CLUSTER_AUTHORIZATION_FAILED"] + ["CLUSTER_AUTHORIZATION_FAILED, still"] * 2
+        refusals = [r.getMessage() for r in caplog.records if "kafkaconnections/status" in r.getMessage()]
+        assert len(refusals) == 1 and "ns/a" in refusals[0] and "403" in refusals[0]
+
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        api.wait(4)   # 404: the KafkaConnection is gone
+        wait_until = time.monotonic() + 5
+        while statuses.shown("ns", "a") is not None and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        assert statuses.shown("ns", "a") is None
+        time.sleep(0.5)
+        assert len(api.writes) == 4, "nothing is retried for a deleted KafkaConnection"
+    finally:
+        statuses.close()
+
+
+def test_of_the_status_reports_made_during_a_write_the_latest_is_written_next():
+    release = threading.Event()
+
+    class SlowApi(_StatusApi):
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            if not self.writes:
+                release.wait(10)
+            return super().patch_namespaced_custom_object_status(*args, **kwargs)
+
+    api = SlowApi()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "first")
+        time.sleep(0.2)   # the first write is under way
+        for number in range(10):
+            statuses.report("ns", "a", "False", "KafkaUnavailable", f"report {number}")
+        release.set()
+        api.wait(2)
+        time.sleep(0.3)
+        assert [w[2]["conditions"][0]["message"] for w in api.writes] == ["first", "report 9"]
+    finally:
+        statuses.close()

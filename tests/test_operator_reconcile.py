@@ -119,13 +119,15 @@ def kube(tmp_path, monkeypatch):
 @pytest.fixture
 def run_operator(kube, sandbox, tmp_path):
     """Start the operator (in this process, through kopf's test runner) for the sandbox; stopped after the test."""
-    runners = []
+    runners, resolvers = [], []
 
     def start(drift_interval_s: float = 60.0, settings: KafkaSettings | None = None,
               kafka_timeout_s: float = 2) -> Cluster:
         api_client = config.new_client_from_config(str(kube.kubeconfig))
+        resolver = ConnectionResolver(api_client, tmp_path)
+        resolvers.append(resolver)
         operator_config = OperatorConfig(settings or KafkaSettings(sandbox.bootstrap), drift_interval_s,
-                                         resolve=ConnectionResolver(api_client, tmp_path).resolve,
+                                         resolve=resolver.resolve, statuses=resolver.statuses,
                                          kafka_timeout_s=kafka_timeout_s, api_client=api_client)
         settings = operator_settings()
         settings.scanning.disabled = True  # kmock cannot parse /api/v1/namespaces; the namespace is named anyway
@@ -143,6 +145,8 @@ def run_operator(kube, sandbox, tmp_path):
     yield start
     for runner in runners:
         runner.__exit__(None, None, None)
+    for resolver in resolvers:
+        resolver.close()
     for runner in runners:
         assert runner.exception is None, runner.output
 
@@ -609,6 +613,55 @@ def test_a_cluster_that_never_answers_holds_up_only_its_own_resources(run_operat
         assert cluster.kafka("team.payments") == IN_KAFKA
     finally:
         silent.close()  # the waiting connections are reset, so the operator stops without waiting out 15 s
+
+
+def _connection_condition(cluster: Cluster, name: str) -> dict:
+    obj = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", name)
+    status = obj.get("status") or {}
+    (ready,) = [c for c in status.get("conditions") or () if c["type"] == "Ready"] or [{}]
+    return {**ready, "clusterId": status.get("clusterId"), "generation": status.get("observedGeneration")}
+
+
+def _wait_connection(cluster: Cluster, name: str, state: str, reason: str) -> dict:
+    return wait_for(lambda: (c := _connection_condition(cluster, name)) and c.get("status") == state
+                    and c.get("reason") == reason and c, f"KafkaConnection {name} Ready={state}/{reason}")
+
+
+def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator, sandbox_factory):
+    # Its status: what the subscriptions naming it found (Kafka not answering, then its cluster id), never their
+    # own problems (a regex Kafka refuses), a Secret it names missing after an edit, and Unused once none names it.
+    with reserved_port() as port:   # refusing connections until a sandbox listens there
+        cluster = run_operator()
+        _connection(cluster, "analytics", {"bootstrapServers": f"127.0.0.1:{port}"})
+        cluster.apply("payments", {**SPEC, "connection": "analytics"})
+
+        down = cluster.wait_condition("payments", "False", "KafkaUnavailable")
+        unavailable = _wait_connection(cluster, "analytics", "False", "KafkaUnavailable")
+        assert f"127.0.0.1:{port}" in unavailable["message"] and down["message"] == unavailable["message"]
+        assert unavailable["clusterId"] is None and unavailable["generation"] == 1
+        later = sandbox_factory(listen=("127.0.0.1", port))
+
+    cluster.wait_condition("payments", "True", "Applied")
+    connected = _wait_connection(cluster, "analytics", "True", "Connected")
+    assert connected["clusterId"] == later.broker.cluster_id and later.broker.cluster_id in connected["message"]
+    assert connected["lastTransitionTime"] and connected["observedGeneration"] == 1
+
+    cluster.apply("bad", {**SPEC, "match": {"clientId": "payments-("}, "connection": "analytics"})
+    cluster.wait_condition("bad", "False", "InvalidSpec")
+    time.sleep(0.5)  # a status write would have landed
+    assert _connection_condition(cluster, "analytics") == {**connected, "generation": 1}
+
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "analytics", {"spec": {
+        "securityProtocol": "SASL_PLAINTEXT", "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "absent"}}}})
+    cluster.patch("payments", {"metadata": {"annotations": {"example.com/touched": "1"}}})  # reconciled again
+    missing = _wait_connection(cluster, "analytics", "False", "InvalidSpec")
+    assert f"Secret {NS}/absent does not exist" in missing["message"] and missing["generation"] == 2
+    assert missing["clusterId"] == later.broker.cluster_id   # the cluster last reached stays said
+
+    cluster.delete("payments")
+    cluster.delete("bad")
+    unused = _wait_connection(cluster, "analytics", "Unknown", "Unused")
+    assert "names this KafkaConnection" in unused["message"] and unused["clusterId"] == later.broker.cluster_id
 
 
 def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_operator, sandbox_factory):

@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                         "check its current context")
     resolver = ConnectionResolver(client.ApiClient())
     operator_config = OperatorConfig(settings, args.drift_interval, resolve=resolver.resolve,
+                                     statuses=resolver.statuses,
                                      reload=command_config_reader(args.bootstrap_server, args.command_config, settings))
     if args.liveness_port:
         # kopf binds it later, where a failure is a traceback

@@ -1,4 +1,5 @@
-"""KafkaConnection resources → KafkaSettings, with SASL credentials and TLS material read from Secrets.
+"""KafkaConnection resources → KafkaSettings, with SASL credentials and TLS material read from Secrets; and what
+the subscriptions found through each, written on its status (`ConnectionStatuses`).
 
 Credentials live only in the returned settings (whose repr hides them) and in 0600 files for TLS material;
 errors name the Secret and key, never a value.
@@ -7,12 +8,15 @@ errors name the Secret and key, never a value.
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
+import logging
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +29,18 @@ from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import schema
 from kcm_operator.errors import KubernetesApiError, MissingReferenceError
 
+log = logging.getLogger("kcm.operator")
+
 PLURAL = "kafkaconnections"
 _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading; beyond, it starts again
 # A TLS file no KafkaConnection names any more (its Secret rotated) is deleted this long after: an admin built from
 # the old settings, or a handler that resolved them a moment ago, may still open it meanwhile.
 RETIRED_MATERIAL_GRACE_S = 600.0
 API_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread for ever
+STATUS_RETRY_MAX_S = 60.0  # a failing status write is tried again after 1, 2, 4 … 60 s
+UNUSED_MESSAGE = ("no ClientMetricsSubscription this operator watches names this KafkaConnection now, so the operator "
+                  "does not connect to it; the status is from when one did")
+Ref = tuple[str, str]  # (namespace, name)
 _MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 # kcm_common.kafka's messages speak of client properties and --command-config; a KafkaConnection has its own fields.
 _CONNECTION_TERMS = (
@@ -68,9 +78,11 @@ class ConnectionResolver:
         self._dir_lock = threading.Lock()
         self._validated: set[str] = set()   # fingerprints of settings whose TLS material loaded: not per event
         self.material = MaterialLedger()
+        self.statuses = ConnectionStatuses(self._custom)  # what the subscriptions found through each, on its status
 
     def close(self) -> None:
         """Remove the TLS material written for KafkaConnections (private keys among it): the operator stops."""
+        self.statuses.close()
         with self._dir_lock:
             if self._own_dir is not None:
                 shutil.rmtree(self._own_dir, ignore_errors=True)
@@ -95,6 +107,7 @@ class ConnectionResolver:
             raise _api_error(f"reading KafkaConnection {namespace}/{name}", exc) from None
         except urllib3.exceptions.HTTPError as exc:  # no answer in time, or no connection
             raise KubernetesApiError(f"reading KafkaConnection {namespace}/{name} failed: {_transport(exc)}") from None
+        self.statuses.resolved(namespace, name, (obj.get("metadata") or {}).get("generation"))
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         read: dict[str, Mapping[str, str]] = {}   # each Secret once per resolve, however many of its keys are used
@@ -271,3 +284,153 @@ def _stat(path: str | Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return info.st_ino, info.st_mtime_ns, info.st_size
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One connection's status as written: the Ready condition, the cluster reached, the generation resolved."""
+
+    state: str            # "True", "False", "Unknown"
+    reason: str
+    message: str
+    cluster_id: str | None
+    generation: int | None
+    since: str            # the condition's lastTransitionTime
+
+    def body(self) -> dict:
+        status: dict = {"conditions": [{"type": "Ready", "status": self.state, "reason": self.reason,
+                                        "message": self.message, "lastTransitionTime": self.since}]}
+        if self.cluster_id is not None:
+            status["clusterId"] = self.cluster_id
+        if self.generation is not None:
+            status["observedGeneration"] = self.generation
+            status["conditions"][0]["observedGeneration"] = self.generation
+        return {"status": status}
+
+
+class ConnectionStatuses:
+    """`report` what a subscription's reconcile found through its KafkaConnection; `unused` once none names it."""
+
+    def __init__(self, custom: client.CustomObjectsApi, retry_max_s: float = STATUS_RETRY_MAX_S) -> None:
+        self._custom = custom
+        self._retry_max_s = retry_max_s
+        self._lock = threading.Condition()
+        self._generations: dict[Ref, int] = {}  # the generation of each connection as last resolved
+        self._shown: dict[Ref, Shown] = {}      # what each connection's status says, or is about to
+        self._due: dict[Ref, float] = {}        # connections to write, and when (time.monotonic())
+        self._attempts: dict[Ref, int] = {}     # failed writes in a row
+        self._refused: set[tuple[Ref, int]] = set()  # (connection, HTTP status) already logged as a warning
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def report(self, namespace: str, name: str, state: str, reason: str, message: str,
+               cluster_id: str | None = None) -> None:
+        """Say `Ready` `state` (`reason`, `message`) on KafkaConnection `namespace/name`; `cluster_id`: the cluster
+        reached through it (None: the one its status shows stays, as does an observedGeneration when it was not
+        read). Returns at once."""
+        ref = (namespace, name)
+        with self._lock:
+            if self._closed:
+                return
+            before = self._shown.get(ref)
+            since = before.since if before is not None and before.state == state else now_text()
+            shown = Shown(state, reason, message, cluster_id, self._generations.get(ref), since)
+            if shown == before:
+                return
+            self._shown[ref] = shown
+            self._due.setdefault(ref, 0.0)   # a write waiting out a backoff keeps its time
+            self._start()
+            self._lock.notify_all()
+
+    def resolved(self, namespace: str, name: str, generation: object) -> None:
+        """Note the generation of KafkaConnection `namespace/name` just read: its status's `observedGeneration`."""
+        if isinstance(generation, int):
+            with self._lock:
+                self._generations[(namespace, name)] = generation
+
+    def unused(self, in_use: Iterable[object]) -> None:
+        """Connections no subscription names any more (`in_use`: the (namespace, name) references still named) say
+        `Ready` `Unknown`, `Unused`; the operator forgets them once that is written."""
+        in_use = set(in_use)
+        with self._lock:
+            for ref in [ref for ref in self._generations if ref not in in_use and ref not in self._shown]:
+                del self._generations[ref]
+            gone = [ref for ref, shown in self._shown.items() if ref not in in_use and shown.reason != "Unused"]
+        for namespace, name in gone:
+            self.report(namespace, name, "Unknown", "Unused", UNUSED_MESSAGE)
+
+    def shown(self, namespace: str, name: str) -> Shown | None:
+        with self._lock:
+            return self._shown.get((namespace, name))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kcm-connection-status", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed:
+                    now = time.monotonic()
+                    ready = [ref for ref, due in self._due.items() if due <= now]
+                    if ready:
+                        break
+                    self._lock.wait(min(self._due.values(), default=now + 3600) - now)
+                if self._closed:
+                    return
+                ref = ready[0]
+                shown = self._shown[ref]
+            outcome = self._write(ref, shown)
+            with self._lock:
+                if outcome == "gone":    # the KafkaConnection was deleted: nothing to say, nothing to keep
+                    self._forget(ref)
+                elif outcome == "written":
+                    self._attempts.pop(ref, None)
+                    self._refused = {(done, status) for done, status in self._refused if done != ref}
+                    if self._shown.get(ref) is shown:
+                        del self._due[ref]
+                        if shown.reason == "Unused":
+                            self._forget(ref)
+                else:
+                    attempts = self._attempts[ref] = self._attempts.get(ref, 0) + 1
+                    self._due[ref] = time.monotonic() + min(self._retry_max_s, 2.0 ** (attempts - 1))
+
+    def _forget(self, ref: Ref) -> None:
+        self._shown.pop(ref, None)
+        self._generations.pop(ref, None)
+        self._due.pop(ref, None)
+        self._attempts.pop(ref, None)
+
+    def _write(self, ref: Ref, shown: Shown) -> str:
+        namespace, name = ref
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                schema.GROUP, schema.VERSION, namespace, PLURAL, name, shown.body(), _request_timeout=API_TIMEOUT_S)
+            return "written"
+        except ApiException as exc:
+            if exc.status == 404:
+                return "gone"
+            if (ref, exc.status) not in self._refused:
+                self._refused.add((ref, exc.status))
+                hint = (": its role needs patch on kafkaconnections/status (the chart's RBAC has it)"
+                        if exc.status == 403 else "")
+                log.warning("writing the status of KafkaConnection %s/%s failed (HTTP %s %s)%s; retried with backoff",
+                            namespace, name, exc.status, exc.reason, hint)
+        except urllib3.exceptions.HTTPError as exc:
+            log.info("writing the status of KafkaConnection %s/%s failed (%s); retried with backoff",
+                     namespace, name, type(exc).__name__)
+        except Exception:   # a fault of kcm or the library: logged whole, the subscriptions are not affected
+            log.exception("writing the status of KafkaConnection %s/%s failed unexpectedly; retried with backoff",
+                          namespace, name)
+        return "failed"
+
+
+def now_text() -> str:
+    """Now, as Kubernetes writes times (RFC 3339, seconds, UTC)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

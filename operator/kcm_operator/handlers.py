@@ -12,7 +12,6 @@ import collections
 import contextlib
 import contextvars
 import copy
-import datetime
 import logging
 import random
 import threading
@@ -28,7 +27,7 @@ from kubernetes import client
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, Reachability, SubscriptionAdmin, servers_key, transport_key
-from kcm_operator.connections import in_connection_terms
+from kcm_operator.connections import ConnectionStatuses, in_connection_terms, now_text
 from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
 from kcm_operator.reconcile import (
     DELETE_POLICY,
@@ -73,6 +72,8 @@ class OperatorConfig:
     # The default cluster's settings as they are now (`--command-config` read again once its file changed: a Secret
     # rotated under it); None: `settings` for good. Raises KafkaConfigError.
     reload: Callable[[], KafkaSettings] | None = None
+    # Where what reconciles find through a KafkaConnection is said on its status (the resolver's); None: not said.
+    statuses: ConnectionStatuses | None = None
     kafka_timeout_s: float = 10.0
     # (namespace, connection) or None for the default cluster → (settings fingerprint, admin)
     admins: dict[tuple[str, str] | None, tuple[str, BatchedAdmin]] = field(default_factory=dict)
@@ -250,6 +251,14 @@ class OperatorConfig:
         for admin in retired:
             # Not on the event loop: closing waits for a connect under way.
             threading.Thread(target=admin.close, name="kcm-admin-close", daemon=True).start()
+        if self.statuses is not None:
+            self.statuses.unused(in_use)
+
+    def report(self, namespace: str, connection: str | None, state: str, reason: str, message: str,
+               cluster_id: str | None = None) -> None:
+        """Say on a KafkaConnection's status what a reconcile found through it (nothing for the default cluster)."""
+        if connection and self.statuses is not None:
+            self.statuses.report(namespace, connection, state, reason, message, cluster_id)
 
     def known_cluster_id(self, claim: Claim) -> str | None:
         """The id of the cluster another resource's claim is on, as this operator last saw it through its connection
@@ -441,11 +450,15 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         return
     status.set("Paused", "False", "Reconciling", "")
     me = _claim(body, desired)
+    # How far the connection got, for what its KafkaConnection's status says of a failure: every failure while it is
+    # resolved or connected is the connection's; once Kafka answered, a spec Kafka refuses is this resource's own.
+    stage = "spec"
     try:
         if applied_as != desired.name:   # the CRD refuses the edit where the API server checks its rules
             raise InvalidSpecError(f"spec.subscriptionName cannot change: this resource applied subscription "
                                    f"{applied_as}; set it back (deleting the resource then removes {applied_as}), "
                                    f"or create another resource for {desired.name}")
+        stage = "connect"
         admin = config.admin(namespace, desired.connection, recent=drift_check)
         # A resource being deleted hands its subscription over (see `_delete`): the next one takes it now.
         live = [claim for claim in _claims_of(claims, desired.name) if not claim.deleting]
@@ -459,8 +472,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             metrics.record(started, "failed", "Conflict")
             return
         admin.require_telemetry()  # also, outside the batches, the quick answer of a cluster known to be failing
+        stage = "apply"
         change = diff(desired, admin.describe_one(desired.name))
         cluster = admin.cluster_id()  # connected by now
+        config.report(namespace, desired.connection, "True", "Connected",
+                      f"Kafka cluster {cluster} answers, and its brokers advertise the telemetry APIs", cluster)
         # Its KafkaConnection names another cluster now: the subscription moves there, which is nobody's edit.
         moved_from = body.status.get("clusterId") if body.status.get("clusterId") not in (None, cluster) else None
         contested = _contested(config, body.metadata.uid, status, change, drift_check and moved_from is None)
@@ -474,6 +490,8 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
+        if stage == "connect" or (stage == "apply" and not isinstance(exc, InvalidSpecError)):
+            config.report(namespace, desired.connection, "False", reason, str(exc))
         config.mark_ready(body.metadata.uid, False)
         if status.ready_changed:
             kopf.event(body, type="Warning", reason=reason, message=str(exc))
@@ -805,5 +823,4 @@ class _Status:
             self._patch.status["clusterId"] = cluster_id
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+_now = now_text

@@ -176,10 +176,14 @@ seccompProfile:
 - apiGroups: ["kcm.dev"]
   resources: ["clientmetricssubscriptions/finalizers"]
   verbs: ["update"]
-# KafkaConnections are only looked up by name, when a subscription's spec.connection names one.
+# KafkaConnections are only looked up by name, when a subscription's spec.connection names one; their status says
+# what the operator found through them.
 - apiGroups: ["kcm.dev"]
   resources: ["kafkaconnections"]
   verbs: ["get"]
+- apiGroups: ["kcm.dev"]
+  resources: ["kafkaconnections/status"]
+  verbs: ["patch"]
 # Applied / failed / drift events on those resources (kopf only posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]
