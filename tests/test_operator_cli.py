@@ -81,6 +81,12 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
                 "apiVersion": f"{GROUP}/v1alpha1", "kind": "ClientMetricsSubscription",
                 "metadata": {"name": "orders"}, "spec": {**SPEC, "subscriptionName": "orders", "connection": "tls"}})
             wait_for(lambda: list(temporary.glob("kcm-operator-tls-*/*")), "the KafkaConnection's CA written", 30)
+            # What the subscription found through it is said on the KafkaConnection too (nothing listens on port 1).
+            said = wait_for(lambda: next((c for c in (custom.get_namespaced_custom_object(
+                GROUP, "v1alpha1", NS, "kafkaconnections", "tls").get("status") or {}).get("conditions") or ()
+                if c["type"] == "Ready"), None), "the KafkaConnection's status", 30)
+            assert (said["status"], said["reason"]) == ("False", "KafkaUnavailable")
+            assert "127.0.0.1:1" in said["message"]
 
             assert wait_for(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, "liveness")
             # Counted once Kafka has answered, so a moment after the subscription is there.
