@@ -10,7 +10,8 @@ from kafka.errors import KafkaError
 
 from kcm_common import contract
 from kcm_common.kafka import KafkaSettings, close_producer
-from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, UNKNOWN_SOFTWARE, ClientIdentity, PushResult
+from kcm_sandbox.telemetry import (DEFAULT_TELEMETRY_MAX_BYTES, UNKNOWN_SOFTWARE, ClientIdentity, PushResult,
+                                   java_host_address)
 
 log = logging.getLogger("kcm.sandbox.receiver")
 
@@ -47,7 +48,9 @@ class TopicReceiver:
             "client_id": identity.client_id or "",  # never null on a broker (RequestHeader.parse makes it "")
             "client_software_name": _known(identity.software_name),
             "client_software_version": _known(identity.software_version),
-            "client_source_address": identity.source_address,
+            # As the Java plugin writes it, and Kafka matches it (InetAddress.getHostAddress: IPv6 uncompressed).
+            "client_source_address": None if identity.source_address is None else java_host_address(
+                identity.source_address),
             "client_source_port": None if identity.source_port is None else str(identity.source_port),
             "principal": PRINCIPAL,
             "listener_name": LISTENER,
