@@ -52,7 +52,7 @@ MATCH = {"clientId": "payments-.*"}
 
 
 @pytest.mark.parametrize("spec, refused", [
-    ({"match": MATCH}, []),                                     # the default interval, 60 s
+    ({"match": MATCH}, []),                                     # the default interval, 5 min
     ({"match": MATCH, "intervalMs": 10000}, []),
     ({"match": MATCH, "intervalMs": 9999}, ["spec.intervalMs"]),
     ({"match": MATCH, "intervalMs": 100}, ["spec.intervalMs"]),

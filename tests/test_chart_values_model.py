@@ -887,8 +887,9 @@ def check_rbac(case: Case, manifests: list[Manifest]) -> None:
         return
     scopes = ["*"] if operator["watch"]["allNamespaces"] else watched(case)
     needed = {("kcm.dev", "clientmetricssubscriptions", verb) for verb in ("list", "watch", "patch")}
-    needed |= {("kcm.dev", "clientmetricssubscriptions/status", "patch"), ("kcm.dev", "kafkaconnections", "get"),
+    needed |= {("kcm.dev", "clientmetricssubscriptions/status", "patch"),
                ("kcm.dev", "kafkaconnections/status", "patch")}
+    needed |= {("kcm.dev", "kafkaconnections", verb) for verb in ("get", "list", "watch")}
     allowed = needed | {("kcm.dev", "clientmetricssubscriptions", "get"),
                         ("kcm.dev", "clientmetricssubscriptions/finalizers", "update"), ("", "events", "create")}
     if operator["peering"]["enabled"]:

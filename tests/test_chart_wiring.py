@@ -235,7 +235,7 @@ RECONCILE_RULES = {
     (("kcm.dev",), ("clientmetricssubscriptions",), frozenset({"get", "list", "watch", "patch"})),
     (("kcm.dev",), ("clientmetricssubscriptions/status",), frozenset({"patch"})),
     (("kcm.dev",), ("clientmetricssubscriptions/finalizers",), frozenset({"update"})),
-    (("kcm.dev",), ("kafkaconnections",), frozenset({"get"})),
+    (("kcm.dev",), ("kafkaconnections",), frozenset({"get", "list", "watch"})),
     (("kcm.dev",), ("kafkaconnections/status",), frozenset({"patch"})),
     (("",), ("events",), frozenset({"create"})),
 }

@@ -84,7 +84,7 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
             # What the subscription found through it is said on the KafkaConnection too (nothing listens on port 1).
             said = wait_for(lambda: next((c for c in (custom.get_namespaced_custom_object(
                 GROUP, "v1alpha1", NS, "kafkaconnections", "tls").get("status") or {}).get("conditions") or ()
-                if c["type"] == "Ready"), None), "the KafkaConnection's status", 30)
+                if c["type"] == "Ready" and c["reason"] != "Unused"), None), "the KafkaConnection's status", 30)
             assert (said["status"], said["reason"]) == ("False", "KafkaUnavailable")
             assert "127.0.0.1:1" in said["message"]
 

@@ -551,3 +551,67 @@ def test_of_the_status_reports_made_during_a_write_the_latest_is_written_next():
         assert [w[2]["conditions"][0]["message"] for w in api.writes] == ["first", "report 9"]
     finally:
         statuses.close()
+
+
+def test_an_unused_status_the_operator_may_not_write_is_not_retried_and_the_connection_is_forgotten():
+    # Without the RBAC rule every write is refused: connections nobody names must not be kept and patched for ever.
+    forbidden = client.ApiException(status=403, reason="Forbidden")
+    api = _StatusApi([forbidden] * 10)
+    statuses = connections.ConnectionStatuses(api, retry_max_s=0.1)
+    try:
+        for number in range(5):
+            statuses.report("ns", f"c{number}", "False", "KafkaUnavailable", "no answer")
+        api.wait(5)
+        statuses.unused(set())
+        api.wait(10)
+        time.sleep(0.5)
+        assert len(api.writes) == 10, "refused Unused writes are not tried again"
+        assert all(statuses.shown("ns", f"c{number}") is None for number in range(5))
+    finally:
+        statuses.close()
+
+
+def test_a_status_read_back_keeps_its_transition_time_and_is_not_written_again_unchanged():
+    api = _StatusApi()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        written = {"observedGeneration": 2, "clusterId": "c1", "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Connected", "message": "cluster c1 answers",
+             "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 2}]}
+        statuses.seen("ns", "a", written)
+        statuses.resolved("ns", "a", 2)
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        time.sleep(0.3)
+        assert api.writes == [], "what the status says already is not written again"
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers, through a new client", "c1")
+        (write,) = api.wait(1)
+        assert write[2]["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+        statuses.seen("ns", "b", {"conditions": "not a list"})   # a status edited by hand: nothing to start from
+        statuses.seen("ns", "b", {"conditions": [{"type": "Other", "status": "True"}]})
+        assert statuses.shown("ns", "b") is None
+    finally:
+        statuses.close()
+
+
+def test_a_report_made_while_a_write_finds_the_connection_gone_is_still_written():
+    release = threading.Event()
+
+    class GoneOnce(_StatusApi):
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            if not self.writes:
+                release.wait(10)
+            return super().patch_namespaced_custom_object_status(*args, **kwargs)
+
+    api = GoneOnce([client.ApiException(status=404, reason="Not Found")])
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "before it was created again")
+        time.sleep(0.2)
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        release.set()
+        writes = api.wait(2)
+        assert writes[1][2]["conditions"][0]["reason"] == "Connected"
+        statuses.forget("ns", "a")
+        assert statuses.shown("ns", "a") is None
+    finally:
+        statuses.close()

@@ -26,7 +26,7 @@ from kcm_operator.connections import ConnectionResolver
 from kcm_operator import handlers
 from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
 from kcm_common.logs import JsonFormatter
-from kcm_operator.errors import InvalidSpecError
+from kcm_operator.errors import InvalidSpecError, KafkaRefusedError
 from kcm_operator.reconcile import SET, Change, Op
 from ports import reserved_port
 from kube_emulator import KubeServer
@@ -627,11 +627,15 @@ def _wait_connection(cluster: Cluster, name: str, state: str, reason: str) -> di
                     and c.get("reason") == reason and c, f"KafkaConnection {name} Ready={state}/{reason}")
 
 
-def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator, sandbox_factory):
+def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator, sandbox_factory, monkeypatch):
     # Its status: what the subscriptions naming it found (Kafka not answering, then its cluster id), never their
-    # own problems (a regex Kafka refuses), a Secret it names missing after an edit, and Unused once none names it.
+    # own problems (a regex Kafka refuses), a Secret it names missing after an edit, and Unused while none names it:
+    # from its creation, and once the last one went, also while the operator was down.
     with reserved_port() as port:   # refusing connections until a sandbox listens there
         cluster = run_operator()
+        _connection(cluster, "idle", {"bootstrapServers": "127.0.0.1:1"})
+        never = _wait_connection(cluster, "idle", "Unknown", "Unused")
+        assert never["clusterId"] is None and never["generation"] is None
         _connection(cluster, "analytics", {"bootstrapServers": f"127.0.0.1:{port}"})
         cluster.apply("payments", {**SPEC, "connection": "analytics"})
 
@@ -648,8 +652,16 @@ def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator
 
     cluster.apply("bad", {**SPEC, "match": {"clientId": "payments-("}, "connection": "analytics"})
     cluster.wait_condition("bad", "False", "InvalidSpec")
+    alter = admin_module.BatchedAdmin.alter_one   # and one Kafka refuses for a right only it needs
+    monkeypatch.setattr(admin_module.BatchedAdmin, "alter_one", lambda self, change: KafkaRefusedError(
+        "TOPIC_AUTHORIZATION_FAILED (error 29): denied") if change.name == "team.denied" else alter(self, change))
+    cluster.apply("denied", {**SPEC, "connection": "analytics"})
+    cluster.wait_condition("denied", "False", "KafkaRefused")
     time.sleep(0.5)  # a status write would have landed
     assert _connection_condition(cluster, "analytics") == {**connected, "generation": 1}
+    monkeypatch.setattr(admin_module.BatchedAdmin, "alter_one", alter)
+    cluster.delete("denied")
+    wait_for(lambda: cluster.get("denied") is None, "the resource to go")
 
     cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "analytics", {"spec": {
         "securityProtocol": "SASL_PLAINTEXT", "sasl": {"mechanism": "PLAIN", "secretRef": {"name": "absent"}}}})
@@ -658,10 +670,16 @@ def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator
     assert f"Secret {NS}/absent does not exist" in missing["message"] and missing["generation"] == 2
     assert missing["clusterId"] == later.broker.cluster_id   # the cluster last reached stays said
 
-    cluster.delete("payments")
     cluster.delete("bad")
+    cluster.stop()   # the last resource naming it goes while no operator runs (its finalizer removed by hand)
+    cluster.patch("payments", {"metadata": {"finalizers": None}})
+    cluster.delete("payments")
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    assert _connection_condition(cluster, "analytics")["reason"] == "InvalidSpec"
+    run_operator()
     unused = _wait_connection(cluster, "analytics", "Unknown", "Unused")
     assert "names this KafkaConnection" in unused["message"] and unused["clusterId"] == later.broker.cluster_id
+    assert _connection_condition(cluster, "idle") == never   # unchanged: not written again
 
 
 def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_operator, sandbox_factory):

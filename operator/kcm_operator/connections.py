@@ -38,8 +38,9 @@ _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading
 RETIRED_MATERIAL_GRACE_S = 600.0
 API_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread for ever
 STATUS_RETRY_MAX_S = 60.0  # a failing status write is tried again after 1, 2, 4 … 60 s
-UNUSED_MESSAGE = ("no ClientMetricsSubscription this operator watches names this KafkaConnection now, so the operator "
-                  "does not connect to it; the status is from when one did")
+UNUSED_MESSAGE = ("no ClientMetricsSubscription this operator watches names this KafkaConnection, so the operator does "
+                  "not connect to it")
+_REFUSED = (401, 403)  # the operator may not write the status: an Unused one is not retried
 Ref = tuple[str, str]  # (namespace, name)
 _MATERIAL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 # kcm_common.kafka's messages speak of client properties and --command-config; a KafkaConnection has its own fields.
@@ -342,6 +343,27 @@ class ConnectionStatuses:
             self._start()
             self._lock.notify_all()
 
+    def seen(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """What KafkaConnection `namespace/name`'s status says (as the operator starts, or it changed), for a connection
+        nothing was reported of since: an unchanged report then keeps its condition's transition time."""
+        conditions = status.get("conditions") if isinstance(status, Mapping) else None
+        ready = next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None) \
+            if isinstance(conditions, list) else None
+        if ready is None:
+            return
+        cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
+        shown = Shown(str(ready.get("status")), str(ready.get("reason") or ""), str(ready.get("message") or ""),
+                      cluster_id if isinstance(cluster_id, str) else None,
+                      generation if isinstance(generation, int) else None, str(ready.get("lastTransitionTime") or ""))
+        with self._lock:
+            if not self._closed:
+                self._shown.setdefault((namespace, name), shown)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """KafkaConnection `namespace/name` was deleted."""
+        with self._lock:
+            self._forget((namespace, name))
+
     def resolved(self, namespace: str, name: str, generation: object) -> None:
         """Note the generation of KafkaConnection `namespace/name` just read: its status's `observedGeneration`."""
         if isinstance(generation, int):
@@ -388,20 +410,25 @@ class ConnectionStatuses:
                 shown = self._shown[ref]
             outcome = self._write(ref, shown)
             with self._lock:
-                if outcome == "gone":    # the KafkaConnection was deleted: nothing to say, nothing to keep
+                current = self._shown.get(ref) is shown   # no newer report since: that one is still to write
+                if outcome == "gone" and current:    # the KafkaConnection was deleted: nothing to say or keep
                     self._forget(ref)
-                elif outcome == "written":
+                elif outcome == "written" or (outcome == "refused" and shown.reason == "Unused"):
                     self._attempts.pop(ref, None)
-                    self._refused = {(done, status) for done, status in self._refused if done != ref}
-                    if self._shown.get(ref) is shown:
+                    if outcome == "written":
+                        self._refused = {(done, status) for done, status in self._refused if done != ref}
+                    if current:
                         del self._due[ref]
                         if shown.reason == "Unused":
                             self._forget(ref)
+                elif outcome == "gone":
+                    self._due[ref] = 0.0   # a report made meanwhile: it may have been created again
                 else:
                     attempts = self._attempts[ref] = self._attempts.get(ref, 0) + 1
                     self._due[ref] = time.monotonic() + min(self._retry_max_s, 2.0 ** (attempts - 1))
 
     def _forget(self, ref: Ref) -> None:
+        self._refused = {(done, status) for done, status in self._refused if done != ref}
         self._shown.pop(ref, None)
         self._generations.pop(ref, None)
         self._due.pop(ref, None)
@@ -416,12 +443,16 @@ class ConnectionStatuses:
         except ApiException as exc:
             if exc.status == 404:
                 return "gone"
-            if (ref, exc.status) not in self._refused:
+            with self._lock:
+                first = (ref, exc.status) not in self._refused
                 self._refused.add((ref, exc.status))
+            if first:
                 hint = (": its role needs patch on kafkaconnections/status (the chart's RBAC has it)"
                         if exc.status == 403 else "")
                 log.warning("writing the status of KafkaConnection %s/%s failed (HTTP %s %s)%s; retried with backoff",
                             namespace, name, exc.status, exc.reason, hint)
+            if exc.status in _REFUSED:
+                return "refused"
         except urllib3.exceptions.HTTPError as exc:
             log.info("writing the status of KafkaConnection %s/%s failed (%s); retried with backoff",
                      namespace, name, type(exc).__name__)

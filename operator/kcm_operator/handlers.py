@@ -27,8 +27,10 @@ from kubernetes import client
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, Reachability, SubscriptionAdmin, servers_key, transport_key
-from kcm_operator.connections import ConnectionStatuses, in_connection_terms, now_text
-from kcm_operator.errors import RETRIED, InvalidSpecError, KubernetesApiError, UnsupportedError, reason_of
+from kcm_operator.connections import (PLURAL as CONNECTIONS, UNUSED_MESSAGE, ConnectionStatuses, in_connection_terms,
+                                      now_text)
+from kcm_operator.errors import (RETRIED, InvalidSpecError, KafkaUnavailableError, KubernetesApiError, UnsupportedError,
+                                 reason_of)
 from kcm_operator.reconcile import (
     DELETE_POLICY,
     Change,
@@ -374,6 +376,20 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                       f"deletion held: it failed unexpectedly ({type(exc).__name__}; the operator's log has the "
                       "details); retried with backoff")
 
+    @kopf.on.event(group=GROUP, version=VERSION, plural=CONNECTIONS, registry=registry, id="connection")
+    def connection_event(event: Mapping[str, Any], body: kopf.Body, claims: kopf.Index, **_: Any) -> None:
+        # Each KafkaConnection as the operator starts, and as it changes: one no resource names (yet, or any more,
+        # also since before a restart) says Unused; what its status says is where reports of it start from.
+        if config.statuses is None:
+            return
+        namespace, name = body.metadata.namespace, body.metadata.name
+        if event.get("type") == "DELETED":
+            config.statuses.forget(namespace, name)
+            return
+        config.statuses.seen(namespace, name, body.status)
+        if (namespace, name) not in _refs_in_use(claims):
+            config.statuses.report(namespace, name, "Unknown", "Unused", UNUSED_MESSAGE)
+
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # In a pod the service account, elsewhere $KUBECONFIG or ~/.kube/config, as kubectl would.
@@ -451,7 +467,8 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     status.set("Paused", "False", "Reconciling", "")
     me = _claim(body, desired)
     # How far the connection got, for what its KafkaConnection's status says of a failure: every failure while it is
-    # resolved or connected is the connection's; once Kafka answered, a spec Kafka refuses is this resource's own.
+    # resolved or connected is the connection's; once Kafka answered, only Kafka going away is (a call Kafka refuses
+    # then is this resource's own: its spec, or a right one subscription lacks).
     stage = "spec"
     try:
         if applied_as != desired.name:   # the CRD refuses the edit where the API server checks its rules
@@ -490,7 +507,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
-        if stage == "connect" or (stage == "apply" and not isinstance(exc, InvalidSpecError)):
+        if stage == "connect" or (stage == "apply" and isinstance(exc, KafkaUnavailableError)):
             config.report(namespace, desired.connection, "False", reason, str(exc))
         config.mark_ready(body.metadata.uid, False)
         if status.ready_changed:

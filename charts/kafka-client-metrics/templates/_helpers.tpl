@@ -176,11 +176,11 @@ seccompProfile:
 - apiGroups: ["kcm.dev"]
   resources: ["clientmetricssubscriptions/finalizers"]
   verbs: ["update"]
-# KafkaConnections are only looked up by name, when a subscription's spec.connection names one; their status says
-# what the operator found through them.
+# KafkaConnections: read when a subscription's spec.connection names one, watched so that one no subscription names
+# says so; their status says what the operator found through them.
 - apiGroups: ["kcm.dev"]
   resources: ["kafkaconnections"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["kcm.dev"]
   resources: ["kafkaconnections/status"]
   verbs: ["patch"]
