@@ -784,6 +784,8 @@ def test_the_demos_logs_go_where_kcm_demo_dir_says(monkeypatch, tmp_path):
     assert default_workdir() == tmp_path / "logs"
     monkeypatch.delenv("KCM_DEMO_DIR")
     assert default_workdir() == Path(__file__).resolve().parents[1] / "build" / "demo"
+    monkeypatch.setenv("KCM_DEMO_DIR", "")   # empty is unset, not the current directory
+    assert default_workdir() == Path(__file__).resolve().parents[1] / "build" / "demo"
 
 
 # --- `kcm demo`'s options ----------------------------------------------------------------------------------------

@@ -309,9 +309,9 @@ def _cell(value: object) -> str:
 
 
 def default_workdir() -> Path:
-    """Where the demo keeps its child processes' logs: $KCM_DEMO_DIR, build/demo in a checkout, else a new
-    temporary directory."""
-    if "KCM_DEMO_DIR" in os.environ:
+    """Where the demo keeps its child processes' logs: $KCM_DEMO_DIR (set and not empty), build/demo in a checkout,
+    else a new temporary directory."""
+    if os.environ.get("KCM_DEMO_DIR"):   # empty is unset, not the current directory
         return Path(os.environ["KCM_DEMO_DIR"])
     if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "examples" / "demo").is_dir():
         return _CHECKOUT / "build" / "demo"

@@ -52,7 +52,8 @@ def _table(clients: list[ClientInstance], now_s: float, title: str, show_source:
     if show_source:
         table.add_column("source", no_wrap=True, overflow="ellipsis")
     for heading in [*headings, "age s", "metrics", "pushes"]:
-        # Numbers and their headings are never cut (narrow, a heading takes a line per word): the software gives way.
+        # Numbers and their headings are cut last (narrow, a heading takes a line per word): the software gives way
+        # first; only on a terminal narrower than the ids and the numbers together do they shrink too.
         table.add_column(heading.replace(" ", "\n") if compact else heading, justify="right", no_wrap=True)
     for client in clients:
         table.add_row(
