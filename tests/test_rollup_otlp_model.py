@@ -21,8 +21,6 @@ import logging
 import math
 import random
 import re
-import socket
-import threading
 import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -37,6 +35,7 @@ from kcm_rollups.job import RollupOptions, RollupResult, parse_resolutions, run
 from kcm_rollups.otlp import OtlpTarget, export, resource_columns
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from payloads import client_metrics
+from ports import CountingProxy
 from spark_support import spark  # noqa: F401  (the session-scoped fixture)
 
 SEEDS = (714, 2026, 31337, 5, 99)
@@ -230,56 +229,11 @@ def test_directed_edges_reach_the_receiver_as_modelled(seed, collector):
 
 # ---- gzip on the wire ----
 
-class ByteCountingRelay:
-    """A loopback TCP relay in front of the receiver, counting the bytes the client sends."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.rsplit(":", 1)
-        self._upstream = (host, int(port))
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"127.0.0.1:{self._server.getsockname()[1]}"
-        self.sent = 0
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = [self._server]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._upstream, timeout=10)
-            self._sockets += [client, upstream]
-            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, target: socket.socket, counted: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if counted:
-                    with self._lock:
-                        self.sent += len(data)
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, target):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        for sock in self._sockets:
-            sock.close()
-
-
 def test_requests_are_gzip_compressed_on_the_wire(collector):
     rng = random.Random(SEEDS[0])
     dimensions = ("client_id", "client_software_name", "attributes", "principal")
     rows = [random_row(rng, dimensions) for _ in range(800)]
-    relay = ByteCountingRelay(collector.endpoint)
+    relay = CountingProxy(collector.endpoint)
     try:
         sent, _ = export(rows, OtlpTarget(relay.endpoint), retry=FAST, resource_names=resource_columns(dimensions))
     finally:
