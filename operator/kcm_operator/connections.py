@@ -449,8 +449,9 @@ class ConnectionStatuses:
             if first:
                 hint = (": its role needs patch on kafkaconnections/status (the chart's RBAC has it)"
                         if exc.status == 403 else "")
-                log.warning("writing the status of KafkaConnection %s/%s failed (HTTP %s %s)%s; retried with backoff",
-                            namespace, name, exc.status, exc.reason, hint)
+                then = "dropped" if exc.status in _REFUSED and shown.reason == "Unused" else "retried with backoff"
+                log.warning("writing the status of KafkaConnection %s/%s failed (HTTP %s %s)%s; %s",
+                            namespace, name, exc.status, exc.reason, hint, then)
             if exc.status in _REFUSED:
                 return "refused"
         except urllib3.exceptions.HTTPError as exc:
