@@ -77,6 +77,27 @@ def test_json_patch_with_a_stale_resource_version_test_is_refused_with_422(kube)
     assert "finalizers" not in custom.get_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL, "x")["metadata"]
 
 
+def test_a_racing_json_patch_is_made_by_the_other_client_first_and_refused_with_422_once(kube):
+    server, custom, _ = kube
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL, _subscription())
+    server.emulator.racing_json_patches.add((PLURAL, "ns", "x"))
+    add = [{"op": "test", "path": "/metadata/resourceVersion", "value": created["metadata"]["resourceVersion"]},
+           {"op": "add", "path": "/metadata/finalizers", "value": ["kcm.dev/subscription"]}]
+
+    with pytest.raises(ApiException) as refused:
+        custom.patch_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL, "x", add)
+    raced = custom.get_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL, "x")
+    relabelled = [{"op": "test", "path": "/metadata/resourceVersion", "value": raced["metadata"]["resourceVersion"]},
+                  {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
+    custom.patch_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL, "x", relabelled)
+
+    assert refused.value.status == 422 and "resourceVersion" in refused.value.body
+    assert raced["metadata"]["finalizers"] == ["kcm.dev/subscription"]
+    assert int(raced["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
+    assert custom.get_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL, "x")["metadata"]["labels"] == {"a": "b"}
+    assert not server.emulator.racing_json_patches
+
+
 def test_finalizers_hold_deletion_until_removed(kube):
     server, custom, _ = kube
     custom.create_namespaced_custom_object(GROUP, VERSION, "ns", PLURAL,

@@ -658,3 +658,19 @@ def test_changes_without_ops_are_not_sent():
     """Kills A28: an unchanged subscription was sent as an empty alter (a request per unchanged resource)."""
     fake = _FakeClient()   # answers nothing: a request fails the test
     assert _FakeAdmin(fake).alter([Change("team.app", "unchanged")]) == {} and fake.sent == []
+
+
+def test_an_unhandled_edit_is_overdue_only_at_the_second_drift_check_that_finds_it_and_once_per_generation():
+    from kcm_operator.handlers import OperatorConfig
+
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"))
+
+    # A handler may be queued or running at the first check that finds the edit: only a second one nudges.
+    assert [config.overdue("uid-a", 2), config.overdue("uid-a", 2), config.overdue("uid-a", 2)] == [False, True, False]
+    assert [config.overdue("uid-a", 3), config.overdue("uid-a", 3)] == [False, True]  # a newer edit is its own
+    assert [config.overdue("uid-b", 3), config.overdue("uid-b", 3)] == [False, True]  # and so is another resource
+    config.overdue("uid-c", 1)
+    config.handled("uid-c")  # taken up in between: the next edit starts afresh
+    assert config.overdue("uid-c", 1) is False
+    config.forget("uid-c")
+    assert config.overdue("uid-c", 1) is False and "uid-a" in config.unhandled

@@ -51,6 +51,10 @@ PAUSED_ANNOTATION = "kcm.dev/paused"
 # Set on the resources naming a subscription when its owner is deleted: an annotation change makes them reconcile now,
 # so the next one takes it over at once (not at its next drift check).
 OWNER_DELETED_ANNOTATION = "kcm.dev/owner-deleted"
+# Set by a drift check on a resource whose edit no handler has taken up for a whole drift interval: kopf saw it and
+# did nothing (a kopf replica whose finalizer patch lost a race with another's skips the next event, and waits for
+# another); an annotation change is an event, which it handles.
+NUDGED_ANNOTATION = "kcm.dev/nudged"
 KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 MAX_BACKOFF_S = 60.0
@@ -96,6 +100,8 @@ class OperatorConfig:
     # uids kcm stopped reverting (Contested): remembered here, not read back from the status, which a drift check
     # may see before the watch has brought the last patch (each stale check would post the event again).
     contested: set[str] = field(default_factory=set)
+    # uid → [the generation a drift check found no handler had taken up, whether it was nudged]
+    unhandled: dict[str, list[Any]] = field(default_factory=dict)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
     # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
     # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
@@ -160,6 +166,22 @@ class OperatorConfig:
             self.resource_locks.pop(uid, None)
             self.drift_history.pop(uid, None)
             self.contested.discard(uid)
+            self.unhandled.pop(uid, None)
+
+    def overdue(self, uid: str, generation: int | None) -> bool:
+        """Whether the edit at `generation`, which no handler has taken up yet, was already waiting at the previous
+        drift check (a whole interval ago); true once per generation."""
+        with self.lock:
+            seen = self.unhandled.get(uid)
+            if seen is None or seen[0] != generation:
+                self.unhandled[uid] = [generation, False]
+                return False
+            overdue, seen[1] = not seen[1], True
+            return overdue
+
+    def handled(self, uid: str) -> None:
+        with self.lock:
+            self.unhandled.pop(uid, None)
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -346,11 +368,21 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         # spec for the whole check. An edit not yet reconciled (its generation not yet observed) or a deletion under
         # way is theirs to apply: a drift check from the spec before them would revert the edit, or bring a removed
         # subscription back.
+        # An edit no handler took up within a whole interval was seen by kopf and dropped: it is nudged (below).
         with config.resource_lock(body.metadata.uid):
             body = kopf.Body(copy.deepcopy(dict(body)))
-            if (body.metadata.get("deletionTimestamp")
-                    or body.metadata.get("generation") != body.status.get("observedGeneration")):
+            if body.metadata.get("deletionTimestamp"):
                 return
+            generation = body.metadata.get("generation")
+            if generation != body.status.get("observedGeneration"):
+                if config.overdue(body.metadata.uid, generation):
+                    _say(logging.WARNING, body.metadata.namespace, body.metadata.name,
+                         "its edit (generation %s) waited a whole drift interval (%g s) with no handler taking it "
+                         "up; annotating %s so that it is handled", generation, config.drift_interval_s,
+                         NUDGED_ANNOTATION)
+                    patch.metadata.annotations[NUDGED_ANNOTATION] = f"generation {generation} at {_now()}"
+                return
+            config.handled(body.metadata.uid)
             try:
                 _reconcile(config, body, patch, claims, retry=0, drift_check=True)
             except kopf.TemporaryError:
