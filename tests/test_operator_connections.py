@@ -480,7 +480,8 @@ def test_a_connections_status_is_written_once_per_change_latest_report_winning()
         assert same[2]["conditions"][0]["lastTransitionTime"] == condition["lastTransitionTime"]
         statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
         (*_, second) = api.wait(3)
-        assert "clusterId" not in second[2]   # a merge patch: the cluster last reached stays on the status
+        assert second[2]["clusterId"] == "c1"   # the cluster last reached stays on the status
+        assert second[2]["conditions"][0]["observedGeneration"] == 3
         assert second[2]["conditions"][0]["status"] == "False"
         assert second[2]["conditions"][0]["lastTransitionTime"] > condition["lastTransitionTime"]
 

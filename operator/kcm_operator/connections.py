@@ -335,7 +335,13 @@ class ConnectionStatuses:
                 return
             before = self._shown.get(ref)
             since = before.since if before is not None and before.state == state else now_text()
-            shown = Shown(state, reason, message, cluster_id, self._generations.get(ref), since)
+            # What a report leaves out stays as shown: the merge patch would keep a cluster id, but the condition is
+            # written whole (its observedGeneration too), and an unchanged status (as a restart reads it back) is not
+            # written again.
+            if before is not None and cluster_id is None:
+                cluster_id = before.cluster_id
+            generation = self._generations.get(ref, before.generation if before is not None else None)
+            shown = Shown(state, reason, message, cluster_id, generation, since)
             if shown == before:
                 return
             self._shown[ref] = shown

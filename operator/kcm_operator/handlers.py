@@ -102,6 +102,8 @@ class OperatorConfig:
     contested: set[str] = field(default_factory=set)
     # uid → [the generation a drift check found no handler had taken up, whether it was nudged]
     unhandled: dict[str, list[Any]] = field(default_factory=dict)
+    # uid → the KafkaConnection (None: the default cluster) its latest reconcile was for
+    connection_of: dict[str, str | None] = field(default_factory=dict)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
     # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
     # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
@@ -167,6 +169,15 @@ class OperatorConfig:
             self.drift_history.pop(uid, None)
             self.contested.discard(uid)
             self.unhandled.pop(uid, None)
+            self.connection_of.pop(uid, None)
+
+    def moved(self, uid: str, connection: str | None) -> bool:
+        """Whether the resource of `uid` named another KafkaConnection (or the default cluster) at its previous
+        reconcile in this operator; notes `connection` for the next."""
+        with self.lock:
+            before = self.connection_of.get(uid, connection)
+            self.connection_of[uid] = connection
+            return before != connection
 
     def overdue(self, uid: str, generation: int | None) -> bool:
         """Whether the edit at `generation`, which no handler has taken up yet, was already waiting at the previous
@@ -352,7 +363,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         try:
             await _on_cluster_threads(config, body, lambda: _locked_reconcile(body, patch, claims, retry))
         finally:
-            if old is not None and _connection_of(old) != _connection_of(new):  # it may have been the last user
+            # It may have been the last user of the one it named before: by kopf's diff, or (an edit while its creation
+            # was still retried, which kopf hands over without `old`) by this operator's own note.
+            moved = config.moved(body.metadata.uid, _connection_of(body))
+            if moved or (old is not None and _connection_of(old) != _connection_of(new)):
                 config.retire_unused(_refs_in_use(claims))
 
     def _locked_reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
