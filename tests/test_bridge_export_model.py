@@ -806,9 +806,10 @@ def test_backoff_grows_by_the_multiplier_up_to_the_cap_and_jitter_spreads_it(tmp
         spread.stop()
     expected = [0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
     gaps = _gaps(steady)
-    assert len(gaps) == 6 and all(w - EARLY_S <= g <= w + 0.1 for g, w in zip(gaps, expected)), gaps
+    # 0.15 s of scheduling allowed on top of each wait (a loaded machine): a wait one step longer (0.4 for 0.2) fails.
+    assert len(gaps) == 6 and all(w - EARLY_S <= g <= w + 0.15 for g, w in zip(gaps, expected)), gaps
     gaps = _gaps(spread)[4:]   # at the cap: 0.5 less up to 80 %
-    assert len(gaps) == 8 and all(0.1 - EARLY_S <= g <= 0.5 + 0.1 for g in gaps), gaps
+    assert len(gaps) == 8 and all(0.1 - EARLY_S <= g <= 0.5 + 0.15 for g in gaps), gaps
     assert max(gaps) - min(gaps) > 0.02, gaps   # jittered, not one fixed wait
 
 
