@@ -14,7 +14,7 @@ MANAGED = Gauge("kcm_operator_managed_subscriptions", "ClientMetricsSubscription
 DRIFT_CORRECTIONS = Counter("kcm_operator_drift_corrections", "Out-of-band subscription changes reverted")
 KAFKA_ERRORS = Counter("kcm_operator_kafka_errors", "Kafka calls that failed", ["reason"])
 # Every reason from 0, so that a rate or increase() in an alert counts a reason's first errors too.
-for _reason in ("KafkaUnavailable", "KafkaRefused", "Failed"):
+for _reason in ("KafkaUnavailable", "KafkaRefused"):
     KAFKA_ERRORS.labels(_reason)
 
 
