@@ -1058,6 +1058,33 @@ def test_an_edit_kopf_saw_but_never_handled_is_nudged_by_the_drift_check_a_drift
                       f"taking it up; annotating {NUDGED_ANNOTATION} so that it is handled"]
 
 
+def test_an_edit_waiting_for_kopfs_retry_of_the_reconcile_is_not_nudged(run_operator, monkeypatch, caplog):
+    """An edit made while the reconcile waits out its backoff (Kafka down, up to a minute) is kopf's to take up when
+    the retry is due: not dropped, so not nudged, however many drift checks come meanwhile."""
+    import kopf
+
+    reconcile, calls = handlers._reconcile, []
+
+    def failing_once(config, body, patch, claims, retry, drift_check):
+        if not drift_check:
+            calls.append(body.metadata.get("generation"))
+            if len(calls) == 1:
+                reconcile(config, body, patch, claims, retry, drift_check=drift_check)
+                raise kopf.TemporaryError("Kafka is down, say", delay=5)
+        return reconcile(config, body, patch, claims, retry, drift_check=drift_check)
+
+    monkeypatch.setattr(handlers, "_reconcile", failing_once)
+    cluster = run_operator(drift_interval_s=1.0)
+    cluster.apply("payments", SPEC)
+    wait_for(lambda: calls, "the first attempt")
+    cluster.patch("payments", {"spec": {"intervalMs": 30000}})
+
+    wait_for(lambda: cluster.kafka("team.payments").get("interval.ms") == "30000", "the retry to apply the edit")
+    assert calls[-1] == 2
+    assert [r for r in caplog.records if "waited a whole drift interval" in r.getMessage()] == []
+    assert NUDGED_ANNOTATION not in cluster.get("payments")["metadata"].get("annotations", {})
+
+
 def test_resources_created_while_the_operator_was_down_are_reconciled_when_it_starts(kube, sandbox, run_operator):
     Cluster(kube, sandbox, OperatorConfig(KafkaSettings(sandbox.bootstrap))).apply("payments", SPEC)
 

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import contextvars
 import copy
+import datetime
 import logging
 import random
 import threading
@@ -57,6 +58,7 @@ OWNER_DELETED_ANNOTATION = "kcm.dev/owner-deleted"
 NUDGED_ANNOTATION = "kcm.dev/nudged"
 KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
+PROGRESS = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
 MAX_BACKOFF_S = 60.0
 LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
 CONTESTED_AFTER = 3  # reverts of drift, within the last CONTESTED_WINDOW drift checks, before kcm stops reverting
@@ -329,7 +331,7 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     settings = settings or kopf.OperatorSettings()
     settings.persistence.finalizer = FINALIZER
     # Not GROUP itself: kopf ignores every annotation under its storage prefix, kcm.dev/paused included.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
+    settings.persistence.progress_storage = PROGRESS
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STATE_PREFIX)
     # The handlers below run on threads of their own (`_on_cluster_threads`); kopf's serve the index.
     settings.posting.loggers = False  # log lines stay logs; Events are the applied/failed/drift ones below
@@ -389,7 +391,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 return
             generation = body.metadata.get("generation")
             if generation != body.status.get("observedGeneration"):
-                if config.overdue(body.metadata.uid, generation):
+                if _retry_scheduled(body):   # kopf takes the edit up when the retry is due (up to MAX_BACKOFF_S)
+                    config.handled(body.metadata.uid)
+                elif config.overdue(body.metadata.uid, generation):
                     _say(logging.WARNING, body.metadata.namespace, body.metadata.name,
                          "its edit (generation %s) waited a whole drift interval (%g s) with no handler taking it "
                          "up; annotating %s so that it is handled", generation, config.drift_interval_s,
@@ -780,6 +784,21 @@ def _held(body: kopf.Body, patch: kopf.Patch, subscription: str | None, retry: i
         _say(logging.WARNING, body.metadata.namespace, body.metadata.name, "%s", message)
         kopf.event(body, type="Warning", reason=reason, message=message)
     raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
+
+
+def _retry_scheduled(body: kopf.Body) -> bool:
+    """Whether kopf holds a retry of the reconcile handler that is not due yet (its progress annotation says when)."""
+    try:
+        record = PROGRESS.fetch(key=kopf.HandlerId("reconcile"), body=body) or {}
+        delayed = record.get("delayed")
+        due = datetime.datetime.fromisoformat(delayed) if isinstance(delayed, str) else None
+    except ValueError:   # not kopf's JSON or time: no retry kcm can tell of
+        return False
+    if due is None or record.get("success") or record.get("failure"):
+        return False
+    if due.tzinfo is None:
+        due = due.replace(tzinfo=datetime.UTC)
+    return due > datetime.datetime.now(datetime.UTC)
 
 
 def _connection_of(body: Mapping[str, Any] | None) -> str | None:
