@@ -674,3 +674,19 @@ def test_an_unhandled_edit_is_overdue_only_at_the_second_drift_check_that_finds_
     assert config.overdue("uid-c", 1) is False
     config.forget("uid-c")
     assert config.overdue("uid-c", 1) is False and "uid-a" in config.unhandled
+
+
+@pytest.mark.parametrize("progress, scheduled", [
+    (None, False), ('{"delayed":"2999-01-01T00:00:00.000000+00:00"}', True),
+    ('{"delayed":"2999-01-01T00:00:00","retries":1}', True),   # a time without a zone is UTC, as kopf's are
+    ('{"delayed":"2000-01-01T00:00:00.000000+00:00"}', False),  # due: kopf should have run it
+    ('{"delayed":"2999-01-01T00:00:00.000000+00:00","success":true}', False),
+    ('{"delayed":"2999-01-01T00:00:00.000000+00:00","failure":true}', False),
+    ('{"delayed":"soon"}', False), ("[1]", False), ("not json", False)])
+def test_a_retry_kopf_scheduled_is_read_from_its_progress_annotation_and_anything_else_is_none(progress, scheduled):
+    import kopf
+
+    from kcm_operator.handlers import _retry_scheduled
+
+    annotations = {} if progress is None else {"operator.kcm.dev/reconcile": progress}
+    assert _retry_scheduled(kopf.Body({"metadata": {"name": "x", "annotations": annotations}})) is scheduled

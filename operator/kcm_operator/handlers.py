@@ -789,7 +789,9 @@ def _held(body: kopf.Body, patch: kopf.Patch, subscription: str | None, retry: i
 def _retry_scheduled(body: kopf.Body) -> bool:
     """Whether kopf holds a retry of the reconcile handler that is not due yet (its progress annotation says when)."""
     try:
-        record = PROGRESS.fetch(key=kopf.HandlerId("reconcile"), body=body) or {}
+        record = PROGRESS.fetch(key=kopf.HandlerId("reconcile"), body=body)
+        if not isinstance(record, dict):
+            return False
         delayed = record.get("delayed")
         due = datetime.datetime.fromisoformat(delayed) if isinstance(delayed, str) else None
     except ValueError:   # not kopf's JSON or time: no retry kcm can tell of
