@@ -28,19 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from kopf.testing import KopfRunner
-from kubernetes import config
 from prometheus_client import REGISTRY
 
 from kcm_common.client_metrics import ConfigError
 from kcm_common.kafka import KafkaSettings
 from kcm_operator.admin import SubscriptionAdmin
-from kcm_operator.connections import ConnectionResolver
-from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
 from kcm_operator.reconcile import DELETE, SET, Change, Op
-from kube_emulator import KubeServer
 from ports import reserved_port
-from test_operator_reconcile import CRDS, GROUP, NS, VERSION, Cluster
+import test_operator_reconcile as behaviour
+from test_operator_reconcile import GROUP, NS, VERSION, Cluster
 
 SEEDS = (2, 4, 6, 9, 12, 14)   # together: every step kind, takeovers, unpause after an edit
 STEPS = 15
@@ -97,42 +93,14 @@ def delta(after: Tally, before: Tally) -> Tally:
 
 # --- the operator, as test_operator_reconcile's run_operator starts it -------------------------------------------
 
+kube = behaviour.kube                    # the emulated Kubernetes API (fixture)
+run_operator = behaviour.run_operator    # kcm's handlers through KopfRunner, for the sandbox (fixture)
+
+
 @pytest.fixture
-def operator(tmp_path, sandbox, monkeypatch):
+def operator(run_operator):
     """Start the operator in this process (kopf's runner) against a fresh kube emulator and the sandbox."""
-    kube = KubeServer(tmp_path, CRDS)
-    kube.start()
-    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
-    runners, resolvers = [], []
-
-    def start(drift_interval_s: float) -> Cluster:
-        api_client = config.new_client_from_config(str(kube.kubeconfig))
-        resolver = ConnectionResolver(api_client, tmp_path)
-        resolvers.append(resolver)
-        operator_config = OperatorConfig(KafkaSettings(sandbox.bootstrap), drift_interval_s,
-                                         resolve=resolver.resolve, statuses=resolver.statuses,
-                                         kafka_timeout_s=2, api_client=api_client)
-        settings = operator_settings()
-        settings.scanning.disabled = True  # kmock cannot parse /api/v1/namespaces
-        runner = KopfRunner(["run", "--standalone", "--namespace", NS], timeout=30,
-                            registry=build_registry(operator_config), settings=settings)
-        runner.__enter__()
-        runners.append(runner)
-
-        def stop() -> None:
-            runners.remove(runner)
-            runner.__exit__(None, None, None)
-            assert runner.exception is None, runner.output
-        return Cluster(kube, sandbox, operator_config, stop)
-
-    try:
-        yield start
-    finally:
-        for runner in runners:
-            runner.__exit__(None, None, None)
-        for resolver in resolvers:
-            resolver.close()
-        kube.stop()
+    return lambda drift_interval_s: run_operator(drift_interval_s=drift_interval_s)
 
 
 # --- the reference model ----------------------------------------------------------------------------------------
