@@ -59,6 +59,7 @@ NUDGED_ANNOTATION = "kcm.dev/nudged"
 KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 PROGRESS = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
+RECONCILE = kopf.HandlerId("reconcile")  # the change handlers' id: kopf keeps their retries' progress under it
 MAX_BACKOFF_S = 60.0
 LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 2 + 4 s for it to come back
 CONTESTED_AFTER = 3  # reverts of drift, within the last CONTESTED_WINDOW drift checks, before kcm stops reverting
@@ -356,9 +357,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "", desired.connection,
             status.get("clusterId"), bool(meta.get("deletionTimestamp")))}
 
-    @kopf.on.resume(**resource, id="reconcile")
-    @kopf.on.create(**resource, id="reconcile")
-    @kopf.on.update(**resource, id="reconcile")
+    @kopf.on.resume(**resource, id=RECONCILE)
+    @kopf.on.create(**resource, id=RECONCILE)
+    @kopf.on.update(**resource, id=RECONCILE)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int,
                         old: Mapping[str, Any] | None = None, new: Mapping[str, Any] | None = None,
                         **_: Any) -> None:
@@ -789,7 +790,7 @@ def _held(body: kopf.Body, patch: kopf.Patch, subscription: str | None, retry: i
 def _retry_scheduled(body: kopf.Body) -> bool:
     """Whether kopf holds a retry of the reconcile handler that is not due yet (its progress annotation says when)."""
     try:
-        record = PROGRESS.fetch(key=kopf.HandlerId("reconcile"), body=body)
+        record = PROGRESS.fetch(key=RECONCILE, body=body)
         if not isinstance(record, dict):
             return False
         delayed = record.get("delayed")
