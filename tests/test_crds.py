@@ -209,3 +209,28 @@ def test_a_directory_without_the_crds_is_a_broken_install_said_plainly(tmp_path)
     (tmp_path / "other.yaml").write_text("kind: ConfigMap\n")
     with pytest.raises(RuntimeError, match=f"no CRD for ClientMetricsSubscription, KafkaConnection in {tmp_path}"):
         schema.load_crds(tmp_path)
+
+
+# What kcm reads a bootstrap list with (kcm_common.kafka.parse_bootstrap): a host holds no ':' (two HOST:PORT run
+# together with another separator, `kafka:9092;other:9092`, is one host), an IPv6 address is bracketed.
+_SERVERS = ["kafka:9092", "a.b-c_d:1,[::1]:2", "[fe80::1%eth0]:9092", "[2001:db8::7]:19092,b-1.example.com:9093",
+            "kafka;other:9092",   # a host name only the resolver refuses, as kcm on the command line does
+            "kafka:9092;other:9092", "kafka:9092 other:9092", "::1:9092", "kafka:9092:9092", "[::1]9092",
+            "kafka:9092,", ",kafka:9092", "kafka:", ":9092", "[]:9092", "kafka:123456", "ka[fka:9092"]
+
+
+@pytest.mark.parametrize("servers", _SERVERS)
+def test_bootstrap_servers_pass_the_crd_and_the_chart_exactly_when_kcm_can_read_them(servers):
+    import json
+
+    from kcm_common.kafka import KafkaConfigError, parse_bootstrap
+
+    try:
+        readable = bool(parse_bootstrap(servers)) and not servers.startswith(",") and not servers.endswith(",")
+    except KafkaConfigError:
+        readable = False
+    refused = schema.validate(_with(CONNECTION, "spec.bootstrapServers", servers), crds=CRDS)
+    assert (not refused) == readable, refused
+    chart = json.loads((ROOT / "charts/kafka-client-metrics/values.schema.json").read_text())
+    pattern = chart["properties"]["kafka"]["properties"]["bootstrapServers"]["pattern"]
+    assert jsonschema.Draft7Validator({"pattern": pattern}).is_valid(servers) == (readable and ";" not in servers)

@@ -160,7 +160,7 @@ def random_subscription(rng: random.Random) -> dict:
 
 def random_connection(rng: random.Random) -> dict:
     """A KafkaConnection the field table says is valid."""
-    servers = ",".join(f"{rng.choice(('kafka', 'b-1.example.com', '10.0.0.7', 'analytics-kafka'))}:"
+    servers = ",".join(f"{rng.choice(('kafka', 'b-1.example.com', '10.0.0.7', 'analytics-kafka', '[fd00::1]'))}:"
                        f"{rng.choice((1, 9092, 9093, 65535, 19092))}" for _ in range(rng.randint(1, 3)))
     spec: dict = {"bootstrapServers": servers}
     protocol = rng.choice(PROTOCOLS)
@@ -401,7 +401,8 @@ CONNECTION_FAULTS = [
     ("bootstrapServers missing", None, _drop("spec.bootstrapServers")),
     ("bootstrapServers not HOST:PORT", None, _set("spec.bootstrapServers", (
         "kafka", "kafka:", "kafka:123456", "kafka:9092,", "kafka 1:9092", "kafka:9092, other:9092", "", ":",
-        "kafka:port", "kafka:9092\n", ",kafka:9092", "kafka:9092,,other:9092"))),
+        "kafka:port", "kafka:9092\n", ",kafka:9092", "kafka:9092,,other:9092", "kafka:9092;other:9092",
+        "::1:9092", "kafka:9092:9092"))),
     ("bootstrapServers not a string", None, _set("spec.bootstrapServers", (9092, ["kafka:9092"]))),
     ("securityProtocol unknown", None, _set("spec.securityProtocol", ("SASL", "ssl", "TLS", "PLAIN", ""))),
     ("SASL protocol without sasl", None, _sasl_protocol_without_sasl),
