@@ -65,6 +65,20 @@ def _refused(change) -> ConfigError:
         # Python converts no more than 4300 digits: 5000 raised ValueError and dropped the sandbox's connection.
         ([("interval.ms", OP_SET, "9" * 5000)], INVALID_CONFIG,
          f"Invalid value {'9' * 5000} for configuration interval.ms: Not a number of type INT"),
+        # Integer.parseInt reads a digit of any script one UTF-16 unit long; a supplementary one (two units) is none.
+        ([("interval.ms", OP_SET, "\U0001d7cf\U0001d7ce\U0001d7ce")], INVALID_CONFIG,
+         "Invalid value \U0001d7cf\U0001d7ce\U0001d7ce for configuration interval.ms: Not a number of type INT"),
+        ([("interval.ms", OP_SET, "\u0669\u0669")], INVALID_REQUEST,
+         "Invalid value 99 for interval.ms, interval must be between 100 and 3600000 (1 hour)"),
+        ([("interval.ms", OP_SET, "+")], INVALID_CONFIG,
+         "Invalid value + for configuration interval.ms: Not a number of type INT"),
+        ([("interval.ms", OP_SET, "+-5")], INVALID_CONFIG,
+         "Invalid value +-5 for configuration interval.ms: Not a number of type INT"),
+        # KAFKA-18907: a value set or changed longer than Short.MAX_VALUE Java characters, before any other check.
+        ([("metrics", OP_SET, "m" * 32768), ("foo", OP_SET, "1")], INVALID_CONFIG,
+         "The configuration value cannot be added because it exceeds the maximum value size of 32767 bytes."),
+        ([("metrics", OP_SET, "\U0001f600" * 16384)], INVALID_CONFIG,   # two UTF-16 units each: 32768
+         "The configuration value cannot be added because it exceeds the maximum value size of 32767 bytes."),
         ([("match", OP_SET, "client_name=x")], INVALID_CONFIG, "Illegal client matching pattern: client_name=x"),
         ([("match", OP_SET, "client_id=[")], INVALID_CONFIG, "Illegal client matching pattern: client_id=["),
         ([("match", OP_SET, "client_id")], INVALID_CONFIG, "Illegal client matching pattern: client_id"),
@@ -93,6 +107,26 @@ def test_invalid_incremental_alter_is_refused_with_kafkas_code_and_message(ops, 
 
     assert (error.error_code, error.message) == (code, message)
     assert store.names() == [] and store.generation == 0
+
+
+@pytest.mark.parametrize("text, value", [
+    ("\u0661\u0660\u0660\u0660", 1000), ("-\u0967\u0968", -12), ("+0", 0), ("\uff10" * 20 + "7", 7),
+    ("2147483647", 2**31 - 1), ("-2147483648", -2**31), ("2147483648", None), ("9" * 100_000, None), ("", None),
+    ("-", None), ("1 2", None), ("\U0001d7cf", None), ("\u00b2", None), ("\u2167", None)])
+def test_an_interval_is_read_as_javas_integer_parse_int_reads_it(text, value):
+    """Integer.parseInt: any Unicode decimal digit one UTF-16 unit long (not superscripts or numerals), 32 bits."""
+    from kcm_common.client_metrics import java_parse_int
+
+    assert java_parse_int(text) == value
+
+
+def test_a_value_kafka_holds_already_is_not_refused_for_its_size_only_a_changed_one():
+    store = SubscriptionStore()
+    store.incremental_alter("subs", [("metrics", OP_SET, "m" * 32767)])
+    store.incremental_alter("subs", [("interval.ms", OP_SET, "1000")])   # metrics unchanged, at the limit
+    error = _refused(lambda: store.incremental_alter("subs", [("metrics", OP_APPEND, "n")]))
+    assert error.error_code == INVALID_CONFIG and "maximum value size of 32767" in error.message
+    assert store.configs("subs")["metrics"] == "m" * 32767
 
 
 def test_a_repeated_list_item_is_dropped_as_kafka_parses_lists_not_refused():

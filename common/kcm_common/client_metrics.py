@@ -9,6 +9,7 @@ patterns, compiled by `kcm_common.java` and applied as `Matcher.matches()` would
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -48,7 +49,6 @@ _DOCUMENTATION = {
 }
 _LIST_KEYS = frozenset({METRICS, MATCH})
 _COMMA_WITH_WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]*,[ \t\n\x0b\f\r]*")  # ConfigDef's "\\s*,\\s*"
-_JAVA_INT = re.compile(r"[+-]?[0-9]+")
 
 
 class ConfigError(Exception):
@@ -212,12 +212,40 @@ def describe_entries(configs: Mapping[str, str], keys: Iterable[str] | None = No
 
 def _parse_int(key: str, raw: str) -> int:
     # ConfigDef.parseType(INT) -> Integer.parseInt(trimmed); a ConfigException is INVALID_CONFIG.
-    trimmed = raw.strip(TRIM_CHARACTERS)
-    # Python converts no more than 4300 digits: an INT has 10 at most, past leading zeros (parseInt allows them).
-    digits = trimmed.lstrip("+-").lstrip("0")
-    if _JAVA_INT.fullmatch(trimmed) and len(digits) <= 10 and -(2**31) <= int(trimmed) < 2**31:
-        return int(trimmed)
-    raise ConfigError(INVALID_CONFIG, f"Invalid value {raw} for configuration {key}: Not a number of type INT")
+    value = java_parse_int(raw.strip(TRIM_CHARACTERS))
+    if value is None:
+        raise ConfigError(INVALID_CONFIG, f"Invalid value {raw} for configuration {key}: Not a number of type INT")
+    return value
+
+
+def java_parse_int(text: str) -> int | None:
+    """Java's Integer.parseInt: an optional sign, then decimal digits of any script (Character.digit reads each
+    UTF-16 unit, so a digit beyond the Basic Multilingual Plane is none), within 32 bits; None where it throws."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits:
+        return None
+    value = 0
+    for char in digits:
+        if ord(char) > 0xFFFF or not char.isdecimal():
+            return None
+        value = value * 10 + unicodedata.decimal(char)
+        if value > 2**31:   # beyond any INT: said as parseInt says it, without reading a million digits on
+            return None
+    value = -value if text[:1] == "-" else value
+    return value if -(2**31) <= value < 2**31 else None
+
+
+# ConfigurationControlManager refuses a changed value longer than this (Java characters: UTF-16 units).
+MAX_VALUE_CHARS = 32767
+
+
+def check_value_sizes(current: Mapping[str, str], updated: Mapping[str, str]) -> None:
+    """What Kafka's controller checks before it validates a change (KAFKA-18907): no value set or changed is longer
+    than MAX_VALUE_CHARS; raises ConfigError."""
+    for key, value in updated.items():
+        if current.get(key) != value and len(value.encode("utf-16-le", "surrogatepass")) // 2 > MAX_VALUE_CHARS:
+            raise ConfigError(INVALID_CONFIG, "The configuration value cannot be added because it exceeds the "
+                                              f"maximum value size of {MAX_VALUE_CHARS} bytes.")
 
 
 def _normalised(key: str, raw: str) -> str:

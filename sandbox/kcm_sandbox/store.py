@@ -15,6 +15,7 @@ from kcm_common.client_metrics import (
     ConfigError,
     Subscription,
     apply_incremental,
+    check_value_sizes,
     describe_entries,
     to_subscription,
     validate,
@@ -79,6 +80,7 @@ class SubscriptionStore:
         return [to_subscription(name, self._configs[name]) for name in self.names()]
 
     def _commit(self, name: str, updated: dict[str, str], validate_only: bool) -> None:
+        check_value_sizes(self._configs.get(name, {}), updated)
         validate(name, updated)
         if validate_only or updated == self._configs.get(name, {}):
             return
