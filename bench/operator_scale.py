@@ -56,7 +56,8 @@ def main() -> None:
             settings = operator_settings()
             settings.scanning.disabled = True
             settings.posting.enabled = False  # Events would double the API writes and measure the emulator
-            registry = build_registry(OperatorConfig(KafkaSettings(sandbox.bootstrap), drift_interval_s=3600))
+            registry = build_registry(OperatorConfig(KafkaSettings(sandbox.bootstrap), drift_interval_s=3600,
+                                                     api_client=config.new_client_from_config(str(kube.kubeconfig))))
             runner = KopfRunner(["run", "--standalone", "--namespace", NS], timeout=TIMEOUT_S, registry=registry,
                                 settings=settings)
             os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # where kopf's login looks

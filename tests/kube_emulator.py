@@ -41,6 +41,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # (plural, namespace, name) of objects whose next JSON patch loses a race: another client makes the same change
     # first, and this one is answered 422 for its resourceVersion test (as two kopf replicas adding one finalizer).
     racing_json_patches: set[tuple[str, str | None, str]] = attrs.field(factory=set, init=False)
+    # (plural, namespace, name, subresource or None) of patches refused with 403 while listed (an RBAC rule or an
+    # admission webhook refusing them for a while).
+    forbidden_patches: set[tuple[str, str | None, str, str | None]] = attrs.field(factory=set, init=False)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
@@ -58,6 +61,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             request = self._replace(request, self._created(request))
         elif request.name and request.action == enums.action.UPDATE:
             race = (request.resource.plural, request.namespace, request.name)
+            if (*race, request.subresource or None) in self.forbidden_patches:
+                where = request.subresource or "main"
+                raise kmock.KubernetesError(403, "Forbidden", f"cannot patch {request.resource.plural} "
+                                            f"{request.name!r} ({where}): refused for this test")
             if isinstance(request.data, list) and race in self.racing_json_patches:
                 self.racing_json_patches.discard(race)
                 await super()._handle(self._replace(request, self._as_merge_patch(request)))  # the other client's

@@ -214,8 +214,8 @@ class World:
 class FakeCustomObjects:
     """The Kubernetes API's custom objects, as the operator reads KafkaConnections and marks heirs."""
 
-    def __init__(self, world: World, marked: list[str]) -> None:
-        self.world, self.marked = world, marked
+    def __init__(self, world: World, marked: list[str], status_written: list[tuple[str, dict]]) -> None:
+        self.world, self.marked, self.status_written = world, marked, status_written
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **_):
         if self.world.kube_failing:
@@ -228,6 +228,14 @@ class FakeCustomObjects:
         obj["metadata"]["annotations"].update(body["metadata"]["annotations"])
         self.marked.append((f"{namespace}/{name}", body["metadata"]["annotations"]))
         return obj
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
+        """A drift check's own status write: taken as the change handlers' kopf patches are here (never failing; a
+        refused write is test_operator_reconcile's)."""
+        assert (group, version, plural) == ("kcm.dev", "v1alpha1", "clientmetricssubscriptions")
+        assert set(body) == {"status"}, body
+        self.status_written.append((f"{namespace}/{name}", copy.deepcopy(body["status"])))
+        return self.world.store[f"{namespace}/{name}"]
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
         if self.world.kube_failing:
@@ -738,9 +746,10 @@ class Scenario:
         monkeypatch.setattr(kopf, "event", lambda body, type, reason, message: self.events.append(
             (f"{body['metadata']['namespace']}/{body['metadata']['name']}", type, reason, message)))
         self.marked: list = []
+        self.status_written: list = []
         # kubernetes.client, which connections.py reads KafkaConnections with and handlers.py marks heirs with
         monkeypatch.setattr(handlers.client, "CustomObjectsApi", lambda api_client=None: FakeCustomObjects(
-            world, self.marked))
+            world, self.marked, self.status_written))
         self.loop = asyncio.new_event_loop()
         self.config: handlers.OperatorConfig | None = None
         self.start_operator()
@@ -784,6 +793,7 @@ class Scenario:
         self.patch = patch
         first_event = len(self.events)
         del self.marked[:]
+        del self.status_written[:]
         self.first_event = first_event
         raised = None
         if kind == "drift":
@@ -801,6 +811,9 @@ class Scenario:
         counted = {key: value - counted.get(key, 0.0) for key, value in _counters().items()
                    if value != counted.get(key, 0.0)}
         self.counted = counted
+        for written_ref, status in self.status_written:   # a drift check's, written by the operator itself
+            assert kind == "drift" and written_ref == ref, (kind, written_ref)
+            patch.status.update(status)
         for key, value in (patch.get("status") or {}).items():
             if value is None:
                 obj["status"].pop(key, None)

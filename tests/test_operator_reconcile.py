@@ -6,6 +6,7 @@ import base64
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -513,7 +514,9 @@ def test_two_operators_fighting_over_a_subscription_stop_and_say_contested(kube,
         settings = operator_settings()
         settings.scanning.disabled = True
         runner = KopfRunner(["run", "--standalone", "--namespace", namespace], timeout=30, settings=settings,
-                            registry=build_registry(OperatorConfig(KafkaSettings(sandbox.bootstrap), 0.3)))
+                            registry=build_registry(OperatorConfig(KafkaSettings(sandbox.bootstrap), 0.3,
+                                                                   api_client=config.new_client_from_config(
+                                                                       str(kube.kubeconfig)))))
         runner.__enter__()
         runners.append(runner)
     try:
@@ -1011,7 +1014,8 @@ def test_two_replicas_peer_the_higher_priority_works_and_the_other_takes_over_wh
     replicas = {}
     try:
         for priority in (20, 10):
-            replica_config = OperatorConfig(KafkaSettings(sandbox.bootstrap))
+            replica_config = OperatorConfig(KafkaSettings(sandbox.bootstrap),
+                                            api_client=config.new_client_from_config(str(kube.kubeconfig)))
             settings = operator_settings()
             settings.scanning.disabled = True
             # A named peering, as the chart runs it: a replica starts paused until it has read the peering object, so
@@ -1058,6 +1062,24 @@ def test_an_edit_kopf_saw_but_never_handled_is_nudged_by_the_drift_check_a_drift
                       f"taking it up; annotating {NUDGED_ANNOTATION} so that it is handled"]
 
 
+def test_a_nudge_the_api_refused_is_made_again_at_the_next_drift_check(kube, run_operator, caplog):
+    kube.emulator.racing_json_patches.add((SUBSCRIPTIONS, NS, "payments"))
+    refused = (SUBSCRIPTIONS, NS, "payments", None)
+    kube.emulator.forbidden_patches.add(refused)
+    cluster = run_operator(drift_interval_s=1.0)
+    try:
+        cluster.apply("payments", SPEC)
+        wait_for(lambda: [r for r in caplog.records if "could not write its status" in r.getMessage()],
+                 "the nudge refused")
+    finally:
+        kube.emulator.forbidden_patches.discard(refused)
+
+    cluster.wait_condition("payments", "True", "Applied")
+    assert cluster.get("payments")["metadata"]["annotations"][NUDGED_ANNOTATION].startswith("generation 1 at ")
+    nudges = [r for r in caplog.records if "waited a whole drift interval" in r.getMessage()]
+    assert len(nudges) == 2, nudges
+
+
 def test_an_edit_waiting_for_kopfs_retry_of_the_reconcile_is_not_nudged(run_operator, monkeypatch, caplog):
     """An edit made while the reconcile waits out its backoff (Kafka down, up to a minute) is kopf's to take up when
     the retry is due: not dropped, so not nudged, however many drift checks come meanwhile."""
@@ -1083,6 +1105,42 @@ def test_an_edit_waiting_for_kopfs_retry_of_the_reconcile_is_not_nudged(run_oper
     assert calls[-1] == 2
     assert [r for r in caplog.records if "waited a whole drift interval" in r.getMessage()] == []
     assert NUDGED_ANNOTATION not in cluster.get("payments")["metadata"].get("annotations", {})
+
+
+def test_a_drift_check_whose_status_write_is_refused_keeps_checking(kube, run_operator, monkeypatch, caplog):
+    """kopf ends a timer for good when the patch it applies after the handler still fails after its retries (an
+    API server down or refusing for about a minute): drift checks write their status themselves, so a refused write
+    leaves the next check to run, and to write again. kopf's retries are cut short here, as a longer refusal would
+    outlast them."""
+    def short_retries(settings_of=operator_settings):
+        settings = settings_of()
+        settings.networking.error_backoffs = [0.1]
+        return settings
+
+    monkeypatch.setattr(sys.modules[__name__], "operator_settings", short_retries)
+    cluster = run_operator(drift_interval_s=0.5)
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    applied = cluster.get("payments")["status"]["lastAppliedTime"]
+    admin = SubscriptionAdmin(KafkaSettings(cluster.sandbox.bootstrap))
+    refused = (SUBSCRIPTIONS, NS, "payments", "status")
+    kube.emulator.forbidden_patches.add(refused)
+    try:
+        admin.alter([Change("team.payments", "update", (Op("interval.ms", SET, "1000"),))])
+        wait_for(lambda: cluster.events("Drift"), "a Drift event")
+        wait_for(lambda: cluster.kafka("team.payments") == IN_KAFKA, "the drift reverted")
+        time.sleep(1.5)   # the refused write made, and more checks with it
+        kube.emulator.forbidden_patches.discard(refused)
+        admin.alter([Change("team.payments", "update", (Op("interval.ms", SET, "2000"),))])
+        wait_for(lambda: len(cluster.events("Drift")) >= 2, "the second drift found")
+    finally:
+        kube.emulator.forbidden_patches.discard(refused)
+        admin.close()
+
+    wait_for(lambda: cluster.kafka("team.payments") == IN_KAFKA, "the second drift reverted")
+    wait_for(lambda: cluster.get("payments")["status"]["lastAppliedTime"] != applied, "the status written again")
+    refusals = [r.getMessage() for r in caplog.records if "could not write its status" in r.getMessage()]
+    assert refusals and all(NS + "/payments: " in line for line in refusals), refusals
 
 
 def test_resources_created_while_the_operator_was_down_are_reconciled_when_it_starts(kube, sandbox, run_operator):

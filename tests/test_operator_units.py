@@ -676,6 +676,29 @@ def test_an_unhandled_edit_is_overdue_only_at_the_second_drift_check_that_finds_
     assert config.overdue("uid-c", 1) is False and "uid-a" in config.unhandled
 
 
+def test_a_nudge_that_was_not_written_is_made_again_at_the_next_check_that_finds_the_edit_waiting():
+    from kcm_operator.handlers import OperatorConfig
+
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"))
+    assert [config.overdue("uid-a", 2), config.overdue("uid-a", 2)] == [False, True]
+    config.not_nudged("uid-a", 1)   # an older generation's: nothing to do with this one
+    assert config.overdue("uid-a", 2) is False
+    config.not_nudged("uid-a", 2)
+    assert [config.overdue("uid-a", 2), config.overdue("uid-a", 2)] == [True, False]
+    config.not_nudged("uid-b", 2)   # never found waiting: nothing noted
+    assert "uid-b" not in config.unhandled
+
+
+def test_a_failed_drift_check_write_is_said_once_and_its_recovery_once():
+    from kcm_operator.handlers import OperatorConfig
+
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"))
+    assert [config.written("uid-a", ok) for ok in (True, False, False, True, True, False)] == [
+        False, True, False, True, False, True]
+    config.forget("uid-a")
+    assert config.written("uid-a", True) is False
+
+
 @pytest.mark.parametrize("progress, scheduled", [
     (None, False), ('{"delayed":"2999-01-01T00:00:00.000000+00:00"}', True),
     ('{"delayed":"2999-01-01T00:00:00","retries":1}', True),   # a time without a zone is UTC, as kopf's are

@@ -107,6 +107,8 @@ class OperatorConfig:
     unhandled: dict[str, list[Any]] = field(default_factory=dict)
     # uid → the KafkaConnection (None: the default cluster) its latest reconcile was for
     connection_of: dict[str, str | None] = field(default_factory=dict)
+    # uids whose latest drift check could not write to the Kubernetes API (said once, until a write succeeds)
+    unwritten: set[str] = field(default_factory=set)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
     # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
     # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
@@ -117,7 +119,7 @@ class OperatorConfig:
     servers: dict[tuple[str, str] | None, str] = field(default_factory=dict)
     # `transport_key` → the probe every admin reaching those servers that way shares, whatever its credentials.
     reachability: dict[str, Reachability] = field(default_factory=dict)
-    # The Kubernetes API for writes to resources other than the one handled (waking an owner's heirs); None: the
+    # The Kubernetes API for the writes kopf does not make: waking an owner's heirs, a drift check's; None: the
     # kubernetes package's default configuration, which `kcm operator` loads.
     api_client: client.ApiClient | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -154,13 +156,31 @@ class OperatorConfig:
     def wake(self, claim: Claim, owner: Claim) -> None:
         """Make the resource of `claim` reconcile now (kopf takes an annotation change for an update), after `owner`,
         the resource that managed its subscription, was deleted."""
-        with self.lock:
-            if self.api_client is None:
-                self.api_client = client.ApiClient()
-        client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object(
+        self._objects().patch_namespaced_custom_object(
             GROUP, VERSION, claim.namespace, SUBSCRIPTIONS, claim.name,
             {"metadata": {"annotations": {OWNER_DELETED_ANNOTATION: f"{owner.ref} at {_now()}"}}},
             _request_timeout=KUBERNETES_TIMEOUT_S)
+
+    def write(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch a drift check's changes (`metadata`, `status`) into its resource, once; raises what the
+        client raises. Not left to kopf: kopf ends a timer for good when the patch it applies after the handler
+        still fails after its retries (about a minute of an API server down, or refusing), and with it every later
+        drift check of that resource."""
+        objects = self._objects()
+        if patch.get("metadata"):
+            objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, SUBSCRIPTIONS, name,
+                                                   {"metadata": patch["metadata"]},
+                                                   _request_timeout=KUBERNETES_TIMEOUT_S)
+        if patch.get("status"):
+            objects.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, SUBSCRIPTIONS, name,
+                                                          {"status": patch["status"]},
+                                                          _request_timeout=KUBERNETES_TIMEOUT_S)
+
+    def _objects(self) -> client.CustomObjectsApi:
+        with self.lock:
+            if self.api_client is None:
+                self.api_client = client.ApiClient()
+        return client.CustomObjectsApi(self.api_client)
 
     def resource_lock(self, uid: str) -> threading.Lock:
         with self.lock:
@@ -173,6 +193,7 @@ class OperatorConfig:
             self.contested.discard(uid)
             self.unhandled.pop(uid, None)
             self.connection_of.pop(uid, None)
+            self.unwritten.discard(uid)
 
     def moved(self, uid: str, connection: str | None) -> bool:
         """Whether the resource of `uid` named another KafkaConnection (or the default cluster) at its previous
@@ -196,6 +217,21 @@ class OperatorConfig:
     def handled(self, uid: str) -> None:
         with self.lock:
             self.unhandled.pop(uid, None)
+
+    def not_nudged(self, uid: str, generation: int | None) -> None:
+        """The nudge of `generation` was not written: the next drift check that finds the edit waiting nudges it."""
+        with self.lock:
+            seen = self.unhandled.get(uid)
+            if seen is not None and seen[0] == generation:
+                seen[1] = False
+
+    def written(self, uid: str, ok: bool) -> bool:
+        """Note whether a drift check's write to the Kubernetes API succeeded; whether that differs from the last
+        one's (a failure to say, or a recovery)."""
+        with self.lock:
+            changed = (uid in self.unwritten) == ok
+            (self.unwritten.discard if ok else self.unwritten.add)(uid)
+            return changed
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -377,35 +413,42 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             _reconcile(config, body, patch, claims, retry, drift_check=False)
 
     @kopf.timer(**resource, id="drift", interval=config.drift_interval_s, initial_delay=config.drift_interval_s)
-    async def check_drift(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, **_: Any) -> None:
-        await _on_cluster_threads(config, body, lambda: _locked_drift_check(body, patch, claims))
+    async def check_drift(body: kopf.Body, claims: kopf.Index, **_: Any) -> None:
+        # What the check changes is written by `config.write`, not left in kopf's patch: see there.
+        await _on_cluster_threads(config, body, lambda: _locked_drift_check(body, claims))
 
-    def _locked_drift_check(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index) -> None:
+    def _locked_drift_check(body: kopf.Body, claims: kopf.Index) -> None:
         # kopf's body is live: a snapshot taken under the lock is what the change handlers last saw, and stays one
-        # spec for the whole check. An edit not yet reconciled (its generation not yet observed) or a deletion under
-        # way is theirs to apply: a drift check from the spec before them would revert the edit, or bring a removed
-        # subscription back.
-        # An edit no handler took up within a whole interval was seen by kopf and dropped: it is nudged (below).
+        # spec for the whole check.
         with config.resource_lock(body.metadata.uid):
             body = kopf.Body(copy.deepcopy(dict(body)))
-            if body.metadata.get("deletionTimestamp"):
-                return
-            generation = body.metadata.get("generation")
-            if generation != body.status.get("observedGeneration"):
-                if _retry_scheduled(body):   # kopf takes the edit up when the retry is due (up to MAX_BACKOFF_S)
-                    config.handled(body.metadata.uid)
-                elif config.overdue(body.metadata.uid, generation):
-                    _say(logging.WARNING, body.metadata.namespace, body.metadata.name,
-                         "its edit (generation %s) waited a whole drift interval (%g s) with no handler taking it "
-                         "up; annotating %s so that it is handled", generation, config.drift_interval_s,
-                         NUDGED_ANNOTATION)
-                    patch.metadata.annotations[NUDGED_ANNOTATION] = f"generation {generation} at {_now()}"
-                return
-            config.handled(body.metadata.uid)
-            try:
-                _reconcile(config, body, patch, claims, retry=0, drift_check=True)
-            except kopf.TemporaryError:
-                pass  # the status says why; the next tick tries again
+            patch = kopf.Patch()
+            _drift_check(body, patch, claims)
+            if patch and not _written(config, body, patch):
+                config.not_nudged(body.metadata.uid, body.metadata.get("generation"))
+
+    def _drift_check(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index) -> None:
+        # An edit not yet reconciled (its generation not yet observed) or a deletion under way is theirs to apply: a
+        # drift check from the spec before them would revert the edit, or bring a removed subscription back.
+        # An edit no handler took up within a whole interval was seen by kopf and dropped: it is nudged (below).
+        if body.metadata.get("deletionTimestamp"):
+            return
+        generation = body.metadata.get("generation")
+        if generation != body.status.get("observedGeneration"):
+            if _retry_scheduled(body):   # kopf takes the edit up when the retry is due (up to MAX_BACKOFF_S)
+                config.handled(body.metadata.uid)
+            elif config.overdue(body.metadata.uid, generation):
+                _say(logging.WARNING, body.metadata.namespace, body.metadata.name,
+                     "its edit (generation %s) waited a whole drift interval (%g s) with no handler taking it "
+                     "up; annotating %s so that it is handled", generation, config.drift_interval_s,
+                     NUDGED_ANNOTATION)
+                patch.metadata.annotations[NUDGED_ANNOTATION] = f"generation {generation} at {_now()}"
+            return
+        config.handled(body.metadata.uid)
+        try:
+            _reconcile(config, body, patch, claims, retry=0, drift_check=True)
+        except kopf.TemporaryError:
+            pass  # the status says why; the next tick tries again
 
     @kopf.on.delete(**resource, id="delete")
     async def delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
@@ -451,6 +494,28 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         config.close()
 
     return registry
+
+
+def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool:
+    """Write a drift check's `patch`; a failure is said once (until a write succeeds again) and left to the next
+    check, which finds what to write afresh. A resource already gone needs nothing written."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    try:
+        config.write(namespace, name, patch)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return True
+        why = f"the Kubernetes API answered {exc.status} {exc.reason}"
+    except Exception as exc:  # noqa: BLE001 - unreachable, timed out: the next check writes again
+        why = f"the Kubernetes API could not be reached: {type(exc).__name__}"
+    else:
+        if config.written(body.metadata.uid, True):
+            _say(logging.INFO, namespace, name, "a drift check wrote its status again")
+        return True
+    if config.written(body.metadata.uid, False):
+        _say(logging.WARNING, namespace, name, "a drift check could not write its status (%s); each next check "
+             "writes what it finds then, until one succeeds", why)
+    return False
 
 
 async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Callable[[], None]) -> None:
