@@ -41,9 +41,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # (plural, namespace, name) of objects whose next JSON patch loses a race: another client makes the same change
     # first, and this one is answered 422 for its resourceVersion test (as two kopf replicas adding one finalizer).
     racing_json_patches: set[tuple[str, str | None, str]] = attrs.field(factory=set, init=False)
-    # (plural, namespace, name, subresource or None) of patches refused with 403 while listed (an RBAC rule or an
-    # admission webhook refusing them for a while).
+    # (plural, namespace, name, subresource or None) of merge patches refused with 403 while listed (an admission
+    # webhook refusing them for a while); JSON patches (kopf's finalizers) pass.
     forbidden_patches: set[tuple[str, str | None, str, str | None]] = attrs.field(factory=set, init=False)
+    refused_patches: int = attrs.field(default=0, init=False)   # how many it refused
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
@@ -61,7 +62,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             request = self._replace(request, self._created(request))
         elif request.name and request.action == enums.action.UPDATE:
             race = (request.resource.plural, request.namespace, request.name)
-            if (*race, request.subresource or None) in self.forbidden_patches:
+            if not isinstance(request.data, list) and (*race, request.subresource or None) in self.forbidden_patches:
+                self.refused_patches += 1
                 where = request.subresource or "main"
                 raise kmock.KubernetesError(403, "Forbidden", f"cannot patch {request.resource.plural} "
                                             f"{request.name!r} ({where}): refused for this test")

@@ -31,6 +31,10 @@ def events(monkeypatch) -> list[dict]:
     return posted
 
 
+# An API client the tests' fake CustomObjectsApi never sends through (the operator makes its writer from it).
+_UNUSED_API = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+
+
 def _resource(name: str = "payments", spec: dict = SPEC, annotations: dict | None = None, status: dict | None = None,
               generation: int = 1, created: str = NEWER) -> dict:
     return {"metadata": {"namespace": "team", "name": name, "uid": f"uid-{name}", "creationTimestamp": created,
@@ -73,7 +77,7 @@ def test_the_heir_mark_is_written_with_a_bounded_request_and_read_back_as_the_ha
             patches.append((namespace, name, body, options))
 
     monkeypatch.setattr(client, "CustomObjectsApi", Api)
-    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5, api_client=object())
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5, api_client=_UNUSED_API)
     try:
         admin = config.admin("team", None)
         desired = desired_from_spec("team", "a", DELETE_SPEC)
@@ -121,7 +125,7 @@ def test_a_drift_check_of_an_edit_not_yet_reconciled_leaves_kafka_to_the_change_
             written.append((namespace, name, body, options))
 
     monkeypatch.setattr(client, "CustomObjectsApi", Api)
-    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5, api_client=object())
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5, api_client=_UNUSED_API)
     (check,) = [handler for handler in handlers.build_registry(config)._spawning.get_all_handlers()
                 if handler.id == "drift"]
     applied = {"observedGeneration": 1, "subscriptionName": "team.payments", "lastAppliedTime": "2026-01-01T00:00:00Z",

@@ -762,7 +762,8 @@ class Scenario:
         resolver = ConnectionResolver(None, self.tmp_path)
         config = handlers.OperatorConfig(KafkaSettings(DEFAULT_SERVERS), drift_interval_s=60.0,
                                          resolve=resolver.resolve, kafka_timeout_s=10.0)
-        config.api_client = object()   # any: the custom objects API is the model's
+        # Never sent through: the custom objects API is the model's (the operator makes its writer from it).
+        config.api_client = handlers.client.ApiClient(handlers.client.Configuration(host="http://127.0.0.1:9"))
         config.retired_admin_grace_s = lambda: 0.0
         registry = handlers.build_registry(config)
         self.handlers = {handler.id: handler for handler in registry._changing.get_all_handlers()}

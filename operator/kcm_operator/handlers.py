@@ -120,8 +120,10 @@ class OperatorConfig:
     # `transport_key` → the probe every admin reaching those servers that way shares, whatever its credentials.
     reachability: dict[str, Reachability] = field(default_factory=dict)
     # The Kubernetes API for the writes kopf does not make: waking an owner's heirs, a drift check's; None: the
-    # kubernetes package's default configuration, which `kcm operator` loads.
+    # kubernetes package's default configuration, which `kcm operator` loads. Written through `writer`, a client of
+    # the same configuration made when first needed (see `_objects`).
     api_client: client.ApiClient | None = None
+    writer: client.ApiClient | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handler_threads(self) -> ThreadPoolExecutor:
@@ -164,8 +166,8 @@ class OperatorConfig:
     def write(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch a drift check's changes (`metadata`, `status`) into its resource, once; raises what the
         client raises. Not left to kopf: kopf ends a timer for good when the patch it applies after the handler
-        still fails after its retries (about a minute of an API server down, or refusing), and with it every later
-        drift check of that resource."""
+        fails for good (at once for a 400, 409 or 422; after its retries, some 54 s of answers, for a 403 or 5xx or
+        an unreachable API server), and with it every later drift check of that resource."""
         objects = self._objects()
         if patch.get("metadata"):
             objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, SUBSCRIPTIONS, name,
@@ -177,10 +179,18 @@ class OperatorConfig:
                                                           _request_timeout=KUBERNETES_TIMEOUT_S)
 
     def _objects(self) -> client.CustomObjectsApi:
+        """The custom objects API for kcm's own writes, with `api_client`'s configuration but one attempt a request
+        (urllib3 would retry a connection three times: a write held a handler thread and the resource's lock 20 s
+        and more; one that fails is said, and the next drift check writes afresh), and a pooled connection for each
+        handler thread (the default keeps 5 a CPU and warns for every one more)."""
         with self.lock:
-            if self.api_client is None:
-                self.api_client = client.ApiClient()
-        return client.CustomObjectsApi(self.api_client)
+            if self.writer is None:
+                given = self.api_client.configuration if self.api_client is not None else None
+                configuration = copy.deepcopy(given) if given is not None else client.Configuration.get_default_copy()
+                configuration.retries = False
+                configuration.connection_pool_maxsize = HANDLER_THREADS
+                self.writer = client.ApiClient(configuration)
+        return client.CustomObjectsApi(self.writer)
 
     def resource_lock(self, uid: str) -> threading.Lock:
         with self.lock:
@@ -361,6 +371,9 @@ class OperatorConfig:
             if self.threads is not None:
                 self.threads.shutdown(wait=False, cancel_futures=True)
                 self.threads = None
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
 
 
 def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
@@ -510,11 +523,13 @@ def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool
         why = f"the Kubernetes API could not be reached: {type(exc).__name__}"
     else:
         if config.written(body.metadata.uid, True):
-            _say(logging.INFO, namespace, name, "a drift check wrote its status again")
+            _say(logging.INFO, namespace, name, "a drift check could write to it again")
         return True
     if config.written(body.metadata.uid, False):
-        _say(logging.WARNING, namespace, name, "a drift check could not write its status (%s); each next check "
-             "writes what it finds then, until one succeeds", why)
+        what = " and ".join(part for key, part in (("metadata", "nudge annotation"), ("status", "status"))
+                            if patch.get(key))
+        _say(logging.WARNING, namespace, name, "a drift check could not write its %s (%s); each next check writes "
+             "what it finds then, until one succeeds", what, why)
     return False
 
 
