@@ -71,6 +71,19 @@ def test_ending_timestamp_is_refused_rather_than_ignored():
         SourceOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t", "endingTimestamp": "5"})
 
 
+@pytest.mark.parametrize("given, strategy", [(None, "error"), ("LATEST", "latest"), (" error ", "error"),
+                                             ("earliest", None), ("", None)])
+def test_the_starting_offsets_by_timestamp_strategy_is_error_or_latest_as_in_spark(given, strategy):
+    options = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "t"}
+    if given is not None:
+        options["startingOffsetsByTimestampStrategy"] = given
+    if strategy is None:
+        with pytest.raises(KafkaSourceError, match="startingOffsetsByTimestampStrategy must be 'error' or 'latest'"):
+            SourceOptions.parse(options)
+    else:
+        assert SourceOptions.parse(options).by_timestamp_strategy == strategy
+
+
 # ---------------------------------------------------------------- plan_ranges (fake kafka-python consumer)
 
 
@@ -118,8 +131,10 @@ def test_only_an_end_from_the_broker_is_an_open_end(planner):
     assert planner(ending='{"t": {"0": 15, "1": -1}}') == [(0, 5, 15, False), (1, 0, 8, True)]
 
 
-def test_a_starting_timestamp_after_every_record_of_a_partition_reads_nothing_of_it(planner):
-    assert planner(starting_timestamp_ms=1) == [(0, 12, 20, True)]
+def test_a_starting_timestamp_after_every_record_of_a_partition_reads_nothing_of_it_with_the_latest_strategy(planner):
+    assert planner(starting_timestamp_ms=1, by_timestamp_strategy="latest") == [(0, 12, 20, True)]
+    with pytest.raises(KafkaSourceError, match="t-1 holds no record at or after startingTimestamp 1 "):
+        planner(starting_timestamp_ms=1)   # Spark's default strategy: error
 
 
 def test_a_start_before_the_records_retention_kept_is_an_error_not_a_short_read(planner):

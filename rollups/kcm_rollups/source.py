@@ -103,6 +103,9 @@ class SourceOptions:
     dimensions: tuple[str, ...] = ()
     since_micros: int | None = None
     until_micros: int | None = None
+    # Where a partition starts when the startingTimestamp lookup finds no record at or after it: Spark's default
+    # "error" fails the read; "latest" starts it at its end.
+    by_timestamp_strategy: str = "error"
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -128,6 +131,10 @@ class SourceOptions:
         if decode not in _DECODE_MODES:
             raise KafkaSourceError(f"option {DECODE_OPTION} must be {', '.join(_DECODE_MODES)}, not {decode!r}")
         since, until = options.get(SINCE_OPTION.lower()), options.get(UNTIL_OPTION.lower())
+        strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+        if strategy not in ("error", "latest"):
+            raise KafkaSourceError(f"option startingOffsetsByTimestampStrategy must be 'error' or 'latest', not "
+                                   f"{options['startingoffsetsbytimestampstrategy']!r}")
         window = _whole_number(WINDOW_OPTION, options.get(WINDOW_OPTION, "60"))
         if window <= 0:
             raise KafkaSourceError(f"option {WINDOW_OPTION} must be a number of seconds above 0, not {window}")
@@ -149,6 +156,7 @@ class SourceOptions:
             dimensions=_point_columns(options.get(DIMENSIONS_OPTION, ""), DIMENSIONS_OPTION),
             since_micros=_whole_number(SINCE_OPTION, since) if since is not None else None,
             until_micros=_whole_number(UNTIL_OPTION, until) if until is not None else None,
+            by_timestamp_strategy=strategy,
         )
 
 
@@ -247,6 +255,11 @@ def plan_ranges(options: SourceOptions) -> list[OffsetRange]:
         if options.starting_timestamp_ms is not None:
             # A time lookup only narrows the scan: the job filters on record timestamps anyway.
             found = by_time.get(tp)
+            if found is None and options.by_timestamp_strategy == "error":
+                raise KafkaSourceError(
+                    f"{tp.topic}-{tp.partition} holds no record at or after startingTimestamp "
+                    f"{options.starting_timestamp_ms} (startingOffsetsByTimestampStrategy 'error', Spark's "
+                    "default); give 'latest' to start such a partition at its end")
             start = max(start, found.offset if found is not None else latest[tp])
         end = _pick(ending, tp, LATEST, earliest[tp], latest[tp])
         open_end = not isinstance(ending, dict) or ending.get(tp.topic, {}).get(str(tp.partition), LATEST) == LATEST
@@ -264,19 +277,18 @@ def _pick(spec: int | dict[str, dict[str, int]], tp: Any, default: int, earliest
 
 
 def split_ranges(ranges: list[OffsetRange], min_partitions: int) -> list[OffsetRange]:
-    """Split ranges in proportion to their size until there are at least `min_partitions` of them."""
+    """Split ranges in proportion to their size until there are at least `min_partitions` of them (fewer only when
+    there are fewer offsets: a piece never holds less than one), each into pieces differing by one offset at most."""
     total = sum(r.end - r.start for r in ranges)
     if len(ranges) >= min_partitions or total == 0:
         return ranges
     out = []
     for r in ranges:
-        pieces = max(1, math.ceil((r.end - r.start) * min_partitions / total))
-        step = math.ceil((r.end - r.start) / pieces)
-        starts = list(range(r.start, r.end, step))
-        for i, start in enumerate(starts):
-            last = i == len(starts) - 1
-            out.append(OffsetRange(r.topic, r.partition, start, r.end if last else start + step,
-                                   r.open_end and last))
+        size = r.end - r.start
+        pieces = min(size, max(1, math.ceil(size * min_partitions / total)))
+        bounds = [r.start + size * i // pieces for i in range(pieces + 1)]
+        for i in range(pieces):
+            out.append(OffsetRange(r.topic, r.partition, bounds[i], bounds[i + 1], r.open_end and i == pieces - 1))
     return out
 
 
@@ -398,7 +410,8 @@ def records_to_arrow(records: list[Record], schema: pa.Schema) -> pa.RecordBatch
     }
     arrays = [pa.array(columns[f.name], f.type) for f in schema if f.name != "headers"]
     if "headers" in schema.names:
-        arrays.insert(schema.get_field_index("headers"), headers_array([r.headers for r in records],
+        # A record without headers has none (null), not an empty list, as in Spark's source.
+        arrays.insert(schema.get_field_index("headers"), headers_array([r.headers or None for r in records],
                                                                        schema.field("headers").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
