@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kcm_operator.handlers import HANDLER_THREADS
 from ports import reserved_port
 
 SEED = 714
@@ -220,6 +221,9 @@ def test_random_operator_options_reach_kopf_as_documented(operator, tmp_path):
         assert config.settings.bootstrap_servers == want["bootstrap"], context
         assert config.settings.properties == want["properties"], context
         assert config.drift_interval_s == want["drift"] and isinstance(config.drift_interval_s, float), context
+        # The Kubernetes client reading KafkaConnections pools a connection for every handler thread.
+        pooled = config.resolve.__self__._core.api_client.configuration.connection_pool_maxsize
+        assert pooled == HANDLER_THREADS, context
         metrics = [(want["metrics_port"], want["address"])] if want["metrics_port"] else []
         assert seen.get("metrics", []) == metrics, context
         probed = [("--liveness-port", want["address"], want["liveness_port"])] if want["liveness_port"] else []

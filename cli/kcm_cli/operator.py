@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kcm_common.kafka import KafkaSettings
     from kcm_operator.connections import ConnectionResolver, command_config_reader
-    from kcm_operator.handlers import OperatorConfig, build_registry, operator_settings
+    from kcm_operator.handlers import HANDLER_THREADS, OperatorConfig, build_registry, operator_settings
     from kcm_common.logs import use_json
 
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
@@ -116,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
         # Not quoted: a server written as user:password@host would show its password.
         raise UserError("the kubeconfig's cluster server is not an https:// URL of the Kubernetes API; "
                         "check its current context")
-    resolver = ConnectionResolver(client.ApiClient())
+    # Every handler thread may read a KafkaConnection or its Secrets at once: a pooled connection for each (the default
+    # keeps 5 a CPU, and urllib3 warns for every connection past them).
+    reading = client.Configuration.get_default_copy()
+    reading.connection_pool_maxsize = HANDLER_THREADS
+    resolver = ConnectionResolver(client.ApiClient(reading))
     operator_config = OperatorConfig(settings, args.drift_interval, resolve=resolver.resolve,
                                      statuses=resolver.statuses,
                                      reload=command_config_reader(args.bootstrap_server, args.command_config, settings))
