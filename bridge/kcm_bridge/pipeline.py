@@ -558,6 +558,7 @@ class Bridge:
             self._drain()
             if server is not None:
                 server.shutdown()
+                server.server_close()   # its socket too: a probe then is refused, not left waiting
         return 0
 
     def _poll(self, timeout: float) -> list[Record]:
