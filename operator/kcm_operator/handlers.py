@@ -520,7 +520,7 @@ def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool
             return True
         why = f"the Kubernetes API answered {exc.status} {exc.reason}"
     except Exception as exc:  # noqa: BLE001 - unreachable, timed out: the next check writes again
-        why = f"the Kubernetes API could not be reached: {type(exc).__name__}"
+        why = f"writing to the Kubernetes API failed: {type(exc).__name__}"
     else:
         if config.written(body.metadata.uid, True):
             _say(logging.INFO, namespace, name, "a drift check could write to it again")
