@@ -526,8 +526,7 @@ def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool
             _say(logging.INFO, namespace, name, "a drift check could write to it again")
         return True
     if config.written(body.metadata.uid, False):
-        what = " and ".join(part for key, part in (("metadata", "nudge annotation"), ("status", "status"))
-                            if patch.get(key))
+        what = "nudge annotation" if patch.get("metadata") else "status"   # a check writes one or the other
         _say(logging.WARNING, namespace, name, "a drift check could not write its %s (%s); each next check writes "
              "what it finds then, until one succeeds", what, why)
     return False
