@@ -44,6 +44,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # (plural, namespace, name, subresource or None) of merge patches refused with 403 while listed (an admission
     # webhook refusing them for a while); JSON patches (kopf's finalizers) pass.
     forbidden_patches: set[tuple[str, str | None, str, str | None]] = attrs.field(factory=set, init=False)
+    # (plural, namespace, name, subresource or None) → how many more of its merge patches to answer 503 (an API
+    # server failing for a moment); also counted in `refused_patches`.
+    failing_patches: dict[tuple[str, str | None, str, str | None], int] = attrs.field(factory=dict, init=False)
     refused_patches: int = attrs.field(default=0, init=False)   # how many it refused
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -62,11 +65,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
             request = self._replace(request, self._created(request))
         elif request.name and request.action == enums.action.UPDATE:
             race = (request.resource.plural, request.namespace, request.name)
-            if not isinstance(request.data, list) and (*race, request.subresource or None) in self.forbidden_patches:
+            merge, key = not isinstance(request.data, list), (*race, request.subresource or None)
+            if merge and key in self.forbidden_patches:
                 self.refused_patches += 1
                 where = request.subresource or "main"
                 raise kmock.KubernetesError(403, "Forbidden", f"cannot patch {request.resource.plural} "
                                             f"{request.name!r} ({where}): refused for this test")
+            if merge and self.failing_patches.get(key, 0) > 0:
+                self.failing_patches[key] -= 1
+                self.refused_patches += 1
+                raise kmock.KubernetesError(503, "ServiceUnavailable", "failing for this test")
             if isinstance(request.data, list) and race in self.racing_json_patches:
                 self.racing_json_patches.discard(race)
                 await super()._handle(self._replace(request, self._as_merge_patch(request)))  # the other client's

@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 from kcm_common.kafka import KafkaSettings
 from kcm_operator import admin as admin_module
 from kcm_operator.admin import SubscriptionAdmin
-from kcm_operator.connections import ConnectionResolver
+from kcm_operator.connections import ConnectionResolver, now_text
 from kcm_operator import handlers
 from kcm_operator.handlers import NUDGED_ANNOTATION, SUBSCRIPTIONS, OperatorConfig, build_registry, operator_settings
 from kcm_common.logs import JsonFormatter
@@ -1144,6 +1144,53 @@ def test_a_drift_check_whose_status_write_is_refused_keeps_checking(kube, run_op
                                 "answered 403 Forbidden); each next check writes what it finds then, until one "
                                 "succeeds"),
                     ("INFO", f"{NS}/payments: a drift check could write to it again")], said   # once each
+
+
+def test_a_drift_check_write_failing_for_a_moment_lands_within_that_check(kube, run_operator, caplog):
+    """A 503 (an API server restarting, say) is tried again within the check: the revert's lastAppliedTime is
+    written, nothing is said."""
+    cluster = run_operator(drift_interval_s=0.5)
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    applied = cluster.get("payments")["status"]["lastAppliedTime"]
+    time.sleep(1.1)   # times are written to the second
+    kube.emulator.failing_patches[(SUBSCRIPTIONS, NS, "payments", "status")] = 2
+    admin = SubscriptionAdmin(KafkaSettings(cluster.sandbox.bootstrap))
+    try:
+        admin.alter([Change("team.payments", "update", (Op("interval.ms", SET, "1000"),))])
+    finally:
+        admin.close()
+
+    wait_for(lambda: cluster.get("payments")["status"]["lastAppliedTime"] > applied, "the revert's time written")
+    assert kube.emulator.refused_patches == 2 and cluster.kafka("team.payments") == IN_KAFKA
+    assert [r.getMessage() for r in caplog.records if "a drift check could" in r.getMessage()] == []
+
+
+def test_a_revert_whose_status_write_was_refused_has_its_time_written_by_a_later_check(kube, run_operator, caplog):
+    """A refusal is not tried again within the check; the next check, with Kafka as specified by then and nothing
+    else to write, still writes when Kafka was last changed."""
+    cluster = run_operator(drift_interval_s=0.5)
+    cluster.apply("payments", SPEC)
+    cluster.wait_condition("payments", "True", "Applied")
+    applied = cluster.get("payments")["status"]["lastAppliedTime"]
+    time.sleep(1.1)   # times are written to the second
+    refused = (SUBSCRIPTIONS, NS, "payments", "status")
+    kube.emulator.forbidden_patches.add(refused)
+    admin = SubscriptionAdmin(KafkaSettings(cluster.sandbox.bootstrap))
+    try:
+        admin.alter([Change("team.payments", "update", (Op("interval.ms", SET, "1000"),))])
+        wait_for(lambda: kube.emulator.refused_patches >= 1, "the revert's write refused")
+        reverted_by = now_text()
+        assert cluster.kafka("team.payments") == IN_KAFKA
+    finally:
+        kube.emulator.forbidden_patches.discard(refused)
+        admin.close()
+
+    wait_for(lambda: cluster.get("payments")["status"]["lastAppliedTime"] != applied, "the revert's time written")
+    assert applied < cluster.get("payments")["status"]["lastAppliedTime"] <= reverted_by
+    assert len(cluster.events("Drift")) == 1
+    said = [r.levelname for r in caplog.records if "a drift check could" in r.getMessage()]
+    assert said == ["WARNING", "INFO"], said
 
 
 def test_resources_created_while_the_operator_was_down_are_reconciled_when_it_starts(kube, sandbox, run_operator):

@@ -699,6 +699,99 @@ def test_a_failed_drift_check_write_is_said_once_and_its_recovery_once():
     assert config.written("uid-a", True) is False
 
 
+def _drift_write(monkeypatch, *failures: BaseException | None):
+    """`_written` of a drift check's status patch through a config whose writes fail as `failures` say (None: the
+    write succeeds; past the list: succeeds), no time waited: (result, attempts, waits, config)."""
+    import kopf
+
+    from kcm_operator import handlers
+
+    config = handlers.OperatorConfig(KafkaSettings("127.0.0.1:9"))
+    attempts, waits = [], []
+
+    def write(namespace, name, patch):
+        attempts.append((namespace, name, dict(patch)))
+        failure = failures[len(attempts) - 1] if len(attempts) <= len(failures) else None
+        if failure is not None:
+            raise failure
+
+    monkeypatch.setattr(config, "write", write)
+    monkeypatch.setattr(handlers.time, "sleep", waits.append)
+    body = kopf.Body({"metadata": {"namespace": "team", "name": "payments", "uid": "uid-a"}})
+    patch = kopf.Patch()
+    patch.status["lastAppliedTime"] = "2026-11-29T10:00:00Z"
+    return handlers._written(config, body, patch), attempts, waits, config
+
+
+def _answer(status: int, headers: dict | None = None) -> ApiException:
+    exc = ApiException(status=status, reason="Failing")
+    exc.headers = headers
+    return exc
+
+
+def test_a_drift_check_write_the_api_failed_for_the_moment_is_tried_again_with_backoff(monkeypatch, caplog):
+    import urllib3
+
+    refused = urllib3.exceptions.NewConnectionError(None, "refused")  # urllib3 makes it a kind of connect timeout
+    ok, attempts, waits, _ = _drift_write(monkeypatch, _answer(503), refused)
+    assert ok and len(attempts) == 3 and waits == [0.5, 1.0]
+    assert all(patch == {"status": {"lastAppliedTime": "2026-11-29T10:00:00Z"}} for *_, patch in attempts)
+    assert [r for r in caplog.records if "drift check could" in r.getMessage()] == []
+
+
+@pytest.mark.parametrize("headers, first_wait", [
+    ({"Retry-After": "1.5"}, 1.5), ({"Retry-After": "30"}, 2.0),   # at most WRITE_RETRY_AFTER_MAX_S
+    ({"Retry-After": "0.1"}, 0.5), ({"Retry-After": "nan"}, 0.5), ({"Retry-After": "-3"}, 0.5),
+    ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.5), (None, 0.5)])
+def test_a_retry_after_of_a_429_is_waited_within_bounds(monkeypatch, headers, first_wait):
+    ok, attempts, waits, _ = _drift_write(monkeypatch, _answer(429, headers))
+    assert ok and len(attempts) == 2 and waits == [first_wait]
+
+
+@pytest.mark.parametrize("failure", [
+    _answer(403), _answer(422), _answer(409), TimeoutError("read"), ValueError("a bug")],
+    ids=["403", "422", "409", "timeout", "other"])
+def test_a_drift_check_write_refused_for_good_or_timed_out_is_tried_once(monkeypatch, failure):
+    """A timeout already held the handler thread and the resource's lock for KUBERNETES_TIMEOUT_S."""
+    import urllib3
+
+    for error in ((failure,) if not isinstance(failure, TimeoutError)
+                  else (failure, urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"),
+                        urllib3.exceptions.ConnectTimeoutError(None, "connect timed out"))):
+        ok, attempts, waits, _ = _drift_write(monkeypatch, error, None)
+        assert not ok and len(attempts) == 1 and waits == [], error
+
+
+def test_a_revert_time_whose_write_failed_is_written_by_a_later_check_unless_a_later_one_is_known(monkeypatch, caplog):
+    ok, attempts, waits, config = _drift_write(monkeypatch, *[_answer(500)] * 3)
+    assert not ok and len(attempts) == 3 and waits == [0.5, 1.0]
+    said = [r.getMessage() for r in caplog.records if "drift check could" in r.getMessage()]
+    assert said == ["team/payments: a drift check could not write its status (the Kubernetes API answered 500 "
+                    "Failing); each next check writes what it finds then, until one succeeds"]
+
+    status: dict = {}
+    config.carry_applied("uid-b", None, status)   # another resource's
+    assert status == {}
+    config.carry_applied("uid-a", "2026-11-29T11:00:00Z", status)   # a reconcile applied later since
+    assert status == {}
+    config.carry_applied("uid-a", "2026-11-29T09:00:00Z", status)
+    assert status == {"lastAppliedTime": "2026-11-29T10:00:00Z"}
+    status = {"lastAppliedTime": "2026-11-29T10:05:00Z"}   # this check reverted again itself
+    config.carry_applied("uid-a", None, status)
+    assert status == {"lastAppliedTime": "2026-11-29T10:05:00Z"}
+
+    config.written("uid-a", False, None)   # a nudge's failure keeps it
+    config.carry_applied("uid-a", None, status := {})
+    assert status == {"lastAppliedTime": "2026-11-29T10:00:00Z"}
+    config.written("uid-a", True)
+    config.carry_applied("uid-a", None, status := {})
+    assert status == {}
+    config.written("uid-a", False, "2026-11-29T10:00:00Z")
+    config.forget("uid-a")
+    config.carry_applied("uid-a", None, status)
+    assert status == {}
+
+
 @pytest.mark.parametrize("progress, scheduled", [
     (None, False), ('{"delayed":"2999-01-01T00:00:00.000000+00:00"}', True),
     ('{"delayed":"2999-01-01T00:00:00","retries":1}', True),   # a time without a zone is UTC, as kopf's are

@@ -17,12 +17,13 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import kopf
+import urllib3
 from kubernetes import client
 
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
@@ -57,6 +58,12 @@ OWNER_DELETED_ANNOTATION = "kcm.dev/owner-deleted"
 # another); an annotation change is an event, which it handles.
 NUDGED_ANNOTATION = "kcm.dev/nudged"
 KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread
+# A drift check's write is tried again, under the resource's lock, only after an answer the API server may not give
+# the next time (429, 5xx) or a refused connection, never after a timeout (it already held the thread that long):
+# WRITE_ATTEMPTS in all, waiting WRITE_BACKOFF_S, then twice that (or a Retry-After, up to WRITE_RETRY_AFTER_MAX_S).
+WRITE_ATTEMPTS = 3
+WRITE_BACKOFF_S = 0.5
+WRITE_RETRY_AFTER_MAX_S = 2.0
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 PROGRESS = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
 RECONCILE = kopf.HandlerId("reconcile")  # the change handlers' id: kopf keeps their retries' progress under it
@@ -109,6 +116,8 @@ class OperatorConfig:
     connection_of: dict[str, str | None] = field(default_factory=dict)
     # uids whose latest drift check could not write to the Kubernetes API (said once, until a write succeeds)
     unwritten: set[str] = field(default_factory=set)
+    # uid → the `lastAppliedTime` of a drift check's revert whose status write failed: a later check writes it
+    unwritten_applied: dict[str, str] = field(default_factory=dict)
     threads: ThreadPoolExecutor | None = None  # the handlers' (HANDLER_THREADS), made when first needed
     # A cluster's bootstrap servers (`servers_key`; a KafkaConnection not resolved yet: its reference) → [the
     # cluster's share of the threads, handlers using or awaiting it]; used on the event loop only, and an entry goes
@@ -204,6 +213,7 @@ class OperatorConfig:
             self.unhandled.pop(uid, None)
             self.connection_of.pop(uid, None)
             self.unwritten.discard(uid)
+            self.unwritten_applied.pop(uid, None)
 
     def moved(self, uid: str, connection: str | None) -> bool:
         """Whether the resource of `uid` named another KafkaConnection (or the default cluster) at its previous
@@ -235,13 +245,25 @@ class OperatorConfig:
             if seen is not None and seen[0] == generation:
                 seen[1] = False
 
-    def written(self, uid: str, ok: bool) -> bool:
-        """Note whether a drift check's write to the Kubernetes API succeeded; whether that differs from the last
-        one's (a failure to say, or a recovery)."""
+    def written(self, uid: str, ok: bool, applied: str | None = None) -> bool:
+        """Note whether a drift check's write to the Kubernetes API succeeded, and the `lastAppliedTime` a failed one
+        held; whether that differs from the last one's (a failure to say, or a recovery)."""
         with self.lock:
             changed = (uid in self.unwritten) == ok
             (self.unwritten.discard if ok else self.unwritten.add)(uid)
+            if ok:
+                self.unwritten_applied.pop(uid, None)
+            elif applied:
+                self.unwritten_applied[uid] = applied
             return changed
+
+    def carry_applied(self, uid: str, current: str | None, status: MutableMapping[str, Any]) -> None:
+        """Put into a drift check's `status` patch the `lastAppliedTime` an earlier check's failed write held, unless
+        this check applied a change itself or the resource already says a later one (`current`)."""
+        with self.lock:
+            pending = self.unwritten_applied.get(uid)
+        if pending and "lastAppliedTime" not in status and pending > (current or ""):
+            status["lastAppliedTime"] = pending
 
     def mark_ready(self, uid: str, ready: bool) -> None:
         with self.lock:
@@ -462,6 +484,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             _reconcile(config, body, patch, claims, retry=0, drift_check=True)
         except kopf.TemporaryError:
             pass  # the status says why; the next tick tries again
+        config.carry_applied(body.metadata.uid, body.status.get("lastAppliedTime"), patch.status)
 
     @kopf.on.delete(**resource, id="delete")
     async def delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int, **_: Any) -> None:
@@ -510,26 +533,53 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
 
 def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool:
-    """Write a drift check's `patch`; a failure is said once (until a write succeeds again) and left to the next
-    check, which finds what to write afresh. A resource already gone needs nothing written."""
+    """Write a drift check's `patch`, trying again after a failure the next attempt may not meet (WRITE_ATTEMPTS); a
+    failure is said once (until a write succeeds again) and left to the next check, which finds what to write afresh
+    (and a revert's `lastAppliedTime`, kept). A resource already gone needs nothing written."""
     namespace, name = body.metadata.namespace, body.metadata.name
-    try:
-        config.write(namespace, name, patch)
-    except client.ApiException as exc:
-        if exc.status == 404:
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        wait: float | None = None
+        try:
+            config.write(namespace, name, patch)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return True
+            why = f"the Kubernetes API answered {exc.status} {exc.reason}"
+            if exc.status == 429 or exc.status >= 500:
+                wait = _retry_after(exc)
+        except Exception as exc:  # noqa: BLE001 - refused, reset, timed out: the next attempt or check writes again
+            why = f"writing to the Kubernetes API failed: {type(exc).__name__}"
+            # A timeout held the thread (and the resource's lock) long enough.
+            if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)) and not _timed_out(exc):
+                wait = 0.0
+        else:
+            if config.written(body.metadata.uid, True):
+                _say(logging.INFO, namespace, name, "a drift check could write to it again")
             return True
-        why = f"the Kubernetes API answered {exc.status} {exc.reason}"
-    except Exception as exc:  # noqa: BLE001 - unreachable, timed out: the next check writes again
-        why = f"writing to the Kubernetes API failed: {type(exc).__name__}"
-    else:
-        if config.written(body.metadata.uid, True):
-            _say(logging.INFO, namespace, name, "a drift check could write to it again")
-        return True
-    if config.written(body.metadata.uid, False):
+        if wait is None or attempt == WRITE_ATTEMPTS:
+            break
+        time.sleep(max(wait, WRITE_BACKOFF_S * 2 ** (attempt - 1)))
+    if config.written(body.metadata.uid, False, patch.status.get("lastAppliedTime")):
         what = "nudge annotation" if patch.get("metadata") else "status"   # a check writes one or the other
         _say(logging.WARNING, namespace, name, "a drift check could not write its %s (%s); each next check writes "
              "what it finds then, until one succeeds", what, why)
     return False
+
+
+def _retry_after(exc: client.ApiException) -> float:
+    """The delay an answer's Retry-After header asks for (seconds, as the API server writes it), up to
+    WRITE_RETRY_AFTER_MAX_S; 0 without one."""
+    try:
+        delay = float((exc.headers or {}).get("Retry-After", 0))
+    except (TypeError, ValueError):
+        return 0.0
+    return min(delay, WRITE_RETRY_AFTER_MAX_S) if delay > 0 else 0.0   # NaN is not > 0
+
+
+def _timed_out(exc: BaseException) -> bool:
+    # urllib3 makes a refused connection (NewConnectionError) a kind of connect timeout.
+    return (isinstance(exc, (urllib3.exceptions.TimeoutError, TimeoutError))
+            and not isinstance(exc, urllib3.exceptions.NewConnectionError))
 
 
 async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Callable[[], None]) -> None:
