@@ -19,6 +19,7 @@ from kopf.testing import KopfRunner
 from prometheus_client import REGISTRY
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+import kafka.errors as kafka_errors
 
 from kcm_common.kafka import KafkaSettings
 from kcm_operator import admin as admin_module
@@ -683,6 +684,48 @@ def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator
     unused = _wait_connection(cluster, "analytics", "Unknown", "Unused")
     assert "names this KafkaConnection" in unused["message"] and unused["clusterId"] == later.broker.cluster_id
     assert _connection_condition(cluster, "idle") == never   # unchanged: not written again
+
+
+def test_kafka_refusing_a_connections_user_the_cluster_right_is_the_connections_and_other_refusals_are_not(
+        run_operator, monkeypatch):
+    """CLUSTER_AUTHORIZATION_FAILED (the user lacks DESCRIBE_CONFIGS or ALTER_CONFIGS on the cluster, which every
+    subscription needs) is said on the KafkaConnection, from whichever call Kafka refuses; any other refusal once
+    Kafka answered is the subscription's own, and its connection Connected (not left saying Unused)."""
+    cluster = run_operator()
+    describe, alter = admin_module.BatchedAdmin.describe_one, admin_module.BatchedAdmin.alter_one
+    refused = {"describe": {}, "alter": {}}   # subscription → the error code Kafka refuses it with
+
+    def refusal(call, name):
+        code = refused[call].get(name)
+        return None if code is None else KafkaRefusedError(f"{kafka_errors.for_code(code).__name__} (error {code}): "
+                                                           "denied", code)
+
+    def describe_one(self, name):
+        if (error := refusal("describe", name)) is not None:
+            raise error
+        return describe(self, name)
+
+    monkeypatch.setattr(admin_module.BatchedAdmin, "describe_one", describe_one)
+    monkeypatch.setattr(admin_module.BatchedAdmin, "alter_one",
+                        lambda self, change: refusal("alter", change.name) or alter(self, change))
+    for connection, call, code in (("own", "describe", 29), ("cluster", "describe", 31), ("altering", "alter", 31)):
+        _connection(cluster, connection, {"bootstrapServers": cluster.sandbox.bootstrap})
+        _wait_connection(cluster, connection, "Unknown", "Unused")
+        refused[call][f"team.{connection}"] = code
+        cluster.apply(connection, {**SPEC, "connection": connection})
+        held = cluster.wait_condition(connection, "False", "KafkaRefused")
+        if code == 31:
+            said = _wait_connection(cluster, connection, "False", "KafkaRefused")
+            assert said["message"] == held["message"] and "ClusterAuthorizationFailed" in said["message"]
+        else:
+            said = _wait_connection(cluster, connection, "True", "Connected")
+            assert said["clusterId"] == cluster.sandbox.broker.cluster_id
+        refused[call].clear()   # the right granted: the retry (1 s) applies it
+
+    for connection in ("cluster", "altering"):
+        cluster.wait_condition(connection, "True", "Applied")
+        assert _wait_connection(cluster, connection, "True", "Connected")["clusterId"] == \
+            cluster.sandbox.broker.cluster_id
 
 
 def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_operator, sandbox_factory):

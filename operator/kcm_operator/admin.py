@@ -183,7 +183,7 @@ class SubscriptionAdmin:
                            f"lost the connection to Kafka at {self.settings.describe()}: {type(exc).__name__}: {exc}")
                 raise KafkaUnavailableError(self._explain(problem) if self._explain else problem) from None
             except kafka_errors.KafkaError as exc:
-                raise KafkaRefusedError(f"{type(exc).__name__}: {exc}") from None
+                raise KafkaRefusedError(f"{type(exc).__name__}: {exc}", getattr(exc, "errno", None)) from None
 
     def _connected(self) -> KafkaAdminClient:
         if not self._lock.acquire(blocking=self._failed is None):
@@ -364,7 +364,7 @@ def _error(code: int, message: str) -> Exception:
     if code in (INVALID_CONFIG, INVALID_REQUEST, POLICY_VIOLATION):
         return InvalidSpecError(message)
     name = kafka_errors.for_code(code).__name__
-    return KafkaRefusedError(f"{name} (error {code}): {message}")
+    return KafkaRefusedError(f"{name} (error {code}): {message}", code)
 
 
 def _check_text(text: str, what: str) -> None:

@@ -23,7 +23,12 @@ class UnsupportedError(UserError):
 
 
 class KafkaRefusedError(UserError):
-    """Kafka refused a call for a reason other than the spec (authorization, say): retried, it may pass once fixed."""
+    """Kafka refused a call for a reason other than the spec (authorization, say): retried, it may pass once fixed.
+    `code`: Kafka's error code, when it gave one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class KubernetesApiError(UserError):

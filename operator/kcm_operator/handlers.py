@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
+import kafka.errors as kafka_errors
 import kopf
 import urllib3
 from kubernetes import client
@@ -31,8 +32,8 @@ from kcm_operator import metrics
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, Reachability, SubscriptionAdmin, servers_key, transport_key
 from kcm_operator.connections import (PLURAL as CONNECTIONS, UNUSED_MESSAGE, ConnectionStatuses, in_connection_terms,
                                       now_text)
-from kcm_operator.errors import (RETRIED, InvalidSpecError, KafkaUnavailableError, KubernetesApiError, UnsupportedError,
-                                 reason_of)
+from kcm_operator.errors import (RETRIED, InvalidSpecError, KafkaRefusedError, KafkaUnavailableError,
+                                 KubernetesApiError, UnsupportedError, reason_of)
 from kcm_operator.reconcile import (
     DELETE_POLICY,
     Change,
@@ -566,6 +567,13 @@ def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool
     return False
 
 
+def _connections_own(exc: Exception) -> bool:
+    """Whether a failure once Kafka answered is the KafkaConnection's, not one subscription's: Kafka went away, or
+    refused its user the cluster-wide right every subscription's configs need (DESCRIBE_CONFIGS, ALTER_CONFIGS)."""
+    return isinstance(exc, KafkaUnavailableError) or (
+        isinstance(exc, KafkaRefusedError) and exc.code == kafka_errors.ClusterAuthorizationFailedError.errno)
+
+
 def _retry_after(exc: client.ApiException) -> float:
     """The delay an answer's Retry-After header asks for (seconds, as the API server writes it), up to
     WRITE_RETRY_AFTER_MAX_S; 0 without one."""
@@ -647,8 +655,9 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     status.set("Paused", "False", "Reconciling", "")
     me = _claim(body, desired)
     # How far the connection got, for what its KafkaConnection's status says of a failure: every failure while it is
-    # resolved or connected is the connection's; once Kafka answered, only Kafka going away is (a call Kafka refuses
-    # then is this resource's own: its spec, or a right one subscription lacks).
+    # resolved or connected is the connection's; once Kafka answered, only Kafka going away or refusing the
+    # connection's user the cluster-wide right every subscription needs (`_connections_own`) is; anything else Kafka
+    # refuses then is this resource's own (its spec, or a right one subscription lacks), and the connection Connected.
     stage = "spec"
     try:
         if applied_as != desired.name:   # the CRD refuses the edit where the API server checks its rules
@@ -669,11 +678,10 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             metrics.record(started, "failed", "Conflict")
             return
         admin.require_telemetry()  # also, outside the batches, the quick answer of a cluster known to be failing
+        cluster = admin.cluster_id()  # connected by now
+        connected = f"Kafka cluster {cluster} answers, and its brokers advertise the telemetry APIs"
         stage = "apply"
         change = diff(desired, admin.describe_one(desired.name))
-        cluster = admin.cluster_id()  # connected by now
-        config.report(namespace, desired.connection, "True", "Connected",
-                      f"Kafka cluster {cluster} answers, and its brokers advertise the telemetry APIs", cluster)
         # Its KafkaConnection names another cluster now: the subscription moves there, which is nobody's edit.
         moved_from = body.status.get("clusterId") if body.status.get("clusterId") not in (None, cluster) else None
         contested = _contested(config, body.metadata.uid, status, change, drift_check and moved_from is None)
@@ -681,14 +689,17 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             error = admin.alter_one(change)
             if error is not None:
                 raise error  # InvalidSpecError for what the spec asks, KafkaRefusedError for anything else
+        config.report(namespace, desired.connection, "True", "Connected", connected, cluster)
         # Connected now: what newer resources naming this subscription through other connections compare with, in
         # this operator's memory and (for after a restart, when the connection may not work) in the status.
         status.applied_to(config.remember_cluster_id(me.cluster_ref, cluster))
     except (InvalidSpecError, UnsupportedError, *RETRIED) as exc:
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
-        if stage == "connect" or (stage == "apply" and isinstance(exc, KafkaUnavailableError)):
+        if stage == "connect" or (stage == "apply" and _connections_own(exc)):
             config.report(namespace, desired.connection, "False", reason, str(exc))
+        elif stage == "apply":
+            config.report(namespace, desired.connection, "True", "Connected", connected, cluster)
         config.mark_ready(body.metadata.uid, False)
         if status.ready_changed:
             kopf.event(body, type="Warning", reason=reason, message=str(exc))
