@@ -32,7 +32,7 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from payloads import client_metrics
 
-from kcm_common.codes import INVALID_CONFIG, INVALID_REQUEST, UNSUPPORTED_VERSION
+from kcm_common.codes import INVALID_CONFIG, INVALID_REQUEST, UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION
 from kcm_common.contract import compress, decode
 from kcm_common.kafka import KafkaSettings, ensure_topic
 from kcm_sandbox.messages import (
@@ -415,6 +415,33 @@ def test_describe_mixing_topic_and_subscriptions_answers_each_in_request_order(s
     assert results[1] == upstream_topic
     assert {c.name: (c.value, c.config_source) for c in results[2].configs} == {
         "metrics": ("", SOURCE_DEFAULT), "interval.ms": ("300000", SOURCE_DEFAULT), "match": ("", SOURCE_DEFAULT)}
+
+
+def test_a_merged_answer_the_broker_wrote_malformed_answers_its_resources_with_an_error_and_keeps_the_connection(
+        sandbox, admin, caplog):
+    """The embedded broker's DescribeConfigs v0 of a topic whose configs were changed cannot be read: mixed with a
+    subscription, the topic gets UNKNOWN_SERVER_ERROR (a WARNING, no traceback), the subscription its answer, and
+    the connection serves on. Asked at v1 the same resources merge."""
+    admin.create_topics([NewTopic("changed", num_partitions=1, replication_factor=1)])
+    subscribe(admin, "payments", metrics="org.apache.kafka.producer.")
+    resources = [(TOPIC, "changed", None), (CLIENT_METRICS, "payments", ["metrics"])]
+    with KafkaConnection(sandbox.bootstrap) as gateway:
+        change = IncrementalAlterConfigsRequest[0](resources=[(TOPIC, "changed", [("retention.ms", 0, "86400000")])],
+                                                   validate_only=False)
+        assert [r.error_code for r in gateway.call(change, IncrementalAlterConfigsResponse).responses] == [0]
+        answers = [gateway.call(DescribeConfigsRequest[version](resources=resources, include_synonyms=False,
+                                                                include_documentation=False),
+                                DescribeConfigsResponse).results for version in (0, 1)]
+
+    (topic, subscription), (topic_v1, subscription_v1) = answers
+    assert (topic.resource_name, topic.error_code, topic.configs) == ("changed", UNKNOWN_SERVER_ERROR, [])
+    assert "DescribeConfigs v0 answer could not be read" in topic.error_message
+    assert (subscription.resource_name, subscription.error_code) == ("payments", 0)
+    assert [(c.name, c.value) for c in subscription.configs] == [("metrics", "org.apache.kafka.producer.")]
+    assert (topic_v1.error_code, subscription_v1.error_code) == (0, 0)
+    assert ("retention.ms", "86400000") in [(c.name, c.value) for c in topic_v1.configs]
+    said = [r for r in caplog.records if "could not be read" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"] and not any(r.exc_info for r in caplog.records)
 
 
 def test_describe_with_synonyms_lists_each_set_key_as_its_own_client_metrics_synonym(sandbox, admin):

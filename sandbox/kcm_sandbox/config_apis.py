@@ -117,14 +117,15 @@ def merge(request: Any, parts: Split, upstream_results: list[Any], throttle_time
                                                                   **{field: answers})
 
 
-def unsupported(request: Any, message: str) -> list[Any]:
-    """Error answers for every resource of `request`, for an API the upstream broker lacks."""
+def unsupported(request: Any, message: str, error_code: int = INVALID_REQUEST) -> list[Any]:
+    """Error answers (`error_code`) for every resource of `request`, for an API the upstream broker lacks, or an
+    answer of the broker's the gateway cannot read."""
     if request.API_KEY == DescribeConfigsRequest.API_KEY:
-        return [_DescribeResult(error_code=INVALID_REQUEST, error_message=message, configs=[],
+        return [_DescribeResult(error_code=error_code, error_message=message, configs=[],
                                 resource_type=resource.resource_type, resource_name=resource.resource_name)
                 for resource in request.resources]
     result_class = _AlterResult if request.API_KEY == AlterConfigsRequest.API_KEY else _IncrementalResult
-    return [result_class(error_code=INVALID_REQUEST, error_message=message, resource_type=resource.resource_type,
+    return [result_class(error_code=error_code, error_message=message, resource_type=resource.resource_type,
                          resource_name=resource.resource_name)
             for resource in request.resources]
 

@@ -20,7 +20,7 @@ from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 
 from kcm_common import contract
-from kcm_common.codes import INVALID_RECORD, INVALID_REQUEST, UNSUPPORTED_VERSION
+from kcm_common.codes import INVALID_RECORD, INVALID_REQUEST, UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION
 from kcm_common.pacing import PacedLog
 from kcm_sandbox import config_apis, wire
 from kcm_sandbox.store import SubscriptionStore
@@ -412,7 +412,16 @@ class _Connection:
     async def _merge(self, request: Any, parts: config_apis.Split, pending: Awaitable[bytes],
                      header: wire.RequestHeader) -> bytes:
         response_class = config_apis.RESPONSE_CLASSES[header.api_key]
-        response = response_class.decode(await pending, version=header.api_version, header=True)
+        raw = await pending
+        try:
+            response = response_class.decode(raw, version=header.api_version, header=True)
+        except Exception as exc:  # noqa: BLE001 - a malformed answer (Tansu's DescribeConfigs v0 of a changed topic)
+            what = f"{response_class.__name__.removesuffix('Response')} v{header.api_version}"
+            log.warning("%s: the embedded broker's %s answer could not be read (%s); its topic and broker resources "
+                        "are answered UNKNOWN_SERVER_ERROR", self.client, what, type(exc).__name__)
+            answers = config_apis.unsupported(parts.upstream, f"the embedded broker's {what} answer could not be "
+                                              "read (another version of the request may do)", UNKNOWN_SERVER_ERROR)
+            return _encode(config_apis.merge(request, parts, answers), header)
         merged = config_apis.merge(request, parts, config_apis.results(response), response.throttle_time_ms)
         return _encode(merged, header)
 
