@@ -499,6 +499,36 @@ def test_a_connections_status_is_written_once_per_change_latest_report_winning()
         statuses.close()
 
 
+def test_a_connection_named_only_by_subscriptions_that_did_not_reach_kafka_says_not_reached_not_unused():
+    """Paused subscriptions, or ones in Conflict, name it: Unused ("none names it") would be false; a report it
+    already has of an earlier reconcile stays; once none names it, Unused again."""
+    api = _StatusApi()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.named("ns", "fresh")   # nothing said of it yet
+        statuses.report("ns", "idle", "Unknown", "Unused", connections.UNUSED_MESSAGE)
+        statuses.named("ns", "idle")
+        statuses.report("ns", "up", "True", "Connected", "cluster c1 answers", "c1")
+        statuses.named("ns", "up")
+        statuses.report("ns", "down", "False", "KafkaUnavailable", "no answer")
+        statuses.named("ns", "down")
+        writes = api.wait(4)
+        time.sleep(0.3)
+        assert len(api.writes) == 4, api.writes
+        said = {(namespace, name): body["conditions"][0] for namespace, name, body in writes}
+        assert {ref: (c["status"], c["reason"]) for ref, c in said.items()} == {
+            ("ns", "fresh"): ("Unknown", "NotReached"), ("ns", "idle"): ("Unknown", "NotReached"),
+            ("ns", "up"): ("True", "Connected"), ("ns", "down"): ("False", "KafkaUnavailable")}
+        assert said[("ns", "idle")]["message"] == connections.NOT_REACHED_MESSAGE
+
+        statuses.unused({("ns", "up"), ("ns", "down")})
+        api.wait(6)
+        assert {(w[1], w[2]["conditions"][0]["reason"]) for w in api.writes[4:]} == {
+            ("fresh", "Unused"), ("idle", "Unused")}
+    finally:
+        statuses.close()
+
+
 def test_a_failed_status_write_is_retried_with_backoff_a_refusal_logged_once_and_a_deleted_connection_forgotten(
         caplog):
     forbidden = client.ApiException(status=403, reason="Forbidden")

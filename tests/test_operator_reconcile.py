@@ -728,6 +728,22 @@ def test_kafka_refusing_a_connections_user_the_cluster_right_is_the_connections_
             cluster.sandbox.broker.cluster_id
 
 
+def test_a_kafka_connection_named_only_by_a_paused_subscription_says_not_reached_until_it_is_unpaused(run_operator):
+    cluster = run_operator()
+    _connection(cluster, "analytics", {"bootstrapServers": cluster.sandbox.bootstrap})
+    _wait_connection(cluster, "analytics", "Unknown", "Unused")
+    cluster.apply("payments", {**SPEC, "connection": "analytics"}, annotations={"kcm.dev/paused": "true"})
+    cluster.wait_condition("payments", "True", "Paused", kind="Paused")
+
+    _wait_connection(cluster, "analytics", "Unknown", "NotReached")
+    cluster.patch("payments", {"metadata": {"annotations": {"kcm.dev/paused": None}}})
+    cluster.wait_condition("payments", "True", "Applied")
+    assert _wait_connection(cluster, "analytics", "True", "Connected")["clusterId"] == \
+        cluster.sandbox.broker.cluster_id
+    cluster.delete("payments")
+    _wait_connection(cluster, "analytics", "Unknown", "Unused")
+
+
 def test_a_kafka_connection_sends_the_subscription_to_its_cluster_only(run_operator, sandbox_factory):
     cluster = run_operator()
     other = sandbox_factory()
@@ -758,6 +774,8 @@ def test_resources_reaching_one_cluster_through_different_connections_conflict(r
     for newer in ("two", "three"):
         assert "team/one" in cluster.wait_condition(newer, "False", "Conflict")["message"]
     cluster.wait_condition("four", "True", "Applied")  # another cluster: no conflict
+    for connection in ("team-a", "team-b"):   # named, but nothing reached Kafka through them: not Unused
+        assert "none has reached Kafka" in _wait_connection(cluster, connection, "Unknown", "NotReached")["message"]
     assert cluster.kafka("shared")["interval.ms"] == "60000"
     assert other.store.configs("shared")["interval.ms"] == "3000"
 

@@ -38,6 +38,8 @@ _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading
 RETIRED_MATERIAL_GRACE_S = 600.0
 API_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread for ever
 STATUS_RETRY_MAX_S = 60.0  # a failing status write is tried again after 1, 2, 4 … 60 s
+NOT_REACHED_MESSAGE = ("ClientMetricsSubscriptions name this KafkaConnection, but none has reached Kafka through it "
+                       "yet: they are paused, or another resource manages their subscription")
 UNUSED_MESSAGE = ("no ClientMetricsSubscription this operator watches names this KafkaConnection, so the operator does "
                   "not connect to it")
 _REFUSED = (401, 403)  # the operator may not write the status: an Unused one is not retried
@@ -329,25 +331,36 @@ class ConnectionStatuses:
         """Say `Ready` `state` (`reason`, `message`) on KafkaConnection `namespace/name`; `cluster_id`: the cluster
         reached through it (None: the one its status shows stays, as does an observedGeneration when it was not
         read). Returns at once."""
-        ref = (namespace, name)
         with self._lock:
-            if self._closed:
-                return
-            before = self._shown.get(ref)
-            since = before.since if before is not None and before.state == state else now_text()
-            # What a report leaves out stays as shown: the merge patch would keep a cluster id, but the condition is
-            # written whole (its observedGeneration too), and an unchanged status (as a restart reads it back) is not
-            # written again.
-            if before is not None and cluster_id is None:
-                cluster_id = before.cluster_id
-            generation = self._generations.get(ref, before.generation if before is not None else None)
-            shown = Shown(state, reason, message, cluster_id, generation, since)
-            if shown == before:
-                return
-            self._shown[ref] = shown
-            self._due.setdefault(ref, 0.0)   # a write waiting out a backoff keeps its time
-            self._start()
-            self._lock.notify_all()
+            self._report((namespace, name), state, reason, message, cluster_id)
+
+    def named(self, namespace: str, name: str) -> None:
+        """A subscription naming KafkaConnection `namespace/name` reconciled without reaching Kafka through it (paused,
+        in Conflict): one that says `Unused`, or nothing yet, says `Unknown`, `NotReached`; any other report stays."""
+        with self._lock:
+            before = self._shown.get((namespace, name))
+            if before is None or before.reason == "Unused":
+                self._report((namespace, name), "Unknown", "NotReached", NOT_REACHED_MESSAGE, None)
+
+    def _report(self, ref: Ref, state: str, reason: str, message: str, cluster_id: str | None) -> None:
+        """`report`, under the lock."""
+        if self._closed:
+            return
+        before = self._shown.get(ref)
+        since = before.since if before is not None and before.state == state else now_text()
+        # What a report leaves out stays as shown: the merge patch would keep a cluster id, but the condition is
+        # written whole (its observedGeneration too), and an unchanged status (as a restart reads it back) is not
+        # written again.
+        if before is not None and cluster_id is None:
+            cluster_id = before.cluster_id
+        generation = self._generations.get(ref, before.generation if before is not None else None)
+        shown = Shown(state, reason, message, cluster_id, generation, since)
+        if shown == before:
+            return
+        self._shown[ref] = shown
+        self._due.setdefault(ref, 0.0)   # a write waiting out a backoff keeps its time
+        self._start()
+        self._lock.notify_all()
 
     def seen(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """What KafkaConnection `namespace/name`'s status says (as the operator starts, or it changed), for a connection

@@ -367,6 +367,12 @@ class OperatorConfig:
         if connection and self.statuses is not None:
             self.statuses.report(namespace, connection, state, reason, message, cluster_id)
 
+    def named(self, namespace: str, connection: str | None) -> None:
+        """A reconcile of a resource naming `connection` ended without reaching Kafka through it (paused, Conflict): a
+        KafkaConnection saying Unused says it is named (nothing for the default cluster)."""
+        if connection and self.statuses is not None:
+            self.statuses.named(namespace, connection)
+
     def known_cluster_id(self, claim: Claim) -> str | None:
         """The id of the cluster another resource's claim is on, as this operator last saw it through its connection
         (its own reconciles note it), else as its status says; None when neither knows. Never resolved or connected
@@ -650,6 +656,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             status.set("Ready", "Unknown", "Paused", f"subscription {desired.name} is not reconciled: annotation "
                        f"{PAUSED_ANNOTATION} is \"true\"")
             config.mark_ready(body.metadata.uid, False)
+        config.named(namespace, desired.connection)
         metrics.record(started, "skipped", "Paused")
         return
     status.set("Paused", "False", "Reconciling", "")
@@ -675,6 +682,7 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             config.mark_ready(body.metadata.uid, False)
             if status.ready_changed:
                 kopf.event(body, type="Warning", reason="Conflict", message=message)
+            config.named(namespace, desired.connection)
             metrics.record(started, "failed", "Conflict")
             return
         admin.require_telemetry()  # also, outside the batches, the quick answer of a cluster known to be failing
@@ -700,6 +708,8 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             config.report(namespace, desired.connection, "False", reason, str(exc))
         elif stage == "apply":
             config.report(namespace, desired.connection, "True", "Connected", connected, cluster)
+        else:   # its spec refused before the connection was used
+            config.named(namespace, desired.connection)
         config.mark_ready(body.metadata.uid, False)
         if status.ready_changed:
             kopf.event(body, type="Warning", reason=reason, message=str(exc))
