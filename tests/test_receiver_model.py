@@ -10,7 +10,7 @@ A reference model written from those docs only predicts, for seeded random input
   both plugin classes) the record on the metrics topic: key, value bytes, and every header with its present/absent
   rule (content-encoding by magic number, software name `unknown` left out, no `subscription_id`, `push_interval_ms`
   only from the 4.2+ class, `cluster_id` only from contextChange);
-- protection and counters: the queue bounded in bytes with each push weighing size + 256 + 2 per character of its
+- protection and counters: the queue bounded in bytes with each push weighing size + 256 + 2 per Java char of its
   client id and software name and version (dropped beyond, counted), and the JMX counters
   `kafka.server:type=kcm-receiver`: once `queue-bytes` is 0, received = written + dropped + empty + errors.
 
@@ -251,7 +251,7 @@ def model_encoding(payload: bytes) -> str:
 
 
 def model_weight(payload: bytes, identity: ClientIdentity) -> int:
-    """receiver.md, kcm.receiver.queue.max.bytes: size + 256, plus two bytes per character of the client id and
+    """receiver.md, kcm.receiver.queue.max.bytes: size + 256, plus two bytes per Java char of the client id and
     software name and version "as the broker holds them": Kafka's `unknown` for a client that sent none."""
     text = [identity.client_id]
     text += ["unknown" if part is None else part for part in (identity.software_name, identity.software_version)]
@@ -605,7 +605,7 @@ def test_the_queue_holds_pushes_by_their_documented_weight_and_drops_beyond_it(p
 
 @pytest.mark.parametrize("software", [(None, None), ("unknown", "unknown")])
 def test_a_push_without_software_name_weighs_what_the_broker_holds_for_it(probes, receivers, software):
-    """receiver.md: a push counts its size + 256 plus two bytes per character of the client id and software name and
+    """receiver.md: a push counts its size + 256 plus two bytes per Java char of the client id and software name and
     version as the broker holds them (`unknown` for none): one of exactly the queue's bytes is held."""
     java = JavaReceiver(_dead_address(), "never-written", 3, "c", extra_config={
         PREFIX + "queue.max.bytes": str(MIN_QUEUE), PREFIX + "close.timeout.ms": "0"})
