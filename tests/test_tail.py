@@ -533,6 +533,22 @@ def test_a_record_of_no_resources_is_printed_with_the_broker_s_identity_and_no_m
     assert item["resource"] == {"client_instance_id": INSTANCE, "client_id": "idle"}
 
 
+def test_a_record_too_large_once_its_resources_are_copied_to_its_metrics_shows_who_sent_it():
+    """docs/tail.md: a record with an `error` shows the contract headers' attributes alone."""
+    from kcm_cli.tail import record_json
+
+    data = MetricsData()
+    wide = data.resource_metrics.add()
+    wide.resource.attributes.extend(KeyValue(key=f"k{i}", value=AnyValue(string_value="v")) for i in range(400))
+    wide.scope_metrics.add().metrics.extend(Metric(name=f"m{i}") for i in range(400))
+    data.resource_metrics.add().scope_metrics.add().metrics.add(name="other")
+    _, headers = contract.encode(data, attributes={"client_instance_id": INSTANCE, "client_id": "wide"},
+                                 content_encoding="none")
+    item, error = record_json(_record(data.SerializeToString(), headers))
+    assert (item["error"], item["metrics"]) == ("too-large", []) and "copied" in error
+    assert item["resource"] == {"client_instance_id": INSTANCE, "client_id": "wide"}
+
+
 def test_a_key_that_is_not_utf8_is_shown_with_replacement_characters():
     from kcm_cli.tail import record_json
 

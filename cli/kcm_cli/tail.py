@@ -73,7 +73,7 @@ def record_json(record: ConsumerRecord) -> tuple[dict[str, Any], str | None]:
     copies = sum((len(own) + len(decoded.attributes)) * sum(len(scope.metrics) for scope in rm.scope_metrics)
                  for rm, own in zip(decoded.metrics.resource_metrics, resources))
     if copies > MAX_ITEMS:
-        item["error"] = "too-large"
+        item["error"], item["resource"] = "too-large", decoded.attributes
         return item, (f"more than {MAX_ITEMS:,} resource attributes copied to the metrics of one record of "
                       f"{len(resources)} resources")
     first, *others = resources
