@@ -488,10 +488,7 @@ def test_a_connections_status_is_written_once_per_change_latest_report_winning()
         statuses.unused({("ns", "other"), None})
         (*_, unused) = api.wait(4)
         assert unused[2]["conditions"][0]["reason"] == "Unused"
-        wait_until = time.monotonic() + 5
-        while statuses.shown("ns", "a") is not None and time.monotonic() < wait_until:
-            time.sleep(0.05)
-        assert statuses.shown("ns", "a") is None, "an unused connection is forgotten once said"
+        assert statuses.shown("ns", "a").reason == "Unused"   # kept until the connection is deleted
         statuses.unused(set())
         time.sleep(0.3)
         assert len(api.writes) == 4
@@ -499,32 +496,83 @@ def test_a_connections_status_is_written_once_per_change_latest_report_winning()
         statuses.close()
 
 
-def test_a_connection_named_only_by_subscriptions_that_did_not_reach_kafka_says_not_reached_not_unused():
+def test_a_connection_named_only_by_subscriptions_that_apply_nothing_says_idle_not_unused():
     """Paused subscriptions, or ones in Conflict, name it: Unused ("none names it") would be false; a report it
-    already has of an earlier reconcile stays; once none names it, Unused again."""
+    already has stays, and one not read yet is left alone (its status may say more); once none names it, Unused."""
     api = _StatusApi()
     statuses = connections.ConnectionStatuses(api)
     try:
-        statuses.named("ns", "fresh")   # nothing said of it yet
-        statuses.report("ns", "idle", "Unknown", "Unused", connections.UNUSED_MESSAGE)
+        statuses.named("ns", "fresh")   # nothing read or said of it yet
+        # As the operator starts, what a status says is read from what the watch brings.
+        statuses.seen("ns", "idle", {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "Unused",
+                                                     "message": connections.UNUSED_MESSAGE,
+                                                     "lastTransitionTime": "2026-11-29T10:00:00Z"}]})
         statuses.named("ns", "idle")
         statuses.report("ns", "up", "True", "Connected", "cluster c1 answers", "c1")
         statuses.named("ns", "up")
         statuses.report("ns", "down", "False", "KafkaUnavailable", "no answer")
         statuses.named("ns", "down")
-        writes = api.wait(4)
+        writes = api.wait(3)
         time.sleep(0.3)
-        assert len(api.writes) == 4, api.writes
+        assert len(api.writes) == 3, api.writes
         said = {(namespace, name): body["conditions"][0] for namespace, name, body in writes}
         assert {ref: (c["status"], c["reason"]) for ref, c in said.items()} == {
-            ("ns", "fresh"): ("Unknown", "NotReached"), ("ns", "idle"): ("Unknown", "NotReached"),
-            ("ns", "up"): ("True", "Connected"), ("ns", "down"): ("False", "KafkaUnavailable")}
-        assert said[("ns", "idle")]["message"] == connections.NOT_REACHED_MESSAGE
+            ("ns", "idle"): ("Unknown", "Idle"), ("ns", "up"): ("True", "Connected"),
+            ("ns", "down"): ("False", "KafkaUnavailable")}
+        assert said[("ns", "idle")]["message"] == connections.IDLE_MESSAGE
 
-        statuses.unused({("ns", "up"), ("ns", "down")})
+        # What the watch brings of one named while nothing was known: a status saying more stays (a restarted
+        # operator's), none at all (a new connection) or Unused says Idle.
+        statuses.named("ns", "was-up")
+        statuses.seen("ns", "was-up", {"clusterId": "c1", "conditions": [{
+            "type": "Ready", "status": "True", "reason": "Connected", "message": "cluster c1 answers",
+            "lastTransitionTime": "2026-11-29T10:00:00Z"}]})
+        statuses.seen("ns", "fresh", {})
+        (*_, fresh) = api.wait(4)
+        time.sleep(0.3)
+        assert len(api.writes) == 4 and fresh[1] == "fresh" and fresh[2]["conditions"][0]["reason"] == "Idle"
+
+        statuses.unused({("ns", "up"), ("ns", "down"), ("ns", "was-up")})
         api.wait(6)
-        assert {(w[1], w[2]["conditions"][0]["reason"]) for w in api.writes[4:]} == {
-            ("fresh", "Unused"), ("idle", "Unused")}
+        assert sorted((w[1], w[2]["conditions"][0]["reason"]) for w in api.writes[4:]) == [
+            ("fresh", "Unused"), ("idle", "Unused")]
+    finally:
+        statuses.close()
+
+
+def test_a_refusal_of_the_cluster_right_stays_until_a_report_proves_that_call_passes():
+    """One subscription's change refused CLUSTER_AUTHORIZATION_FAILED (no ALTER_CONFIGS) while another, with nothing
+    to change, describes fine: the connection says the refusal, not Connected and KafkaRefused in turn."""
+    api = _StatusApi()
+    statuses = connections.ConnectionStatuses(api)
+    connected = ("True", "Connected", "cluster c1 answers", "c1")
+    try:
+        statuses.report("ns", "a", "False", "KafkaRefused", "no ALTER_CONFIGS", needs="alter")
+        api.wait(1)
+        for _ in range(3):
+            statuses.report("ns", "a", *connected, proves=("describe",))   # in sync: nothing altered
+            statuses.report("ns", "a", *connected, proves=())   # its own refusal at describe
+            statuses.report("ns", "a", "False", "KafkaRefused", "no ALTER_CONFIGS", needs="alter")
+        time.sleep(0.3)
+        assert len(api.writes) == 1, api.writes
+        statuses.report("ns", "a", *connected)   # a change passed: the right was granted
+        (*_, granted) = api.wait(2)
+        assert granted[2]["conditions"][0]["reason"] == "Connected"
+
+        statuses.report("ns", "b", "False", "KafkaRefused", "no DESCRIBE_CONFIGS", needs="describe")
+        statuses.report("ns", "b", *connected, proves=())
+        time.sleep(0.3)
+        assert statuses.shown("ns", "b").reason == "KafkaRefused"
+        statuses.report("ns", "b", *connected, proves=("describe",))   # any describe passing shows it granted
+        wait_until = time.monotonic() + 5
+        while statuses.shown("ns", "b").reason != "Connected" and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        assert statuses.shown("ns", "b").reason == "Connected"
+
+        statuses.report("ns", "c", "False", "KafkaRefused", "no ALTER_CONFIGS", needs="alter")
+        statuses.report("ns", "c", "False", "KafkaUnavailable", "no answer")   # anything else said ends it
+        statuses.report("ns", "c", *connected, proves=("describe",))
+        assert statuses.shown("ns", "c").reason == "Connected"
     finally:
         statuses.close()
 

@@ -728,14 +728,41 @@ def test_kafka_refusing_a_connections_user_the_cluster_right_is_the_connections_
             cluster.sandbox.broker.cluster_id
 
 
-def test_a_kafka_connection_named_only_by_a_paused_subscription_says_not_reached_until_it_is_unpaused(run_operator):
+def test_a_refusal_of_the_cluster_right_to_alter_is_said_steadily_beside_a_subscription_with_nothing_to_change(
+        run_operator, monkeypatch):
+    """The user may describe but not alter: a subscription already in Kafka checks fine at every drift check, the
+    one with a change is refused; the connection says KafkaRefused throughout, not Connected and KafkaRefused in
+    turn, until a change passes."""
+    cluster = run_operator(drift_interval_s=0.5)
+    _connection(cluster, "analytics", {"bootstrapServers": cluster.sandbox.bootstrap})
+    cluster.apply("steady", {**SPEC, "connection": "analytics"})
+    cluster.wait_condition("steady", "True", "Applied")
+    alter, granted = admin_module.BatchedAdmin.alter_one, threading.Event()
+    monkeypatch.setattr(admin_module.BatchedAdmin, "alter_one", lambda self, change: alter(self, change)
+                        if granted.is_set() else KafkaRefusedError(
+                            "ClusterAuthorizationFailedError (error 31): denied", 31))
+    cluster.apply("changing", {**SPEC, "connection": "analytics"})
+    cluster.wait_condition("changing", "False", "KafkaRefused")
+    refused = _wait_connection(cluster, "analytics", "False", "KafkaRefused")
+
+    checks = REGISTRY.get_sample_value("kcm_operator_reconciliations_total",
+                                       {"result": "unchanged", "reason": "Applied"}) or 0.0
+    wait_for(lambda: (REGISTRY.get_sample_value("kcm_operator_reconciliations_total", {
+        "result": "unchanged", "reason": "Applied"}) or 0.0) >= checks + 4, "four drift checks of the steady one")
+    assert _connection_condition(cluster, "analytics") == refused   # never written in between
+    granted.set()
+    cluster.wait_condition("changing", "True", "Applied")
+    _wait_connection(cluster, "analytics", "True", "Connected")
+
+
+def test_a_kafka_connection_named_only_by_a_paused_subscription_says_idle_until_it_is_unpaused(run_operator):
     cluster = run_operator()
     _connection(cluster, "analytics", {"bootstrapServers": cluster.sandbox.bootstrap})
     _wait_connection(cluster, "analytics", "Unknown", "Unused")
     cluster.apply("payments", {**SPEC, "connection": "analytics"}, annotations={"kcm.dev/paused": "true"})
     cluster.wait_condition("payments", "True", "Paused", kind="Paused")
 
-    _wait_connection(cluster, "analytics", "Unknown", "NotReached")
+    _wait_connection(cluster, "analytics", "Unknown", "Idle")
     cluster.patch("payments", {"metadata": {"annotations": {"kcm.dev/paused": None}}})
     cluster.wait_condition("payments", "True", "Applied")
     assert _wait_connection(cluster, "analytics", "True", "Connected")["clusterId"] == \
@@ -774,8 +801,8 @@ def test_resources_reaching_one_cluster_through_different_connections_conflict(r
     for newer in ("two", "three"):
         assert "team/one" in cluster.wait_condition(newer, "False", "Conflict")["message"]
     cluster.wait_condition("four", "True", "Applied")  # another cluster: no conflict
-    for connection in ("team-a", "team-b"):   # named, but nothing reached Kafka through them: not Unused
-        assert "none has reached Kafka" in _wait_connection(cluster, connection, "Unknown", "NotReached")["message"]
+    for connection in ("team-a", "team-b"):   # named, but nothing applied through them: not Unused
+        assert "none applies anything" in _wait_connection(cluster, connection, "Unknown", "Idle")["message"]
     assert cluster.kafka("shared")["interval.ms"] == "60000"
     assert other.store.configs("shared")["interval.ms"] == "3000"
 

@@ -716,7 +716,10 @@ def _drift_write(monkeypatch, *failures: BaseException | None):
             raise failure
 
     monkeypatch.setattr(config, "write", write)
-    monkeypatch.setattr(handlers.time, "sleep", waits.append)
+    sleep, caller = handlers.time.sleep, threading.current_thread()
+    # time.sleep is the process's: other threads of this worker (a status writer left by another test) sleep too.
+    monkeypatch.setattr(handlers.time, "sleep",
+                        lambda s: waits.append(s) if threading.current_thread() is caller else sleep(s))
     body = kopf.Body({"metadata": {"namespace": "team", "name": "payments", "uid": "uid-a"}})
     patch = kopf.Patch()
     patch.status["lastAppliedTime"] = "2026-11-29T10:00:00Z"
@@ -737,6 +740,16 @@ def test_a_drift_check_write_the_api_failed_for_the_moment_is_tried_again_with_b
     assert ok and len(attempts) == 3 and waits == [0.5, 1.0]
     assert all(patch == {"status": {"lastAppliedTime": "2026-11-29T10:00:00Z"}} for *_, patch in attempts)
     assert [r for r in caplog.records if "drift check could" in r.getMessage()] == []
+
+
+def test_no_attempt_starts_once_the_write_budget_is_spent(monkeypatch):
+    """An answer may take the whole read timeout: three of them would hold the resource's lock half a minute."""
+    from kcm_operator import handlers
+
+    clock = iter([100.0, 104.8])   # the first attempt began at 100; the 500 came at 104.8: 0.5 s more passes 105
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: next(clock))
+    ok, attempts, waits, _ = _drift_write(monkeypatch, _answer(500), None)
+    assert not ok and len(attempts) == 1 and waits == []
 
 
 @pytest.mark.parametrize("headers, first_wait", [
@@ -783,10 +796,13 @@ def test_a_revert_time_whose_write_failed_is_written_by_a_later_check_unless_a_l
     config.written("uid-a", False, None)   # a nudge's failure keeps it
     config.carry_applied("uid-a", None, status := {})
     assert status == {"lastAppliedTime": "2026-11-29T10:00:00Z"}
-    config.written("uid-a", True)
+    config.written("uid-a", True, None)    # and so does a nudge written: it holds no status
+    config.carry_applied("uid-a", None, status := {})
+    assert status == {"lastAppliedTime": "2026-11-29T10:00:00Z"}
+    config.written("uid-a", True, {"conditions": []})   # a status written carried it
     config.carry_applied("uid-a", None, status := {})
     assert status == {}
-    config.written("uid-a", False, "2026-11-29T10:00:00Z")
+    config.written("uid-a", False, {"lastAppliedTime": "2026-11-29T10:00:00Z"})
     config.forget("uid-a")
     config.carry_applied("uid-a", None, status)
     assert status == {}

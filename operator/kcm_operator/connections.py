@@ -38,8 +38,8 @@ _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading
 RETIRED_MATERIAL_GRACE_S = 600.0
 API_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread for ever
 STATUS_RETRY_MAX_S = 60.0  # a failing status write is tried again after 1, 2, 4 … 60 s
-NOT_REACHED_MESSAGE = ("ClientMetricsSubscriptions name this KafkaConnection, but none has reached Kafka through it "
-                       "yet: they are paused, or another resource manages their subscription")
+IDLE_MESSAGE = ("ClientMetricsSubscriptions name this KafkaConnection, but none applies anything through it: they are "
+                "paused, or another resource manages their subscription")
 UNUSED_MESSAGE = ("no ClientMetricsSubscription this operator watches names this KafkaConnection, so the operator does "
                   "not connect to it")
 _REFUSED = (401, 403)  # the operator may not write the status: an Unused one is not retried
@@ -323,24 +323,42 @@ class ConnectionStatuses:
         self._due: dict[Ref, float] = {}        # connections to write, and when (time.monotonic())
         self._attempts: dict[Ref, int] = {}     # failed writes in a row
         self._refused: set[tuple[Ref, int]] = set()  # (connection, HTTP status) already logged as a warning
+        self._needs: dict[Ref, str] = {}        # the call a shown refusal of the cluster right was for (`report`)
+        self._named: set[Ref] = set()           # named while nothing was known of them: `seen` says Idle (`named`)
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def report(self, namespace: str, name: str, state: str, reason: str, message: str,
-               cluster_id: str | None = None) -> None:
+               cluster_id: str | None = None, *, needs: str | None = None,
+               proves: tuple[str, ...] = ("describe", "alter")) -> None:
         """Say `Ready` `state` (`reason`, `message`) on KafkaConnection `namespace/name`; `cluster_id`: the cluster
         reached through it (None: the one its status shows stays, as does an observedGeneration when it was not
-        read). Returns at once."""
+        read). `needs`: the call ("describe", "alter") Kafka refused the connection's user the cluster right for; that
+        refusal stays until a `True` report `proves` that call passes (a reconcile that changed nothing in Kafka
+        cannot tell that the right another's change lacked was granted). Returns at once."""
+        ref = (namespace, name)
         with self._lock:
-            self._report((namespace, name), state, reason, message, cluster_id)
+            if state == "True" and self._needs.get(ref) not in (None, *proves):
+                return
+            self._named.discard(ref)
+            self._report(ref, state, reason, message, cluster_id)
+            if needs is None:
+                self._needs.pop(ref, None)
+            else:
+                self._needs[ref] = needs
 
     def named(self, namespace: str, name: str) -> None:
-        """A subscription naming KafkaConnection `namespace/name` reconciled without reaching Kafka through it (paused,
-        in Conflict): one that says `Unused`, or nothing yet, says `Unknown`, `NotReached`; any other report stays."""
+        """A subscription naming KafkaConnection `namespace/name` reconciled without applying anything through it
+        (paused, in Conflict): one that says `Unused` says `Unknown`, `Idle`; any other report stays. One nothing is
+        known of (as the operator starts, or an Unused it could not write and dropped) waits for its status, which
+        the watch brings (`seen`)."""
+        ref = (namespace, name)
         with self._lock:
-            before = self._shown.get((namespace, name))
-            if before is None or before.reason == "Unused":
-                self._report((namespace, name), "Unknown", "NotReached", NOT_REACHED_MESSAGE, None)
+            before = self._shown.get(ref)
+            if before is None:
+                self._named.add(ref)
+            elif before.reason == "Unused":
+                self._report(ref, "Unknown", "Idle", IDLE_MESSAGE, None)
 
     def _report(self, ref: Ref, state: str, reason: str, message: str, cluster_id: str | None) -> None:
         """`report`, under the lock."""
@@ -368,19 +386,25 @@ class ConnectionStatuses:
         conditions = status.get("conditions") if isinstance(status, Mapping) else None
         ready = next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None) \
             if isinstance(conditions, list) else None
-        if ready is None:
-            return
-        cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
-        shown = Shown(str(ready.get("status")), str(ready.get("reason") or ""), str(ready.get("message") or ""),
-                      cluster_id if isinstance(cluster_id, str) else None,
-                      generation if isinstance(generation, int) else None, str(ready.get("lastTransitionTime") or ""))
+        ref = (namespace, name)
         with self._lock:
-            if not self._closed:
-                self._shown.setdefault((namespace, name), shown)
+            if self._closed:
+                return
+            if ready is not None:
+                cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
+                self._shown.setdefault(ref, Shown(
+                    str(ready.get("status")), str(ready.get("reason") or ""), str(ready.get("message") or ""),
+                    cluster_id if isinstance(cluster_id, str) else None,
+                    generation if isinstance(generation, int) else None, str(ready.get("lastTransitionTime") or "")))
+            if ref in self._named:   # named while nothing was known of it: Idle, unless it says more than Unused
+                self._named.discard(ref)
+                if (shown := self._shown.get(ref)) is None or shown.reason == "Unused":
+                    self._report(ref, "Unknown", "Idle", IDLE_MESSAGE, None)
 
     def forget(self, namespace: str, name: str) -> None:
         """KafkaConnection `namespace/name` was deleted."""
         with self._lock:
+            self._named.discard((namespace, name))
             self._forget((namespace, name))
 
     def resolved(self, namespace: str, name: str, generation: object) -> None:
@@ -391,9 +415,10 @@ class ConnectionStatuses:
 
     def unused(self, in_use: Iterable[object]) -> None:
         """Connections no subscription names any more (`in_use`: the (namespace, name) references still named) say
-        `Ready` `Unknown`, `Unused`; the operator forgets them once that is written."""
+        `Ready` `Unknown`, `Unused` (kept, until the connection is deleted: what `named` changes)."""
         in_use = set(in_use)
         with self._lock:
+            self._named &= in_use
             for ref in [ref for ref in self._generations if ref not in in_use and ref not in self._shown]:
                 del self._generations[ref]
             gone = [ref for ref, shown in self._shown.items() if ref not in in_use and shown.reason != "Unused"]
@@ -438,7 +463,7 @@ class ConnectionStatuses:
                         self._refused = {(done, status) for done, status in self._refused if done != ref}
                     if current:
                         del self._due[ref]
-                        if shown.reason == "Unused":
+                        if outcome == "refused":   # an Unused it may not write is dropped
                             self._forget(ref)
                 elif outcome == "gone":
                     self._due[ref] = 0.0   # a report made meanwhile: it may have been created again
@@ -448,6 +473,7 @@ class ConnectionStatuses:
 
     def _forget(self, ref: Ref) -> None:
         self._refused = {(done, status) for done, status in self._refused if done != ref}
+        self._needs.pop(ref, None)
         self._shown.pop(ref, None)
         self._generations.pop(ref, None)
         self._due.pop(ref, None)

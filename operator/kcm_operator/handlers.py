@@ -62,9 +62,11 @@ KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs
 # A drift check's write is tried again, under the resource's lock, only after an answer the API server may not give
 # the next time (429, 5xx) or a refused connection, never after a timeout (it already held the thread that long):
 # WRITE_ATTEMPTS in all, waiting WRITE_BACKOFF_S, then twice that (or a Retry-After, up to WRITE_RETRY_AFTER_MAX_S).
+# No attempt starts once WRITE_BUDGET_S have passed since the first began (an answer may take the whole read timeout).
 WRITE_ATTEMPTS = 3
 WRITE_BACKOFF_S = 0.5
 WRITE_RETRY_AFTER_MAX_S = 2.0
+WRITE_BUDGET_S = 5.0
 STATE_PREFIX = "operator.kcm.dev"  # kopf's own annotations (handler progress, last handled spec)
 PROGRESS = kopf.AnnotationsProgressStorage(prefix=STATE_PREFIX)
 RECONCILE = kopf.HandlerId("reconcile")  # the change handlers' id: kopf keeps their retries' progress under it
@@ -246,16 +248,17 @@ class OperatorConfig:
             if seen is not None and seen[0] == generation:
                 seen[1] = False
 
-    def written(self, uid: str, ok: bool, applied: str | None = None) -> bool:
-        """Note whether a drift check's write to the Kubernetes API succeeded, and the `lastAppliedTime` a failed one
-        held; whether that differs from the last one's (a failure to say, or a recovery)."""
+    def written(self, uid: str, ok: bool, status: Mapping[str, Any] | None = None) -> bool:
+        """Note whether a drift check's write to the Kubernetes API succeeded, with the `status` it held (a kept
+        `lastAppliedTime` is written with any status, lost only with a failed one); whether that differs from the
+        last one's (a failure to say, or a recovery)."""
         with self.lock:
             changed = (uid in self.unwritten) == ok
             (self.unwritten.discard if ok else self.unwritten.add)(uid)
-            if ok:
+            if ok and status:
                 self.unwritten_applied.pop(uid, None)
-            elif applied:
-                self.unwritten_applied[uid] = applied
+            elif not ok and status and status.get("lastAppliedTime"):
+                self.unwritten_applied[uid] = status["lastAppliedTime"]
             return changed
 
     def carry_applied(self, uid: str, current: str | None, status: MutableMapping[str, Any]) -> None:
@@ -362,14 +365,15 @@ class OperatorConfig:
             self.statuses.unused(in_use)
 
     def report(self, namespace: str, connection: str | None, state: str, reason: str, message: str,
-               cluster_id: str | None = None) -> None:
-        """Say on a KafkaConnection's status what a reconcile found through it (nothing for the default cluster)."""
+               cluster_id: str | None = None, **proof: Any) -> None:
+        """Say on a KafkaConnection's status what a reconcile found through it (nothing for the default cluster);
+        `proof`: `needs` and `proves` of ConnectionStatuses.report."""
         if connection and self.statuses is not None:
-            self.statuses.report(namespace, connection, state, reason, message, cluster_id)
+            self.statuses.report(namespace, connection, state, reason, message, cluster_id, **proof)
 
     def named(self, namespace: str, connection: str | None) -> None:
-        """A reconcile of a resource naming `connection` ended without reaching Kafka through it (paused, Conflict): a
-        KafkaConnection saying Unused says it is named (nothing for the default cluster)."""
+        """A reconcile of a resource naming `connection` ended without applying anything through it (paused,
+        Conflict): a KafkaConnection saying Unused says it is named (nothing for the default cluster)."""
         if connection and self.statuses is not None:
             self.statuses.named(namespace, connection)
 
@@ -544,6 +548,7 @@ def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool
     failure is said once (until a write succeeds again) and left to the next check, which finds what to write afresh
     (and a revert's `lastAppliedTime`, kept). A resource already gone needs nothing written."""
     namespace, name = body.metadata.namespace, body.metadata.name
+    began = time.monotonic()
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         wait: float | None = None
         try:
@@ -560,13 +565,14 @@ def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool
             if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)) and not _timed_out(exc):
                 wait = 0.0
         else:
-            if config.written(body.metadata.uid, True):
+            if config.written(body.metadata.uid, True, patch.get("status")):
                 _say(logging.INFO, namespace, name, "a drift check could write to it again")
             return True
-        if wait is None or attempt == WRITE_ATTEMPTS:
+        wait = None if wait is None else max(wait, WRITE_BACKOFF_S * 2 ** (attempt - 1))
+        if wait is None or attempt == WRITE_ATTEMPTS or time.monotonic() + wait - began > WRITE_BUDGET_S:
             break
-        time.sleep(max(wait, WRITE_BACKOFF_S * 2 ** (attempt - 1)))
-    if config.written(body.metadata.uid, False, patch.status.get("lastAppliedTime")):
+        time.sleep(wait)
+    if config.written(body.metadata.uid, False, patch.get("status")):
         what = "nudge annotation" if patch.get("metadata") else "status"   # a check writes one or the other
         _say(logging.WARNING, namespace, name, "a drift check could not write its %s (%s); each next check writes "
              "what it finds then, until one succeeds", what, why)
@@ -688,16 +694,20 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         admin.require_telemetry()  # also, outside the batches, the quick answer of a cluster known to be failing
         cluster = admin.cluster_id()  # connected by now
         connected = f"Kafka cluster {cluster} answers, and its brokers advertise the telemetry APIs"
-        stage = "apply"
+        stage, call = "apply", "describe"
         change = diff(desired, admin.describe_one(desired.name))
         # Its KafkaConnection names another cluster now: the subscription moves there, which is nobody's edit.
         moved_from = body.status.get("clusterId") if body.status.get("clusterId") not in (None, cluster) else None
         contested = _contested(config, body.metadata.uid, status, change, drift_check and moved_from is None)
         if change.ops and not contested:
+            call = "alter"
             error = admin.alter_one(change)
             if error is not None:
                 raise error  # InvalidSpecError for what the spec asks, KafkaRefusedError for anything else
-        config.report(namespace, desired.connection, "True", "Connected", connected, cluster)
+        # What passed: a refusal of the cluster right for a call that did not pass here stays said (a resource with
+        # nothing to change does not show that another's change may pass now).
+        config.report(namespace, desired.connection, "True", "Connected", connected, cluster,
+                      proves=("describe", "alter") if call == "alter" else ("describe",))
         # Connected now: what newer resources naming this subscription through other connections compare with, in
         # this operator's memory and (for after a restart, when the connection may not work) in the status.
         status.applied_to(config.remember_cluster_id(me.cluster_ref, cluster))
@@ -705,9 +715,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
         reason = reason_of(exc)
         status.set("Ready", "False", reason, str(exc))
         if stage == "connect" or (stage == "apply" and _connections_own(exc)):
-            config.report(namespace, desired.connection, "False", reason, str(exc))
-        elif stage == "apply":
-            config.report(namespace, desired.connection, "True", "Connected", connected, cluster)
+            config.report(namespace, desired.connection, "False", reason, str(exc),
+                          needs=call if stage == "apply" and isinstance(exc, KafkaRefusedError) else None)
+        elif stage == "apply":   # Kafka refused this resource's own call: what came before it passed
+            config.report(namespace, desired.connection, "True", "Connected", connected, cluster,
+                          proves=("describe",) if call == "alter" else ())
         else:   # its spec refused before the connection was used
             config.named(namespace, desired.connection)
         config.mark_ready(body.metadata.uid, False)
