@@ -531,11 +531,15 @@ def test_a_connection_named_only_by_subscriptions_that_apply_nothing_says_idle_n
         (*_, fresh) = api.wait(4)
         time.sleep(0.3)
         assert len(api.writes) == 4 and fresh[1] == "fresh" and fresh[2]["conditions"][0]["reason"] == "Idle"
+        statuses.seen("ns", "made", {})   # the other order: read (a new one, saying nothing), then named
+        statuses.named("ns", "made")
+        (*_, made) = api.wait(5)
+        assert made[1] == "made" and made[2]["conditions"][0]["reason"] == "Idle"
 
         statuses.unused({("ns", "up"), ("ns", "down"), ("ns", "was-up")})
-        api.wait(6)
-        assert sorted((w[1], w[2]["conditions"][0]["reason"]) for w in api.writes[4:]) == [
-            ("fresh", "Unused"), ("idle", "Unused")]
+        api.wait(8)
+        assert sorted((w[1], w[2]["conditions"][0]["reason"]) for w in api.writes[5:]) == [
+            ("fresh", "Unused"), ("idle", "Unused"), ("made", "Unused")]
     finally:
         statuses.close()
 

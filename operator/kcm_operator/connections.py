@@ -325,6 +325,7 @@ class ConnectionStatuses:
         self._refused: set[tuple[Ref, int]] = set()  # (connection, HTTP status) already logged as a warning
         self._needs: dict[Ref, str] = {}        # the call a shown refusal of the cluster right was for (`report`)
         self._named: set[Ref] = set()           # named while nothing was known of them: `seen` says Idle (`named`)
+        self._read: set[Ref] = set()            # connections whose status the watch has brought (`seen`)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -355,9 +356,9 @@ class ConnectionStatuses:
         ref = (namespace, name)
         with self._lock:
             before = self._shown.get(ref)
-            if before is None:
+            if before is None and ref not in self._read:
                 self._named.add(ref)
-            elif before.reason == "Unused":
+            elif before is None or before.reason == "Unused":   # read, and saying nothing (new) or Unused
                 self._report(ref, "Unknown", "Idle", IDLE_MESSAGE, None)
 
     def _report(self, ref: Ref, state: str, reason: str, message: str, cluster_id: str | None) -> None:
@@ -390,6 +391,7 @@ class ConnectionStatuses:
         with self._lock:
             if self._closed:
                 return
+            self._read.add(ref)
             if ready is not None:
                 cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
                 self._shown.setdefault(ref, Shown(
@@ -405,6 +407,7 @@ class ConnectionStatuses:
         """KafkaConnection `namespace/name` was deleted."""
         with self._lock:
             self._named.discard((namespace, name))
+            self._read.discard((namespace, name))
             self._forget((namespace, name))
 
     def resolved(self, namespace: str, name: str, generation: object) -> None:
