@@ -115,7 +115,7 @@ def test_invalid_incremental_alter_is_refused_with_kafkas_code_and_message(ops, 
     ("-", None), ("1 2", None), ("\U0001d7cf", None), ("\u00b2", None), ("\u2167", None)])
 def test_an_interval_is_read_as_javas_integer_parse_int_reads_it(text, value):
     """Integer.parseInt: any Unicode decimal digit one UTF-16 unit long (not superscripts or numerals), 32 bits."""
-    from kcm_common.client_metrics import java_parse_int
+    from kcm_common.java import parse_int as java_parse_int
 
     assert java_parse_int(text) == value
 

@@ -525,6 +525,17 @@ def test_a_request_timeout_that_is_no_number_to_java_is_refused():
         KafkaSettings("kafka:9092", {"request.timeout.ms": "1_000"}).validate()
 
 
+@pytest.mark.parametrize("text", ["\u0661\u0660\u0660\u0660", "+01000", "\uff11\uff10\uff10\uff10"])
+def test_a_request_timeout_is_read_as_javas_integer_parse_int_reads_it(text):
+    """Arabic-Indic or full-width digits are digits to Java (Character.digit): 1000 ms for every client."""
+    from kcm_common.kafka import kafka_python_options
+    from kcm_common.kafka_java import java_client_properties
+
+    assert kafka_python_options({"request.timeout.ms": text})["request_timeout_ms"] == 1000
+    properties = java_client_properties(KafkaSettings("kafka:9092", {"request.timeout.ms": text}))
+    assert properties["request.timeout.ms"] == "1000"
+
+
 @pytest.mark.parametrize("timeout", [5, 400000])
 def test_any_positive_request_timeout_is_taken_by_librdkafka_too(timeout, closed_port):
     import confluent_kafka

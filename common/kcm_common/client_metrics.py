@@ -9,7 +9,6 @@ patterns, compiled by `kcm_common.java` and applied as `Matcher.matches()` would
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from kcm_common.codes import (
     INVALID_CONFIG,
     INVALID_REQUEST,
 )
-from kcm_common.java import TRIM_CHARACTERS, PatternError, compile_pattern, hash_order, split
+from kcm_common.java import TRIM_CHARACTERS, PatternError, compile_pattern, hash_order, parse_int, split
 from kcm_common.names import CLIENT_ATTRIBUTES
 
 METRICS = "metrics"
@@ -212,27 +211,10 @@ def describe_entries(configs: Mapping[str, str], keys: Iterable[str] | None = No
 
 def _parse_int(key: str, raw: str) -> int:
     # ConfigDef.parseType(INT) -> Integer.parseInt(trimmed); a ConfigException is INVALID_CONFIG.
-    value = java_parse_int(raw.strip(TRIM_CHARACTERS))
+    value = parse_int(raw.strip(TRIM_CHARACTERS))
     if value is None:
         raise ConfigError(INVALID_CONFIG, f"Invalid value {raw} for configuration {key}: Not a number of type INT")
     return value
-
-
-def java_parse_int(text: str) -> int | None:
-    """Java's Integer.parseInt: an optional sign, then decimal digits of any script (Character.digit reads each
-    UTF-16 unit, so a digit beyond the Basic Multilingual Plane is none), within 32 bits; None where it throws."""
-    digits = text[1:] if text[:1] in ("+", "-") else text
-    if not digits:
-        return None
-    value = 0
-    for char in digits:
-        if ord(char) > 0xFFFF or not char.isdecimal():
-            return None
-        value = value * 10 + unicodedata.decimal(char)
-        if value > 2**31:   # beyond any INT: said as parseInt says it, without reading a million digits on
-            return None
-    value = -value if text[:1] == "-" else value
-    return value if -(2**31) <= value < 2**31 else None
 
 
 # ConfigurationControlManager refuses a changed value longer than this (Java characters: UTF-16 units).

@@ -12,6 +12,7 @@ unsupported: nested classes and `&&` intersections inside `[...]`, `\\P{POSIX}` 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 
 import regex
@@ -48,6 +49,23 @@ _UNSUPPORTED_FLAGS = frozenset("duU")
 
 class PatternError(ValueError):
     """A pattern java.util.regex refuses (or one the sandbox cannot reproduce), with the reason."""
+
+
+def parse_int(text: str) -> int | None:
+    """Java's Integer.parseInt: an optional sign, then decimal digits of any script (Character.digit reads each
+    UTF-16 unit, so a digit beyond the Basic Multilingual Plane is none), within 32 bits; None where it throws."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits:
+        return None
+    value = 0
+    for char in digits:
+        if ord(char) > 0xFFFF or not char.isdecimal():
+            return None
+        value = value * 10 + unicodedata.decimal(char)
+        if value > 2**31:   # beyond any INT: said as parseInt says it, without reading a million digits on
+            return None
+    value = -value if text[:1] == "-" else value
+    return value if -(2**31) <= value < 2**31 else None
 
 
 def string_hash(text: str) -> int:

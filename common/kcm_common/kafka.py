@@ -25,7 +25,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaConfigurationError, TopicAlreadyExistsError
 
 from kcm_common.errors import UserError
-from kcm_common.java import TRIM_CHARACTERS
+from kcm_common.java import TRIM_CHARACTERS, parse_int
 from kcm_common.files import read_settings
 from kcm_common.java_config import JavaConfigError, parse_jaas, read_properties
 
@@ -272,13 +272,15 @@ def kafka_python_options(properties: Mapping[str, str]) -> dict[str, Any]:
                                    f"name) or empty or none (do not), not {shown(options['ssl_check_hostname'])}")
         options["ssl_check_hostname"] = algorithm == "https"
     if "request_timeout_ms" in options:
-        # As Java's Integer.parseInt reads it: digits, perhaps signed (Python's int() would take `1_000` too).
-        if not _WHOLE_NUMBER.fullmatch(options["request_timeout_ms"]):
+        # As Java's Integer.parseInt reads it: digits of any script, perhaps signed (Python's int() would take `1_000`).
+        text = options["request_timeout_ms"]
+        value = parse_int(text)
+        if value is None and not _WHOLE_NUMBER.fullmatch(text):
             raise KafkaConfigError("request.timeout.ms must be a whole number of milliseconds")
-        options["request_timeout_ms"] = int(options["request_timeout_ms"])
-        if not 0 < options["request_timeout_ms"] <= _JAVA_INT_MAX:
+        if value is None or value <= 0:   # beyond a Java int, or not positive
             raise KafkaConfigError(f"request.timeout.ms must be a positive number of milliseconds up to {_JAVA_INT_MAX} "
-                                   f"(a Java int), not {options['request_timeout_ms']}")
+                                   f"(a Java int), not {shown(text, quoted=False) if value is None else value}")
+        options["request_timeout_ms"] = value
     return options
 
 
