@@ -698,3 +698,51 @@ def test_a_report_made_while_a_write_finds_the_connection_gone_is_still_written(
         assert statuses.shown("ns", "a") is None
     finally:
         statuses.close()
+
+
+def test_a_connection_known_to_be_gone_gets_no_writes_until_it_is_seen_or_read_again():
+    # A subscription naming a KafkaConnection that does not exist fails at every retry and drift check: each failure
+    # is a report, and each report was a status write answered 404.
+    api = _StatusApi([client.ApiException(status=404, reason="Not Found")])
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.report("ns", "typo", "False", "InvalidSpec", "KafkaConnection ns/typo does not exist")
+        api.wait(1)
+        time.sleep(0.2)
+        for number in range(5):
+            statuses.report("ns", "typo", "False", "InvalidSpec", f"still missing, retry {number}")
+        statuses.named("ns", "typo")
+        time.sleep(0.3)
+        assert len(api.writes) == 1, "a connection a write found gone is not written to again"
+
+        statuses.seen("ns", "typo", {})   # the watch brings it: created
+        statuses.report("ns", "typo", "True", "Connected", "cluster c1 answers", "c1")
+        assert api.wait(2)[1][2]["conditions"][0]["reason"] == "Connected"
+
+        statuses.forget("ns", "typo")   # the watch's deletion
+        statuses.report("ns", "typo", "False", "InvalidSpec", "KafkaConnection ns/typo does not exist")
+        time.sleep(0.3)
+        assert len(api.writes) == 2, "a deleted connection is not written to"
+        statuses.resolved("ns", "typo", 3)   # a resolve read it (made again) before the watch said so
+        statuses.report("ns", "typo", "True", "Connected", "cluster c1 answers", "c1")
+        assert api.wait(3)[2][2]["observedGeneration"] == 3
+
+        statuses.forget("ns", "typo")
+        statuses.unused(set())   # named by nothing: not kept
+        assert statuses._missing == set()
+    finally:
+        statuses.close()
+
+
+def test_a_write_that_finds_a_connection_gone_before_the_watch_says_so_leaves_the_deletion_to_the_watch():
+    api = _StatusApi([client.ApiException(status=404, reason="Not Found")])
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.seen("ns", "a", {})
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
+        api.wait(1)
+        time.sleep(0.2)   # gone, but the watch has not said so: it may be the old one, made again since
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        assert api.wait(2)[1][2]["conditions"][0]["reason"] == "Connected"
+    finally:
+        statuses.close()

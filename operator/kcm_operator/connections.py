@@ -326,6 +326,7 @@ class ConnectionStatuses:
         self._needs: dict[Ref, str] = {}        # the call a shown refusal of the cluster right was for (`report`)
         self._named: set[Ref] = set()           # named while nothing was known of them: `seen` says Idle (`named`)
         self._read: set[Ref] = set()            # connections whose status the watch has brought (`seen`)
+        self._missing: set[Ref] = set()         # known to be gone: no report is written until seen or resolved
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -339,7 +340,7 @@ class ConnectionStatuses:
         cannot tell that the right another's change lacked was granted). Returns at once."""
         ref = (namespace, name)
         with self._lock:
-            if state == "True" and self._needs.get(ref) not in (None, *proves):
+            if ref in self._missing or (state == "True" and self._needs.get(ref) not in (None, *proves)):
                 return
             self._named.discard(ref)
             self._report(ref, state, reason, message, cluster_id)
@@ -392,6 +393,7 @@ class ConnectionStatuses:
             if self._closed:
                 return
             self._read.add(ref)
+            self._missing.discard(ref)
             if ready is not None:
                 cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
                 self._shown.setdefault(ref, Shown(
@@ -409,11 +411,15 @@ class ConnectionStatuses:
             self._named.discard((namespace, name))
             self._read.discard((namespace, name))
             self._forget((namespace, name))
+            # Nothing to write while it stays gone (a subscription naming it fails at each retry and drift check):
+            # until the watch brings it back (`seen`) or a resolve reads it.
+            self._missing.add((namespace, name))
 
     def resolved(self, namespace: str, name: str, generation: object) -> None:
         """Note the generation of KafkaConnection `namespace/name` just read: its status's `observedGeneration`."""
-        if isinstance(generation, int):
-            with self._lock:
+        with self._lock:
+            self._missing.discard((namespace, name))
+            if isinstance(generation, int):
                 self._generations[(namespace, name)] = generation
 
     def unused(self, in_use: Iterable[object]) -> None:
@@ -422,6 +428,7 @@ class ConnectionStatuses:
         in_use = set(in_use)
         with self._lock:
             self._named &= in_use
+            self._missing &= in_use
             for ref in [ref for ref in self._generations if ref not in in_use and ref not in self._shown]:
                 del self._generations[ref]
             gone = [ref for ref, shown in self._shown.items() if ref not in in_use and shown.reason != "Unused"]
@@ -460,6 +467,8 @@ class ConnectionStatuses:
                 current = self._shown.get(ref) is shown   # no newer report since: that one is still to write
                 if outcome == "gone" and current:    # the KafkaConnection was deleted: nothing to say or keep
                     self._forget(ref)
+                    if ref not in self._read:   # else the watch's deletion is still to come (`forget`)
+                        self._missing.add(ref)
                 elif outcome == "written" or (outcome == "refused" and shown.reason == "Unused"):
                     self._attempts.pop(ref, None)
                     if outcome == "written":
