@@ -32,6 +32,13 @@ def _claim(name: str, created: str, cluster_id: str | None, deleting: bool) -> C
     return Claim("team", name, created, f"uid-{name}", None, cluster_id, deleting)
 
 
+@pytest.fixture(autouse=True)
+def _indexed_as_read(monkeypatch):
+    """The resources kopf's index names exist as indexed (the reads of `read_claim` are test_operator_units' and
+    test_operator_peering's)."""
+    monkeypatch.setattr(OperatorConfig, "read_claim", lambda self, claim: claim)
+
+
 def _applied_by_a(config: OperatorConfig, spec: dict = SPEC) -> str:
     """Subscription `payments` applied to the sandbox as resource team/a would; the cluster's id."""
     admin = config.admin("team", None)
@@ -214,5 +221,21 @@ def test_a_resource_never_handed_the_subscription_leaves_it_when_nothing_else_na
         handlers._delete(config, _body("b", NEWER, None), kopf.Patch(), {"payments": [
             _claim("b", NEWER, None, True)]}, 0)
         assert sandbox.store.configs("payments")
+    finally:
+        config.close()
+
+
+def test_an_owner_gone_while_its_claim_still_says_deleting_is_no_owner_to_defer_to(sandbox, monkeypatch):
+    """kopf's index keeps a resource deleted while this replica was paused by peering, as it was then (being deleted,
+    say). b, applied after a was gone, must not take that claim for an owner deleted together with it (whose policy
+    would decide): each claim is read first, and a is gone."""
+    config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5)
+    config.wake = lambda heir, owner: None
+    monkeypatch.setattr(OperatorConfig, "read_claim", lambda self, claim: None if claim.name == "a" else claim)
+    try:
+        cluster = _applied_by_a(config)   # as b applied it: the same subscription, the same settings
+        handlers._delete(config, _body("b", NEWER, cluster), kopf.Patch(), {"payments": [
+            _claim("a", OLDER, cluster, True), _claim("b", NEWER, cluster, True)]}, 0)
+        assert sandbox.store.configs("payments") == {}
     finally:
         config.close()

@@ -76,6 +76,11 @@ def test_the_heir_mark_is_written_with_a_bounded_request_and_read_back_as_the_ha
         def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, **options):
             patches.append((namespace, name, body, options))
 
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name, **options):
+            # Both resources exist, a being deleted: the deletion reads the others its index names.
+            deleting = {"deletionTimestamp": "2026-01-01T00:00:10Z"} if name == "a" else {}
+            return {"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}", **deleting}}
+
     monkeypatch.setattr(client, "CustomObjectsApi", Api)
     config = OperatorConfig(KafkaSettings(sandbox.bootstrap), kafka_timeout_s=5, api_client=_UNUSED_API)
     try:

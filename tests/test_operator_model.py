@@ -212,7 +212,7 @@ class World:
 
 
 class FakeCustomObjects:
-    """The Kubernetes API's custom objects, as the operator reads KafkaConnections and marks heirs."""
+    """The Kubernetes API's custom objects, as the operator reads KafkaConnections and older owners, and marks heirs."""
 
     def __init__(self, world: World, marked: list[str], status_written: list[tuple[str, dict]]) -> None:
         self.world, self.marked, self.status_written = world, marked, status_written
@@ -240,6 +240,11 @@ class FakeCustomObjects:
     def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
         if self.world.kube_failing:
             raise ApiException(status=503, reason="Service Unavailable")
+        if plural == "clientmetricssubscriptions":   # an older owner, read before a Conflict names it
+            obj = self.world.store.get(f"{namespace}/{name}")
+            if obj is None:
+                raise ApiException(status=404, reason="Not Found")
+            return copy.deepcopy(obj)
         servers = self.world.connections.get((namespace, name))
         if servers is None:
             raise ApiException(status=404, reason="Not Found")

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,7 +30,7 @@ PEERING = "kcm-replicas"  # not kopf's "default", which any other kopf operator 
 class Replica:
     """One `kcm operator --all-namespaces` process, named by kopf's POD_ID, logging to a file."""
 
-    def __init__(self, kube: KubeServer, bootstrap: str, priority: int, log: Path) -> None:
+    def __init__(self, kube: KubeServer, bootstrap: str, priority: int, log: Path, *extra: str) -> None:
         self.name = f"replica-{priority}"
         self.log = log
         self._ports = ExitStack()   # held until the replica stops: a port only seen free can be taken meanwhile
@@ -39,7 +40,7 @@ class Replica:
                 [sys.executable, "-m", "kcm_cli.main", "operator", "--all-namespaces", "--peering-name", PEERING,
                  "--bootstrap-server", bootstrap, "--priority", str(priority),
                  "--peering-lifetime", str(LIFETIME_S), "--metrics-port", str(self.metrics_port),
-                 "--liveness-port", "0", "--listen-address", "127.0.0.1"],
+                 "--liveness-port", "0", "--listen-address", "127.0.0.1", *extra],
                 env={**os.environ, "KUBECONFIG": str(kube.kubeconfig), "POD_ID": self.name},
                 stdout=output, stderr=subprocess.STDOUT)
 
@@ -107,6 +108,59 @@ def test_the_standby_takes_over_within_the_peering_lifetime_when_the_working_rep
         wait_for(lambda: replicas[10].applied() == 1.0, "replica-10 to count the apply")
         assert "Resuming operations after the pause" in replicas[10].output()
         wait_for(lambda: _peers(kube) == {"replica-10"}, "the dead replica's entry cleaned up")
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+
+
+def _ready(custom: client.CustomObjectsApi, name: str) -> tuple[str, str] | None:
+    conditions = (custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name).get("status") or {}).get(
+        "conditions") or []
+    return next(((c["status"], c["reason"]) for c in conditions if c["type"] == "Ready"), None)
+
+
+@pytest.mark.timeout(240)
+def test_a_replica_paused_meanwhile_takes_no_resource_deleted_during_its_pause_for_an_owner(kube, sandbox, tmp_path):
+    """kopf keeps its indexes through a pause and lists again on resuming, which brings no deletion: a resource
+    deleted while a replica was paused stays in its claims. Resumed, that replica must neither call the resource that
+    took over the subscription a Conflict with the deleted one, nor leave the subscription in Kafka for it when that
+    resource is deleted with `deletionPolicy: Delete`."""
+    custom = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+    custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", {
+        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})
+    replicas: dict[int, Replica] = {}
+    try:
+        replicas[10] = Replica(kube, sandbox.bootstrap, 10, tmp_path / "replica-10.log", "--drift-interval", "2")
+        wait_for(lambda: "replica-10" in _peers(kube), "replica-10 announced", 30)
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
+            "metadata": {"name": "payments"}, "spec": {**SPEC, "deletionPolicy": "Retain"}})
+        wait_for(lambda: replicas[10].applied() == 1.0, "replica-10 to apply the first owner")
+        replicas[20] = Replica(kube, sandbox.bootstrap, 20, tmp_path / "replica-20.log", "--drift-interval", "2")
+        wait_for(lambda: "Pausing operations in favour of" in replicas[10].output(), "replica-10 to pause", 60)
+
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "payments")
+        wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"],
+                 "replica-20 to let the first owner go")
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClientMetricsSubscription",
+            "metadata": {"name": "payments-v2"},
+            "spec": {**SPEC, "subscriptionName": "team.payments", "intervalMs": 5000, "deletionPolicy": "Delete"}})
+        wait_for(lambda: _ready(custom, "payments-v2") == ("True", "Applied"), "replica-20 to apply the heir")
+        assert sandbox.store.configs("team.payments").get("interval.ms") == "5000"
+
+        replicas[20].process.send_signal(signal.SIGKILL)
+        replicas[20].process.wait(timeout=10)
+        wait_for(lambda: "Resuming operations after the pause" in replicas[10].output(), "replica-10 to resume",
+                 LIFETIME_S + TAKEOVER_MARGIN_S)
+        time.sleep(8)   # its resume handler and a few drift checks (every 2 s) have had their turn
+        assert _ready(custom, "payments-v2") == ("True", "Applied"), replicas[10].output()[-3000:]
+
+        # Nor is the deleted one an owner to leave the subscription to: deleting the heir (Delete) removes it.
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "payments-v2")
+        wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, NS, PLURAL)["items"],
+                 "replica-10 to delete the heir")
+        assert sandbox.store.configs("team.payments") == {}, replicas[10].output()[-3000:]
     finally:
         for replica in replicas.values():
             replica.stop()

@@ -204,6 +204,33 @@ class OperatorConfig:
                 self.writer = client.ApiClient(configuration)
         return client.CustomObjectsApi(self.writer)
 
+    def read_claim(self, claim: Claim) -> Claim | None:
+        """`claim` (another resource's, from kopf's index) as the API has it now: None once its resource is gone (or
+        another was made under its name since), `deleting` as read. kopf keeps its indexes through a pause by peering
+        and lists again on resuming, which brings no deletion: a resource deleted meanwhile stays in its claims. One
+        found gone is forgotten here too; one that cannot be read now is taken as indexed (the next reconcile, drift
+        check or deletion retry reads it again)."""
+        try:
+            obj = self._objects().get_namespaced_custom_object(GROUP, VERSION, claim.namespace, SUBSCRIPTIONS,
+                                                               claim.name, _request_timeout=KUBERNETES_TIMEOUT_S)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                return claim
+            obj = {}
+        except urllib3.exceptions.HTTPError:
+            return claim
+        meta = obj.get("metadata") or {}
+        if meta.get("uid") == claim.uid:
+            return replace(claim, deleting=bool(meta.get("deletionTimestamp")))
+        self.forget(claim.uid)
+        self.mark_ready(claim.uid, False)
+        return None
+
+    def still_there(self, claim: Claim) -> bool:
+        """Whether the resource of `claim` still exists and is not being deleted (`read_claim`)."""
+        read = self.read_claim(claim)
+        return read is not None and not read.deleting
+
     def resource_lock(self, uid: str) -> threading.Lock:
         with self.lock:
             return self.resource_locks.setdefault(uid, threading.Lock())
@@ -783,16 +810,17 @@ def _older_owner(config: OperatorConfig, admin: BatchedAdmin, me: Claim, claims:
     naming the same KafkaConnection (or both the default cluster) share it; any other is compared by the cluster id
     last seen through its connection, so one whose connection breaks for a while still counts, or else by the
     cluster its status says it was applied to (after a restart). One never applied, whose cluster this operator
-    cannot reach now, is not counted: it cannot have applied anything."""
+    cannot reach now, is not counted: it cannot have applied anything. Nor is one gone (`still_there`)."""
     mine = None
     for claim in oldest_first([*claims, me]):
         if (claim.namespace, claim.name) == (me.namespace, me.name):
             return None
-        if claim.cluster_ref == me.cluster_ref:
-            return claim
-        if mine is None:
-            mine = config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
-        if config.known_cluster_id(claim) == mine:
+        if claim.cluster_ref != me.cluster_ref:
+            if mine is None:
+                mine = config.remember_cluster_id(me.cluster_ref, admin.cluster_id())
+            if config.known_cluster_id(claim) != mine:
+                continue
+        if config.still_there(claim):
             return claim
     return None
 
@@ -829,7 +857,9 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     me = _claim(body, desired)
     # A claim being deleted keeps nothing: it has handed the subscription over (to this one, perhaps) or removes it.
     others = [claim for claim in _claims_of(claims, desired.name) if claim.ref != me.ref and not claim.deleting]
-    same = [claim for claim in others if _same_cluster(config, me, claim)]  # as far as known without connecting
+    # As far as known without connecting; each read first (`read_claim`): a resource deleted while this replica was
+    # paused by peering is neither an owner nor an heir.
+    same = [claim for claim in others if _same_cluster(config, me, claim) and config.still_there(claim)]
     keeper = oldest_first([*same, me])[0]
     if keeper.ref != me.ref:  # an older resource on the same cluster: no need to ask Kafka
         _say(logging.INFO, namespace, name, "deleted without touching %s, which %s manages", desired.name, keeper.ref)
@@ -863,7 +893,8 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     # see `wake`), which may have been deleted before it could reconcile (a namespace deleted, `kubectl delete -f
     # dir/`): this one removes it. One deleted with the owner was handed nothing: the owner's own policy decides.
     handed_by = body.metadata.annotations.get(OWNER_DELETED_ANNOTATION) or ""
-    named_too = [claim for claim in _claims_of(claims, desired.name) if claim.ref != me.ref]
+    named_too = [read for claim in _claims_of(claims, desired.name)
+                 if claim.ref != me.ref and (read := config.read_claim(claim)) is not None]
     inherited = any(claim.deleting and claim.cluster_id and handed_by.startswith(f"{claim.ref} at ")
                     and _same_cluster(config, me, claim) for claim in named_too)
     # Handed over, and nothing else names it any more: the owner is gone, and this one never applied it (Kafka
