@@ -188,8 +188,9 @@ class _Flattener:
             parts = [self._part(given, i, resource, count) for resource, count in resources]
             text += sum(count * chars for _, _, count, chars in parts) + self._carried_chars[i] * (
                 len(built.record) - start)
+            # A record without points keeps its identity (headers, key) on its one row: bounded the same.
             longest = max((self._carried_longest[i], *(max(map(len, filter(None, found)), default=0)
-                                                       for found, *_ in parts)))  # parts may be none
+                                                       for found, *_ in parts or [self._part(given, i, None, 1)])))
             if longest > MAX_IDENTITY_CHARS:
                 raise NotRollable(f"a client identity or contract header value of {longest} characters, more than "
                                   f"{MAX_IDENTITY_CHARS}", TOO_LARGE)
