@@ -746,3 +746,50 @@ def test_a_write_that_finds_a_connection_gone_before_the_watch_says_so_leaves_th
         assert api.wait(2)[1][2]["conditions"][0]["reason"] == "Connected"
     finally:
         statuses.close()
+
+
+def test_a_status_another_replica_wrote_meanwhile_is_what_the_next_report_is_compared_with():
+    """A replica paused by peering keeps what it last wrote; the working one may have written another status since
+    (Kafka down), and this one, resumed when Kafka is back, must not take its own old `Connected` for what is shown."""
+    api = _StatusApi()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.seen("ns", "a", {})
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        (mine,) = api.wait(1)
+        statuses.seen("ns", "a", mine[2])   # the watch brings this replica's own write back: nothing to do
+        time.sleep(0.2)
+        assert len(api.writes) == 1
+        other = {"clusterId": "c1", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "KafkaUnavailable", "message": "no answer",
+             "lastTransitionTime": "2026-11-29T12:00:00Z"}]}
+        statuses.seen("ns", "a", other)   # the other replica's, once this one resumed (a fresh listing)
+
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        writes = api.wait(2)
+        assert writes[1][2]["conditions"][0]["reason"] == "Connected"
+        assert writes[1][2]["conditions"][0]["lastTransitionTime"] != "2026-11-29T12:00:00Z"   # a transition
+    finally:
+        statuses.close()
+
+
+def test_a_status_read_while_a_report_waits_to_be_written_leaves_that_report_to_write():
+    release = threading.Event()
+
+    class Slow(_StatusApi):
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            release.wait(10)
+            return super().patch_namespaced_custom_object_status(*args, **kwargs)
+
+    api = Slow()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
+        time.sleep(0.2)   # its write is under way
+        statuses.seen("ns", "a", {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "Unused",
+                                                  "message": "older", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
+        assert statuses.shown("ns", "a").reason == "KafkaUnavailable"
+        release.set()
+        assert api.wait(1)[0][2]["conditions"][0]["reason"] == "KafkaUnavailable"
+    finally:
+        statuses.close()

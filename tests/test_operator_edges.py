@@ -164,7 +164,7 @@ def test_a_deleted_resource_is_forgotten_its_lock_and_drift_history_go_with_it(e
                  if handler.id == "delete"]
     config.resource_lock("uid-a")
     config.drift_history["uid-a"] = handlers.collections.deque([True, True], maxlen=handlers.CONTESTED_WINDOW)
-    config.contested.add("uid-a")
+    config.contested["uid-a"] = 1
     retained = {**DELETE_SPEC, "deletionPolicy": "Retain"}   # nothing to ask Kafka
     try:
         asyncio.run(delete.fn(body=_body("a", OLDER, "cluster", spec=retained), patch=kopf.Patch(), claims={},
@@ -212,6 +212,7 @@ def test_a_conflict_is_one_warning_not_one_per_reconcile(events):
     resume of a resource in Conflict posted another Warning. No Kafka needed: the older resource names the same
     (default) cluster, which is all `_older_owner` looks at."""
     config = OperatorConfig(KafkaSettings("127.0.0.1:9"), kafka_timeout_s=1)
+    config.read_claim = lambda claim: claim   # the older resource exists (no Kubernetes API here)
     older = Claim("team", "first", OLDER, "uid-first", None, "cluster")
     resource = _resource(spec={**SPEC, "subscriptionName": "shared"})
     claims = {"shared": [older]}
@@ -726,3 +727,123 @@ def test_apply_shows_a_subscription_name_with_control_characters_escaped(sandbox
     assert code == 0, err
     assert not any(character in out for character in "\x1b\x07"), out
     assert "evil\\x1b]0;pwned\\x07" in out
+
+
+@pytest.mark.timeout(60)
+def test_a_drift_check_under_way_when_peering_pauses_the_operator_does_not_end_that_resources_drift_checks():
+    """kopf stops a resource's timers when peering pauses the operator, leaves one that does not end at once
+    orphaned, and on resuming does not start it again while that one still runs; once it ends, nothing starts it
+    (found by a review: a check waiting for its resource's lock, or for Kafka, when the pause came). Driven through
+    kopf's own daemon machinery with the operator's real timer handler."""
+    from kopf._cogs.aiokits import aiotoggles
+    from kopf._cogs.configs import configuration
+    from kopf._cogs.structs import bodies, ephemera, patches, references
+    from kopf._core.engines import daemons
+    from kopf._core.intents import causes, stoppers
+    from kopf._core.reactor import inventory
+
+    class CountingLock:
+        """The resource's lock: each drift check takes it; held by the test, the first check waits."""
+
+        def __init__(self) -> None:
+            self.lock, self.taken = threading.Lock(), 0
+
+        def __enter__(self):
+            self.lock.acquire()
+            self.taken += 1
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.lock.release()
+
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"), drift_interval_s=0.5)
+    registry = handlers.build_registry(config)
+    (timer,) = registry._spawning.get_all_handlers()
+    # Being deleted: the check itself returns at once once it has the lock (no Kafka, no API).
+    raw = _resource()
+    raw["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+    lock = config.resource_locks[raw["metadata"]["uid"]] = CountingLock()
+
+    async def scenario() -> int:
+        settings = configuration.OperatorSettings()
+        memories = inventory.ResourceMemories()
+        memory = await memories.recall(raw)
+        body = bodies.Body(raw)
+        memory.daemons_memory.live_fresh_body = body
+        resource = references.Resource(group="kcm.dev", version="v1alpha1", plural="clientmetricssubscriptions",
+                                       namespaced=True)
+        paused = aiotoggles.ToggleSet(any)
+        peering = await paused.make_toggle(False, name="peering")
+        killer = asyncio.create_task(daemons.daemon_killer(settings=settings, memories=memories,
+                                                           operator_paused=paused))
+
+        async def listed() -> None:   # an event of the (re-)listing: kopf spawns the timers not running
+            cause = causes.SpawningCause(resource=resource, indices={"claims": {}}, logger=logging.getLogger("t"),
+                                         patch=patches.Patch(), body=body, memo=ephemera.Memo(), reset=False)
+            await daemons.spawn_daemons(settings=settings, handlers=[timer], cause=cause,
+                                        daemons=memory.daemons_memory.running_daemons, memory=memory.daemons_memory)
+
+        lock.lock.acquire()
+        await listed()
+        await asyncio.sleep(1.0)          # its first check waits for the resource's lock
+        await peering.turn_to(True)       # paused by peering
+        await asyncio.sleep(0.5)
+        await peering.turn_to(False)      # resumed while that check still waits
+        await listed()
+        lock.lock.release()
+        await asyncio.sleep(3.0)          # six intervals
+        taken = lock.taken
+        killer.cancel()
+        for daemon in list(memory.daemons_memory.running_daemons.values()):
+            await daemons.stop_daemon(settings=settings, daemon=daemon,
+                                      reason=stoppers.DaemonStoppingReason.OPERATOR_EXITING)
+        return taken
+
+    try:
+        taken = asyncio.run(scenario())
+    finally:
+        config.close()
+    assert taken >= 3, f"drift checks after resuming: {taken - 1}"
+
+
+def test_a_spec_change_another_replica_applied_during_a_pause_ends_contested():
+    """A replica paused by peering never sees the change handler run for an edit the working one applied (kopf finds
+    nothing new on resuming): its drift check must not go on holding the resource Contested from before."""
+    import types
+
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"))
+    drifted = Change("team.payments", "update", (Op("interval.ms", SET, "60000"),))
+    config.contested["uid-a"] = 1
+    config.drift_history["uid-a"] = handlers.collections.deque([True] * 4, maxlen=handlers.CONTESTED_WINDOW)
+    same = types.SimpleNamespace(generation=1, was_ready=False)
+    assert handlers._contested(config, "uid-a", same, drifted, True) == "held"
+    edited = types.SimpleNamespace(generation=2, was_ready=True)
+    assert handlers._contested(config, "uid-a", edited, drifted, True) is None
+    assert "uid-a" not in config.contested and "uid-a" not in config.drift_history
+
+
+def test_an_edited_kafka_connection_drops_the_cluster_id_and_resolution_learnt_through_its_old_spec():
+    """Re-pointed to another cluster (perhaps while this replica was paused by peering, the working one applying its
+    resources there), a connection's remembered cluster id would make ownership checks compare with the old cluster,
+    where its resources' status says the new one; the resolution drift checks reuse would keep the old servers."""
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"), resolve=lambda namespace, name: None)
+    (event,) = handlers.build_registry(config)._watching.get_all_handlers()
+    ref = ("team", "analytics")
+    owner = Claim("team", "z", OLDER, "uid-z", "analytics", "cluster-new")
+
+    def seen(generation: int | None, kind: str = "MODIFIED") -> None:
+        body = kopf.Body({"metadata": {"namespace": "team", "name": "analytics", "generation": generation},
+                          "spec": {}, "status": {}})
+        event.fn(event={"type": kind}, body=body, claims={})
+
+    seen(1, "ADDED")
+    config.remember_cluster_id(ref, "cluster-old")
+    config.resolved[ref] = (time.monotonic(), KafkaSettings("old:9092"))
+    seen(1)   # its status written, say: the same generation keeps both
+    assert config.known_cluster_id(owner) == "cluster-old" and ref in config.resolved
+    seen(2)
+    assert config.known_cluster_id(owner) == "cluster-new" and ref not in config.resolved
+    config.remember_cluster_id(ref, "cluster-new")
+    seen(None, "DELETED")   # the last cluster seen through it stays known (deleting its resources needs it)
+    assert config.known_cluster_id(owner) == "cluster-new" and ref not in config.connection_generations
+    config.close()

@@ -555,7 +555,7 @@ def test_checks_that_find_drift_every_other_time_are_a_fight_and_a_rare_edit_is_
     # between the other's check and its revert): a count within a window sees that fight, a count in a row never did.
     config = OperatorConfig(KafkaSettings("127.0.0.1:9"), 1)
     # The status as a drift check may see it: the watch has not brought the Contested patch yet (a stale body).
-    ready = SimpleNamespace(ready_reason="Applied", was_ready=True)
+    ready = SimpleNamespace(ready_reason="Applied", was_ready=True, generation=1)
     drifted = Change("shared", "update", (Op("interval.ms", SET, "1000"),))
     unchanged = Change("shared", "unchanged")
     fought = [handlers._contested(config, "fought", ready, drifted if check % 2 else unchanged, True)
@@ -578,7 +578,7 @@ def test_a_contested_subscription_the_other_side_let_go_of_is_applied_again():
     """Deleting the other side's resource (the documented way out of a fight) removed the subscription from Kafka, and
     the remaining resource, Contested, never put it back."""
     config = OperatorConfig(KafkaSettings("127.0.0.1:9"), 1)
-    ready = SimpleNamespace(ready_reason="Applied", was_ready=True)
+    ready = SimpleNamespace(ready_reason="Applied", was_ready=True, generation=1)
     drifted = Change("shared", "update", (Op("interval.ms", SET, "1000"),))
     decisions = [handlers._contested(config, "fought", ready, drifted, True) for _ in range(5)]
     assert decisions == [None, None, None, "new", "held"]

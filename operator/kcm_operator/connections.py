@@ -383,8 +383,9 @@ class ConnectionStatuses:
         self._lock.notify_all()
 
     def seen(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """What KafkaConnection `namespace/name`'s status says (as the operator starts, or it changed), for a connection
-        nothing was reported of since: an unchanged report then keeps its condition's transition time."""
+        """What KafkaConnection `namespace/name`'s status says (as the operator starts, or it changed: by this
+        replica, or another while this one was paused by peering): what the next report is compared with, unless a
+        report of this one is still to write. An unchanged report then keeps its condition's transition time."""
         conditions = status.get("conditions") if isinstance(status, Mapping) else None
         ready = next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None) \
             if isinstance(conditions, list) else None
@@ -396,10 +397,15 @@ class ConnectionStatuses:
             self._missing.discard(ref)
             if ready is not None:
                 cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
-                self._shown.setdefault(ref, Shown(
+                read = Shown(
                     str(ready.get("status")), str(ready.get("reason") or ""), str(ready.get("message") or ""),
                     cluster_id if isinstance(cluster_id, str) else None,
-                    generation if isinstance(generation, int) else None, str(ready.get("lastTransitionTime") or "")))
+                    generation if isinstance(generation, int) else None, str(ready.get("lastTransitionTime") or ""))
+                # What another replica wrote while this one was paused by peering is what a report is compared
+                # with (else the first report equal to this replica's own last one, now untrue, is never written);
+                # a report of this one's still to write stays.
+                if ref not in self._due:
+                    self._shown[ref] = read
             if ref in self._named:   # named while nothing was known of it: Idle, unless it says more than Unused
                 self._named.discard(ref)
                 if (shown := self._shown.get(ref)) is None or shown.reason == "Unused":

@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
@@ -105,6 +105,8 @@ class OperatorConfig:
     # (namespace, connection) or None → the Kafka cluster id last seen through it: a cluster's id never changes, so
     # ownership checks need not resolve and connect to every other resource's cluster at every event.
     cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
+    # (namespace, connection) → its generation as the watch last brought it (`connection_seen`)
+    connection_generations: dict[tuple[str, str], Any] = field(default_factory=dict)
     # uid → the lock one resource's handlers take in turn: kopf runs its drift timer alongside its change handlers.
     resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
     # uid → whether each of its latest drift checks (CONTESTED_WINDOW at most) found the subscription changed outside
@@ -112,7 +114,9 @@ class OperatorConfig:
     drift_history: dict[str, collections.deque[bool]] = field(default_factory=dict)
     # uids kcm stopped reverting (Contested): remembered here, not read back from the status, which a drift check
     # may see before the watch has brought the last patch (each stale check would post the event again).
-    contested: set[str] = field(default_factory=set)
+    # uid → the generation it was decided at: a spec change ends it, also one another replica applied while this one
+    # was paused by peering (which this one's change handlers never see).
+    contested: dict[str, int | None] = field(default_factory=dict)
     # uid → [the generation a drift check found no handler had taken up, whether it was nudged]
     unhandled: dict[str, list[Any]] = field(default_factory=dict)
     # uid → the KafkaConnection (None: the default cluster) its latest reconcile was for
@@ -239,7 +243,7 @@ class OperatorConfig:
         with self.lock:
             self.resource_locks.pop(uid, None)
             self.drift_history.pop(uid, None)
-            self.contested.discard(uid)
+            self.contested.pop(uid, None)
             self.unhandled.pop(uid, None)
             self.connection_of.pop(uid, None)
             self.unwritten.discard(uid)
@@ -411,6 +415,20 @@ class OperatorConfig:
         with self.lock:
             return self.cluster_ids.get(claim.cluster_ref) or claim.cluster_id
 
+    def connection_seen(self, ref: tuple[str, str], generation: object) -> None:
+        """KafkaConnection `ref` at `generation`, as the watch brings it (None: deleted). A new generation (an edit,
+        perhaps made while this replica was paused by peering) drops what was learnt through its old spec: the
+        cluster id seen through it (a resource's status then says which cluster it is on) and the resolution drift
+        checks reuse."""
+        with self.lock:
+            before = self.connection_generations.pop(ref, None)
+            if generation is None:
+                return
+            self.connection_generations[ref] = generation
+            if before is not None and before != generation:
+                self.cluster_ids.pop(ref, None)
+                self.resolved.pop(ref, None)
+
     def remember_cluster_id(self, ref: tuple[str, str] | None, cluster_id: str) -> str:
         """Note the cluster id seen through a connection (kept up to date by that connection's own reconciles)."""
         with self.lock:
@@ -486,9 +504,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             _reconcile(config, body, patch, claims, retry, drift_check=False)
 
     @kopf.timer(**resource, id="drift", interval=config.drift_interval_s, initial_delay=config.drift_interval_s)
-    async def check_drift(body: kopf.Body, claims: kopf.Index, **_: Any) -> None:
+    async def check_drift(body: kopf.Body, claims: kopf.Index, stopped: kopf.DaemonStopped | None = None,
+                          **_: Any) -> None:
         # What the check changes is written by `config.write`, not left in kopf's patch: see there.
-        await _on_cluster_threads(config, body, lambda: _locked_drift_check(body, claims))
+        await _until_stopped(_on_cluster_threads(config, body, lambda: _locked_drift_check(body, claims)), stopped)
 
     def _locked_drift_check(body: kopf.Body, claims: kopf.Index) -> None:
         # kopf's body is live: a snapshot taken under the lock is what the change handlers last saw, and stays one
@@ -548,10 +567,12 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     def connection_event(event: Mapping[str, Any], body: kopf.Body, claims: kopf.Index, **_: Any) -> None:
         # Each KafkaConnection as the operator starts, and as it changes: one no resource names (yet, or any more,
         # also since before a restart) says Unused; what its status says is where reports of it start from.
+        namespace, name = body.metadata.namespace, body.metadata.name
+        deleted = event.get("type") == "DELETED"
+        config.connection_seen((namespace, name), None if deleted else body.metadata.get("generation"))
         if config.statuses is None:
             return
-        namespace, name = body.metadata.namespace, body.metadata.name
-        if event.get("type") == "DELETED":
+        if deleted:
             config.statuses.forget(namespace, name)
             return
         config.statuses.seen(namespace, name, body.status)
@@ -641,6 +662,36 @@ async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Cal
         key = config.slot_key(ref) or ref  # still unknown (the KafkaConnection is missing): its own share
     async with config.cluster_slot(key):
         await _on_thread(config, work)
+
+
+_LEFT_RUNNING: set[asyncio.Future] = set()   # drift checks a stop left to finish on their own (`_until_stopped`)
+
+
+async def _until_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped | None) -> None:
+    """Await a timer's `work` until kopf stops the timer (a pause by peering, the resource's deletion, the operator
+    exiting). kopf leaves a timer that does not end at once orphaned, and on resuming does not start it again while
+    that one still runs: the resource's drift checks would end for good. So a stop ends the wait at once; `work` is
+    cancelled: not started, dropped; started, it finishes on its handler thread, which holds the resource's lock."""
+    if stopped is None:   # called as kopf does not (tests)
+        return await work
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    _LEFT_RUNNING.add(task)
+
+    def finished(done: asyncio.Future) -> None:
+        _LEFT_RUNNING.discard(done)
+        if not done.cancelled() and done.exception() is not None:
+            log.error("a drift check left to finish after its timer stopped failed", exc_info=done.exception())
+
+    task.add_done_callback(finished)
+    return None
 
 
 def _learn_servers(config: OperatorConfig, namespace: str, connection: str | None) -> None:
@@ -829,12 +880,13 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
     """Whether to leave the subscription as it is: after CONTESTED_AFTER reverts within the last CONTESTED_WINDOW
     drift checks it was found changed outside kcm again, so something else keeps changing it back, and reverting again
     would only go on fighting it. "new" for the check that finds that, "held" for the checks after it, None to apply.
-    Kafka as specified, the subscription gone from Kafka (the other side let go of it), a spec change or a restart
-    (resume) ends it."""
+    Kafka as specified, the subscription gone from Kafka (the other side let go of it), a spec change (also one another
+    replica applied while this one was paused by peering) or a restart (resume) ends it."""
     held = uid in config.contested
-    if not drift_check or (held and (not change.ops or change.action == "create")):
+    if not drift_check or (held and (not change.ops or change.action == "create"
+                                     or config.contested[uid] != status.generation)):
         config.drift_history.pop(uid, None)
-        config.contested.discard(uid)
+        config.contested.pop(uid, None)
         return None
     if held:
         return "held"
@@ -844,7 +896,7 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
     history = config.drift_history.setdefault(uid, collections.deque(maxlen=CONTESTED_WINDOW))
     history.append(bool(change.ops))
     if change.ops and sum(history) > CONTESTED_AFTER:
-        config.contested.add(uid)
+        config.contested[uid] = status.generation
         return "new"
     return None
 
