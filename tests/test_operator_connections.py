@@ -734,15 +734,41 @@ def test_a_connection_known_to_be_gone_gets_no_writes_until_it_is_seen_or_read_a
         statuses.close()
 
 
-def test_a_write_that_finds_a_connection_gone_before_the_watch_says_so_leaves_the_deletion_to_the_watch():
+def test_a_connection_a_write_finds_gone_is_known_gone_unless_the_watch_brought_it_during_the_write():
+    """One deleted while this replica was paused by peering never gets its deletion from the watch (kopf lists again on
+    resuming): the write's 404 says it. One made again while the write was under way is seen, and written to."""
     api = _StatusApi([client.ApiException(status=404, reason="Not Found")])
     statuses = connections.ConnectionStatuses(api)
     try:
         statuses.seen("ns", "a", {})
         statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
         api.wait(1)
-        time.sleep(0.2)   # gone, but the watch has not said so: it may be the old one, made again since
-        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        time.sleep(0.2)
+        statuses.report("ns", "a", "False", "InvalidSpec", "KafkaConnection ns/a does not exist")
+        time.sleep(0.3)
+        assert len(api.writes) == 1, "gone, and no deletion will come: not written to"
+    finally:
+        statuses.close()
+
+    release = threading.Event()
+
+    class MadeAgainDuringTheWrite(_StatusApi):
+        def patch_namespaced_custom_object_status(self, *args, **kwargs):
+            if not self.writes:
+                release.wait(10)
+            return super().patch_namespaced_custom_object_status(*args, **kwargs)
+
+    api = MadeAgainDuringTheWrite([client.ApiException(status=404, reason="Not Found")])
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.seen("ns", "b", {})
+        statuses.report("ns", "b", "False", "KafkaUnavailable", "no answer")
+        time.sleep(0.2)   # the write is under way
+        statuses.seen("ns", "b", {})   # made again: the watch brings it
+        release.set()
+        api.wait(1)
+        time.sleep(0.2)
+        statuses.report("ns", "b", "True", "Connected", "cluster c1 answers", "c1")
         assert api.wait(2)[1][2]["conditions"][0]["reason"] == "Connected"
     finally:
         statuses.close()

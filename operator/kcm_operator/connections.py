@@ -327,6 +327,8 @@ class ConnectionStatuses:
         self._named: set[Ref] = set()           # named while nothing was known of them: `seen` says Idle (`named`)
         self._read: set[Ref] = set()            # connections whose status the watch has brought (`seen`)
         self._missing: set[Ref] = set()         # known to be gone: no report is written until seen or resolved
+        self._seen_at: dict[Ref, int] = {}      # the number of `seen` calls when each connection was last seen
+        self._seen_count = 0
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -395,6 +397,8 @@ class ConnectionStatuses:
                 return
             self._read.add(ref)
             self._missing.discard(ref)
+            self._seen_count += 1
+            self._seen_at[ref] = self._seen_count
             if ready is not None:
                 cluster_id, generation = status.get("clusterId"), status.get("observedGeneration")
                 read = Shown(
@@ -416,6 +420,7 @@ class ConnectionStatuses:
         with self._lock:
             self._named.discard((namespace, name))
             self._read.discard((namespace, name))
+            self._seen_at.pop((namespace, name), None)
             self._forget((namespace, name))
             # Nothing to write while it stays gone (a subscription naming it fails at each retry and drift check):
             # until the watch brings it back (`seen`) or a resolve reads it.
@@ -467,13 +472,16 @@ class ConnectionStatuses:
                 if self._closed:
                     return
                 ref = ready[0]
-                shown = self._shown[ref]
+                shown, seen_at = self._shown[ref], self._seen_at.get(ref)
             outcome = self._write(ref, shown)
             with self._lock:
                 current = self._shown.get(ref) is shown   # no newer report since: that one is still to write
                 if outcome == "gone" and current:    # the KafkaConnection was deleted: nothing to say or keep
                     self._forget(ref)
-                    if ref not in self._read:   # else the watch's deletion is still to come (`forget`)
+                    # Known gone, unless the watch brought it (made again) during the write. Its deletion may never
+                    # come: one deleted while this replica was paused by peering is not listed on resuming.
+                    if self._seen_at.get(ref) == seen_at:
+                        self._read.discard(ref)
                         self._missing.add(ref)
                 elif outcome == "written" or (outcome == "refused" and shown.reason == "Unused"):
                     self._attempts.pop(ref, None)
