@@ -819,3 +819,25 @@ def test_a_status_read_while_a_report_waits_to_be_written_leaves_that_report_to_
         assert api.wait(1)[0][2]["conditions"][0]["reason"] == "KafkaUnavailable"
     finally:
         statuses.close()
+
+
+def test_the_watch_bringing_this_replicas_earlier_write_after_a_later_one_changes_nothing():
+    """Two writes in a row, then the watch brings the first one's event: taken for what the object says, the next
+    report equal to it would not be written, and the second event would then leave the object saying the second."""
+    api = _StatusApi()
+    statuses = connections.ConnectionStatuses(api)
+    try:
+        statuses.seen("ns", "a", {})
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
+        first = api.wait(1)[0][2]
+        time.sleep(0.2)
+        statuses.report("ns", "a", "True", "Connected", "cluster c1 answers", "c1")
+        second = api.wait(2)[1][2]
+        time.sleep(0.2)
+        statuses.seen("ns", "a", first)    # the watch, a moment late
+        statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
+        statuses.seen("ns", "a", second)
+        writes = api.wait(3)
+        assert writes[2][2]["conditions"][0]["reason"] == "KafkaUnavailable"
+    finally:
+        statuses.close()

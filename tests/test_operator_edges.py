@@ -823,27 +823,74 @@ def test_a_spec_change_another_replica_applied_during_a_pause_ends_contested():
 
 
 def test_an_edited_kafka_connection_drops_the_cluster_id_and_resolution_learnt_through_its_old_spec():
-    """Re-pointed to another cluster (perhaps while this replica was paused by peering, the working one applying its
-    resources there), a connection's remembered cluster id would make ownership checks compare with the old cluster,
-    where its resources' status says the new one; the resolution drift checks reuse would keep the old servers."""
+    """Re-pointed to another cluster, or deleted and made again (perhaps while this replica was paused by peering, the
+    working one applying its resources there), a connection's remembered cluster id would make ownership checks
+    compare with the old cluster, where its resources' status says the new one; the resolution drift checks reuse
+    would keep the old servers."""
     config = OperatorConfig(KafkaSettings("127.0.0.1:9"), resolve=lambda namespace, name: None)
     (event,) = handlers.build_registry(config)._watching.get_all_handlers()
     ref = ("team", "analytics")
     owner = Claim("team", "z", OLDER, "uid-z", "analytics", "cluster-new")
 
-    def seen(generation: int | None, kind: str = "MODIFIED") -> None:
-        body = kopf.Body({"metadata": {"namespace": "team", "name": "analytics", "generation": generation},
-                          "spec": {}, "status": {}})
+    def seen(generation: int, kind: str = "MODIFIED", uid: str = "uid-1") -> None:
+        body = kopf.Body({"metadata": {"namespace": "team", "name": "analytics", "uid": uid,
+                                       "generation": generation}, "spec": {}, "status": {}})
         event.fn(event={"type": kind}, body=body, claims={})
 
-    seen(1, "ADDED")
-    config.remember_cluster_id(ref, "cluster-old")
-    config.resolved[ref] = (time.monotonic(), KafkaSettings("old:9092"))
-    seen(1)   # its status written, say: the same generation keeps both
-    assert config.known_cluster_id(owner) == "cluster-old" and ref in config.resolved
-    seen(2)
-    assert config.known_cluster_id(owner) == "cluster-new" and ref not in config.resolved
-    config.remember_cluster_id(ref, "cluster-new")
-    seen(None, "DELETED")   # the last cluster seen through it stays known (deleting its resources needs it)
-    assert config.known_cluster_id(owner) == "cluster-new" and ref not in config.connection_generations
-    config.close()
+    def learnt(cluster: str) -> None:
+        config.remember_cluster_id(ref, cluster)
+        config.resolved[ref] = (time.monotonic(), KafkaSettings("old:9092"))
+
+    try:
+        seen(1, "ADDED")
+        learnt("cluster-old")
+        seen(1)   # its status written, say: the same generation keeps both
+        assert config.known_cluster_id(owner) == "cluster-old" and ref in config.resolved
+        seen(2)
+        assert config.known_cluster_id(owner) == "cluster-new" and ref not in config.resolved
+
+        learnt("cluster-old")
+        seen(2, "DELETED")   # what was learnt stays known while it is gone (deleting its resources needs it)
+        assert config.known_cluster_id(owner) == "cluster-old" and ref in config.resolved
+        seen(1, "ADDED", uid="uid-2")   # made again, at generation 1 as well
+        assert config.known_cluster_id(owner) == "cluster-new" and ref not in config.resolved
+
+        seen(1, "DELETED", uid="uid-2")
+        config.retire_unused({ref})
+        assert ref in config.connection_versions, "still named: kept, to tell one made again"
+        config.retire_unused(set())
+        assert ref not in config.connection_versions
+    finally:
+        config.close()
+
+
+def test_a_drift_check_whose_handler_is_cancelled_leaves_its_work_tracked_not_running_loose():
+    """The event loop closing cancels the timer's handler itself: its work is cancelled too (started work finishes
+    on its thread) and kept until it ends, not left an untracked task."""
+    config = OperatorConfig(KafkaSettings("127.0.0.1:9"))
+    release = threading.Event()
+
+    class NeverStopped:
+        def wait(self):
+            return asyncio.Event().wait()
+
+    async def scenario() -> None:
+        work = handlers._on_thread(config, lambda: release.wait(10))
+        handler = asyncio.ensure_future(handlers._until_stopped(config, work, NeverStopped()))
+        await asyncio.sleep(0.2)   # the work has started on its thread
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        (left,) = config.left_running
+        assert not left.done()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        await asyncio.sleep(0)
+        assert config.left_running == set()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        config.close()

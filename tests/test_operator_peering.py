@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
@@ -153,7 +152,9 @@ def test_a_replica_paused_meanwhile_takes_no_resource_deleted_during_its_pause_f
         replicas[20].process.wait(timeout=10)
         wait_for(lambda: "Resuming operations after the pause" in replicas[10].output(), "replica-10 to resume",
                  LIFETIME_S + TAKEOVER_MARGIN_S)
-        time.sleep(8)   # its resume handler and a few drift checks (every 2 s) have had their turn
+        # Its resume handler and two drift checks (every 2 s) of the new owner have had their turn.
+        wait_for(lambda: replicas[10].output().rsplit("Resuming operations", 1)[-1].count("Timer 'drift' succeeded")
+                 >= 2, "replica-10's drift checks after resuming")
         assert _ready(custom, "payments-v2") == ("True", "Applied"), replicas[10].output()[-3000:]
 
         # Nor is the deleted one an owner to leave the subscription to: deleting the heir (Delete) removes it.

@@ -8,6 +8,7 @@ errors name the Secret and key, never a value.
 from __future__ import annotations
 
 import base64
+import collections
 import datetime
 import hashlib
 import logging
@@ -38,6 +39,7 @@ _VALIDATED_SETTINGS = 1024  # distinct connection settings remembered as loading
 RETIRED_MATERIAL_GRACE_S = 600.0
 API_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread for ever
 STATUS_RETRY_MAX_S = 60.0  # a failing status write is tried again after 1, 2, 4 … 60 s
+OURS_KEPT = 8  # a connection's latest status writes the watch may still bring back, told from another replica's
 IDLE_MESSAGE = ("ClientMetricsSubscriptions name this KafkaConnection, but none applies anything through it: they are "
                 "paused, or another resource manages their subscription")
 UNUSED_MESSAGE = ("no ClientMetricsSubscription this operator watches names this KafkaConnection, so the operator does "
@@ -328,6 +330,7 @@ class ConnectionStatuses:
         self._read: set[Ref] = set()            # connections whose status the watch has brought (`seen`)
         self._missing: set[Ref] = set()         # known to be gone: no report is written until seen or resolved
         self._seen_at: dict[Ref, int] = {}      # the number of `seen` calls when each connection was last seen
+        self._ours: dict[Ref, collections.deque[Shown]] = {}   # each connection's statuses this replica wrote last
         self._seen_count = 0
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -407,8 +410,9 @@ class ConnectionStatuses:
                     generation if isinstance(generation, int) else None, str(ready.get("lastTransitionTime") or ""))
                 # What another replica wrote while this one was paused by peering is what a report is compared
                 # with (else the first report equal to this replica's own last one, now untrue, is never written);
-                # a report of this one's still to write stays.
-                if ref not in self._due:
+                # a report of this one's still to write stays, and the watch bringing this one's own earlier writes
+                # (after a later one) changes nothing.
+                if ref not in self._due and read not in self._ours.get(ref, ()):
                     self._shown[ref] = read
             if ref in self._named:   # named while nothing was known of it: Idle, unless it says more than Unused
                 self._named.discard(ref)
@@ -487,6 +491,7 @@ class ConnectionStatuses:
                     self._attempts.pop(ref, None)
                     if outcome == "written":
                         self._refused = {(done, status) for done, status in self._refused if done != ref}
+                        self._ours.setdefault(ref, collections.deque(maxlen=OURS_KEPT)).append(shown)
                     if current:
                         del self._due[ref]
                         if outcome == "refused":   # an Unused it may not write is dropped
@@ -499,6 +504,7 @@ class ConnectionStatuses:
 
     def _forget(self, ref: Ref) -> None:
         self._refused = {(done, status) for done, status in self._refused if done != ref}
+        self._ours.pop(ref, None)
         self._needs.pop(ref, None)
         self._shown.pop(ref, None)
         self._generations.pop(ref, None)

@@ -105,8 +105,8 @@ class OperatorConfig:
     # (namespace, connection) or None → the Kafka cluster id last seen through it: a cluster's id never changes, so
     # ownership checks need not resolve and connect to every other resource's cluster at every event.
     cluster_ids: dict[tuple[str, str] | None, str] = field(default_factory=dict)
-    # (namespace, connection) → its generation as the watch last brought it (`connection_seen`)
-    connection_generations: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # (namespace, connection) → (uid, generation, deleted) as the watch last brought it (`connection_seen`)
+    connection_versions: dict[tuple[str, str], tuple[str, object, bool]] = field(default_factory=dict)
     # uid → the lock one resource's handlers take in turn: kopf runs its drift timer alongside its change handlers.
     resource_locks: dict[str, threading.Lock] = field(default_factory=dict)
     # uid → whether each of its latest drift checks (CONTESTED_WINDOW at most) found the subscription changed outside
@@ -121,6 +121,10 @@ class OperatorConfig:
     unhandled: dict[str, list[Any]] = field(default_factory=dict)
     # uid → the KafkaConnection (None: the default cluster) its latest reconcile was for
     connection_of: dict[str, str | None] = field(default_factory=dict)
+    # uids of other resources `read_claim` found gone: kopf's index keeps them after a pause; not read again
+    gone: set[str] = field(default_factory=set)
+    # drift checks a stop of their timer left to finish on their own (`_until_stopped`)
+    left_running: set[asyncio.Future] = field(default_factory=set)
     # uids whose latest drift check could not write to the Kubernetes API (said once, until a write succeeds)
     unwritten: set[str] = field(default_factory=set)
     # uid → the `lastAppliedTime` of a drift check's revert whose status write failed: a later check writes it
@@ -214,6 +218,9 @@ class OperatorConfig:
         and lists again on resuming, which brings no deletion: a resource deleted meanwhile stays in its claims. One
         found gone is forgotten here too; one that cannot be read now is taken as indexed (the next reconcile, drift
         check or deletion retry reads it again)."""
+        with self.lock:
+            if claim.uid in self.gone:
+                return None
         try:
             obj = self._objects().get_namespaced_custom_object(GROUP, VERSION, claim.namespace, SUBSCRIPTIONS,
                                                                claim.name, _request_timeout=KUBERNETES_TIMEOUT_S)
@@ -228,6 +235,8 @@ class OperatorConfig:
             return replace(claim, deleting=bool(meta.get("deletionTimestamp")))
         self.forget(claim.uid)
         self.mark_ready(claim.uid, False)
+        with self.lock:
+            self.gone.add(claim.uid)
         return None
 
     def still_there(self, claim: Claim) -> bool:
@@ -384,6 +393,9 @@ class OperatorConfig:
         with self.lock:
             gone = [ref for ref in self.admins if ref is not None and ref not in in_use]
             retired = [self.admins.pop(ref)[1] for ref in gone]
+            for ref in [ref for ref, (*_, deleted) in self.connection_versions.items()
+                        if deleted and ref not in in_use]:
+                del self.connection_versions[ref]
             for ref in gone:
                 self.servers.pop(ref, None)
                 self.cluster_ids.pop(ref, None)
@@ -415,17 +427,15 @@ class OperatorConfig:
         with self.lock:
             return self.cluster_ids.get(claim.cluster_ref) or claim.cluster_id
 
-    def connection_seen(self, ref: tuple[str, str], generation: object) -> None:
-        """KafkaConnection `ref` at `generation`, as the watch brings it (None: deleted). A new generation (an edit,
-        perhaps made while this replica was paused by peering) drops what was learnt through its old spec: the
+    def connection_seen(self, ref: tuple[str, str], uid: str, generation: object, deleted: bool) -> None:
+        """KafkaConnection `ref` as the watch brings it. Another spec than the one seen before (an edit, or one made
+        again, perhaps while this replica was paused by peering) drops what was learnt through the old one: the
         cluster id seen through it (a resource's status then says which cluster it is on) and the resolution drift
-        checks reuse."""
+        checks reuse. A deletion keeps both (deleting its resources needs them) until one made again is seen."""
         with self.lock:
-            before = self.connection_generations.pop(ref, None)
-            if generation is None:
-                return
-            self.connection_generations[ref] = generation
-            if before is not None and before != generation:
+            before = self.connection_versions.get(ref)
+            self.connection_versions[ref] = (uid, generation, deleted)
+            if before is not None and before[:2] != (uid, generation):
                 self.cluster_ids.pop(ref, None)
                 self.resolved.pop(ref, None)
 
@@ -507,7 +517,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def check_drift(body: kopf.Body, claims: kopf.Index, stopped: kopf.DaemonStopped | None = None,
                           **_: Any) -> None:
         # What the check changes is written by `config.write`, not left in kopf's patch: see there.
-        await _until_stopped(_on_cluster_threads(config, body, lambda: _locked_drift_check(body, claims)), stopped)
+        await _until_stopped(config, _on_cluster_threads(config, body, lambda: _locked_drift_check(body, claims)),
+                             stopped)
 
     def _locked_drift_check(body: kopf.Body, claims: kopf.Index) -> None:
         # kopf's body is live: a snapshot taken under the lock is what the change handlers last saw, and stays one
@@ -569,7 +580,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         # also since before a restart) says Unused; what its status says is where reports of it start from.
         namespace, name = body.metadata.namespace, body.metadata.name
         deleted = event.get("type") == "DELETED"
-        config.connection_seen((namespace, name), None if deleted else body.metadata.get("generation"))
+        config.connection_seen((namespace, name), body.metadata.uid, body.metadata.get("generation"), deleted)
         if config.statuses is None:
             return
         if deleted:
@@ -664,34 +675,40 @@ async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Cal
         await _on_thread(config, work)
 
 
-_LEFT_RUNNING: set[asyncio.Future] = set()   # drift checks a stop left to finish on their own (`_until_stopped`)
-
-
-async def _until_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped | None) -> None:
+async def _until_stopped(config: OperatorConfig, work: Coroutine[Any, Any, None],
+                         stopped: kopf.DaemonStopped | None) -> None:
     """Await a timer's `work` until kopf stops the timer (a pause by peering, the resource's deletion, the operator
     exiting). kopf leaves a timer that does not end at once orphaned, and on resuming does not start it again while
     that one still runs: the resource's drift checks would end for good. So a stop ends the wait at once; `work` is
     cancelled: not started, dropped; started, it finishes on its handler thread, which holds the resource's lock."""
-    if stopped is None:   # called as kopf does not (tests)
+    if stopped is None:   # kopf always passes it; a test calling the handler may not
         return await work
     task = asyncio.ensure_future(work)
     stop = asyncio.ensure_future(stopped.wait())
     try:
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:   # the handler itself (the event loop closing): the work too
+        _leave_running(config, task)
+        raise
     finally:
         stop.cancel()
     if task.done():
         return task.result()
+    _leave_running(config, task)
+    return None
+
+
+def _leave_running(config: OperatorConfig, task: asyncio.Future) -> None:
+    """Cancel a drift check's `task` (see `_on_thread`) and keep it until it ends, logging a failure."""
     task.cancel()
-    _LEFT_RUNNING.add(task)
+    config.left_running.add(task)
 
     def finished(done: asyncio.Future) -> None:
-        _LEFT_RUNNING.discard(done)
+        config.left_running.discard(done)
         if not done.cancelled() and done.exception() is not None:
             log.error("a drift check left to finish after its timer stopped failed", exc_info=done.exception())
 
     task.add_done_callback(finished)
-    return None
 
 
 def _learn_servers(config: OperatorConfig, namespace: str, connection: str | None) -> None:
