@@ -864,3 +864,19 @@ def test_an_older_owner_is_read_before_it_is_taken_for_one_and_forgotten_if_gone
             and "uid-old" not in config.ready) is gone
     # kopf's index keeps a claim found gone: it is not read again at every reconcile and drift check.
     assert config.still_there(claim) is there and len(reads) == (1 if gone else 2)
+
+
+def test_the_uids_found_gone_are_bounded(monkeypatch):
+    from kcm_operator import handlers
+    from kcm_operator.reconcile import Claim
+
+    class Gone:
+        def get_namespaced_custom_object(self, *args, **_):
+            raise _answer(404)
+
+    monkeypatch.setattr(handlers, "GONE_KEPT", 2)
+    config = handlers.OperatorConfig(KafkaSettings("127.0.0.1:9"))
+    config._objects = Gone   # type: ignore[method-assign]
+    for number in range(3):
+        assert config.read_claim(Claim("team", f"r{number}", "2026-01-01T00:00:00Z", f"uid-{number}")) is None
+    assert list(config.gone) == ["uid-1", "uid-2"]

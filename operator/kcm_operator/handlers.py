@@ -75,6 +75,7 @@ LET_GO_AFTER_RETRIES = 3  # a deletion with no cluster to remove from waits 1 + 
 CONTESTED_AFTER = 3  # reverts of drift, within the last CONTESTED_WINDOW drift checks, before kcm stops reverting
 # Not "in a row": two operators checking at the same pace can each find their own value at every other check.
 CONTESTED_WINDOW = 8
+GONE_KEPT = 10_000  # uids of deleted resources kopf's index still names after a pause, remembered as gone
 HANDLER_THREADS = 2 * BATCH_SIZE  # threads for the handlers' blocking work, all clusters together
 CLUSTER_THREADS = BATCH_SIZE  # of which one cluster's resources may hold: enough to fill a batch
 
@@ -121,8 +122,9 @@ class OperatorConfig:
     unhandled: dict[str, list[Any]] = field(default_factory=dict)
     # uid → the KafkaConnection (None: the default cluster) its latest reconcile was for
     connection_of: dict[str, str | None] = field(default_factory=dict)
-    # uids of other resources `read_claim` found gone: kopf's index keeps them after a pause; not read again
-    gone: set[str] = field(default_factory=set)
+    # uids of other resources `read_claim` found gone (kopf's index keeps them after a pause), not read again: the
+    # latest GONE_KEPT, in the order found (an older one is read again at worst)
+    gone: dict[str, None] = field(default_factory=dict)
     # drift checks a stop of their timer left to finish on their own (`_until_stopped`)
     left_running: set[asyncio.Future] = field(default_factory=set)
     # uids whose latest drift check could not write to the Kubernetes API (said once, until a write succeeds)
@@ -236,7 +238,9 @@ class OperatorConfig:
         self.forget(claim.uid)
         self.mark_ready(claim.uid, False)
         with self.lock:
-            self.gone.add(claim.uid)
+            self.gone[claim.uid] = None
+            if len(self.gone) > GONE_KEPT:
+                del self.gone[next(iter(self.gone))]
         return None
 
     def still_there(self, claim: Claim) -> bool:
