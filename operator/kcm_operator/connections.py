@@ -327,9 +327,10 @@ class ConnectionStatuses:
         self._refused: set[tuple[Ref, int]] = set()  # (connection, HTTP status) already logged as a warning
         self._needs: dict[Ref, str] = {}        # the call a shown refusal of the cluster right was for (`report`)
         self._named: set[Ref] = set()           # named while nothing was known of them: `seen` says Idle (`named`)
-        self._read: set[Ref] = set()            # connections whose status the watch has brought (`seen`)
         self._missing: set[Ref] = set()         # known to be gone: no report is written until seen or resolved
-        self._seen_at: dict[Ref, int] = {}      # the number of `seen` calls when each connection was last seen
+        # Connections whose status the watch has brought (`seen`), with the number of `seen` calls by then: a write
+        # that finds one gone tells from it whether the watch brought it (made again) meanwhile.
+        self._seen_at: dict[Ref, int] = {}
         self._ours: dict[Ref, collections.deque[Shown]] = {}   # each connection's statuses this replica wrote last
         self._seen_count = 0
         self._thread: threading.Thread | None = None
@@ -362,7 +363,7 @@ class ConnectionStatuses:
         ref = (namespace, name)
         with self._lock:
             before = self._shown.get(ref)
-            if before is None and ref not in self._read:
+            if before is None and ref not in self._seen_at:
                 self._named.add(ref)
             elif before is None or before.reason == "Unused":   # read, and saying nothing (new) or Unused
                 self._report(ref, "Unknown", "Idle", IDLE_MESSAGE, None)
@@ -398,7 +399,6 @@ class ConnectionStatuses:
         with self._lock:
             if self._closed:
                 return
-            self._read.add(ref)
             self._missing.discard(ref)
             self._seen_count += 1
             self._seen_at[ref] = self._seen_count
@@ -423,7 +423,6 @@ class ConnectionStatuses:
         """KafkaConnection `namespace/name` was deleted."""
         with self._lock:
             self._named.discard((namespace, name))
-            self._read.discard((namespace, name))
             self._seen_at.pop((namespace, name), None)
             self._forget((namespace, name))
             # Nothing to write while it stays gone (a subscription naming it fails at each retry and drift check):
@@ -485,7 +484,7 @@ class ConnectionStatuses:
                     # Known gone, unless the watch brought it (made again) during the write. Its deletion may never
                     # come: one deleted while this replica was paused by peering is not listed on resuming.
                     if self._seen_at.get(ref) == seen_at:
-                        self._read.discard(ref)
+                        self._seen_at.pop(ref, None)
                         self._missing.add(ref)
                 elif outcome == "written" or (outcome == "refused" and shown.reason == "Unused"):
                     self._attempts.pop(ref, None)

@@ -929,10 +929,12 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     config.mark_ready(body.metadata.uid, False)
     me = _claim(body, desired)
     # A claim being deleted keeps nothing: it has handed the subscription over (to this one, perhaps) or removes it.
-    others = [claim for claim in _claims_of(claims, desired.name) if claim.ref != me.ref and not claim.deleting]
-    # As far as known without connecting; each read first (`read_claim`): a resource deleted while this replica was
-    # paused by peering is neither an owner nor an heir.
-    same = [claim for claim in others if _same_cluster(config, me, claim) and config.still_there(claim)]
+    # The others naming the subscription, each read first (`read_claim`): a resource deleted while this replica was
+    # paused by peering is neither an owner, an heir, nor an owner deleted together with this one.
+    named_too = [read for claim in _claims_of(claims, desired.name)
+                 if claim.ref != me.ref and (read := config.read_claim(claim)) is not None]
+    others = [claim for claim in named_too if not claim.deleting]
+    same = [claim for claim in others if _same_cluster(config, me, claim)]  # as far as known without connecting
     keeper = oldest_first([*same, me])[0]
     if keeper.ref != me.ref:  # an older resource on the same cluster: no need to ask Kafka
         _say(logging.INFO, namespace, name, "deleted without touching %s, which %s manages", desired.name, keeper.ref)
@@ -966,8 +968,6 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     # see `wake`), which may have been deleted before it could reconcile (a namespace deleted, `kubectl delete -f
     # dir/`): this one removes it. One deleted with the owner was handed nothing: the owner's own policy decides.
     handed_by = body.metadata.annotations.get(OWNER_DELETED_ANNOTATION) or ""
-    named_too = [read for claim in _claims_of(claims, desired.name)
-                 if claim.ref != me.ref and (read := config.read_claim(claim)) is not None]
     inherited = any(claim.deleting and claim.cluster_id and handed_by.startswith(f"{claim.ref} at ")
                     and _same_cluster(config, me, claim) for claim in named_too)
     # Handed over, and nothing else names it any more: the owner is gone, and this one never applied it (Kafka
