@@ -435,15 +435,20 @@ def test_a_rotated_connection_closes_its_old_admin_only_after_calls_on_it_could_
 
 
 class _StatusApi:
-    """The custom objects API's status patch, answering each write with the next of `answers` (None: written)."""
+    """The custom objects API's status patch, answering each write with the next of `answers` (None: written); the
+    first write waits for `hold_first`, when given, to be set (a write under way)."""
 
-    def __init__(self, answers: list[Exception | None] | None = None) -> None:
+    def __init__(self, answers: list[Exception | None] | None = None,
+                 hold_first: threading.Event | None = None) -> None:
         self.answers = list(answers or [])
+        self.hold_first = hold_first
         self.writes: list[tuple[str, str, dict]] = []
         self.changed = threading.Condition()
 
     def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body, **_):
         assert (group, version, plural) == ("kcm.dev", "v1alpha1", "kafkaconnections")
+        if self.hold_first is not None and not self.writes:
+            self.hold_first.wait(10)
         answer = self.answers.pop(0) if self.answers else None
         with self.changed:
             self.writes.append((namespace, name, body["status"]))
@@ -614,14 +619,7 @@ def test_a_failed_status_write_is_retried_with_backoff_a_refusal_logged_once_and
 
 def test_of_the_status_reports_made_during_a_write_the_latest_is_written_next():
     release = threading.Event()
-
-    class SlowApi(_StatusApi):
-        def patch_namespaced_custom_object_status(self, *args, **kwargs):
-            if not self.writes:
-                release.wait(10)
-            return super().patch_namespaced_custom_object_status(*args, **kwargs)
-
-    api = SlowApi()
+    api = _StatusApi(hold_first=release)
     statuses = connections.ConnectionStatuses(api)
     try:
         statuses.report("ns", "a", "False", "KafkaUnavailable", "first")
@@ -678,14 +676,7 @@ def test_a_status_read_back_keeps_its_transition_time_and_is_not_written_again_u
 
 def test_a_report_made_while_a_write_finds_the_connection_gone_is_still_written():
     release = threading.Event()
-
-    class GoneOnce(_StatusApi):
-        def patch_namespaced_custom_object_status(self, *args, **kwargs):
-            if not self.writes:
-                release.wait(10)
-            return super().patch_namespaced_custom_object_status(*args, **kwargs)
-
-    api = GoneOnce([client.ApiException(status=404, reason="Not Found")])
+    api = _StatusApi([client.ApiException(status=404, reason="Not Found")], hold_first=release)
     statuses = connections.ConnectionStatuses(api)
     try:
         statuses.report("ns", "a", "False", "KafkaUnavailable", "before it was created again")
@@ -751,14 +742,7 @@ def test_a_connection_a_write_finds_gone_is_known_gone_unless_the_watch_brought_
         statuses.close()
 
     release = threading.Event()
-
-    class MadeAgainDuringTheWrite(_StatusApi):
-        def patch_namespaced_custom_object_status(self, *args, **kwargs):
-            if not self.writes:
-                release.wait(10)
-            return super().patch_namespaced_custom_object_status(*args, **kwargs)
-
-    api = MadeAgainDuringTheWrite([client.ApiException(status=404, reason="Not Found")])
+    api = _StatusApi([client.ApiException(status=404, reason="Not Found")], hold_first=release)
     statuses = connections.ConnectionStatuses(api)
     try:
         statuses.seen("ns", "b", {})
@@ -801,13 +785,7 @@ def test_a_status_another_replica_wrote_meanwhile_is_what_the_next_report_is_com
 
 def test_a_status_read_while_a_report_waits_to_be_written_leaves_that_report_to_write():
     release = threading.Event()
-
-    class Slow(_StatusApi):
-        def patch_namespaced_custom_object_status(self, *args, **kwargs):
-            release.wait(10)
-            return super().patch_namespaced_custom_object_status(*args, **kwargs)
-
-    api = Slow()
+    api = _StatusApi(hold_first=release)
     statuses = connections.ConnectionStatuses(api)
     try:
         statuses.report("ns", "a", "False", "KafkaUnavailable", "no answer")
