@@ -835,7 +835,7 @@ def test_an_edited_kafka_connection_drops_the_cluster_id_and_resolution_learnt_t
     def seen(generation: int, kind: str = "MODIFIED", uid: str = "uid-1") -> None:
         body = kopf.Body({"metadata": {"namespace": "team", "name": "analytics", "uid": uid,
                                        "generation": generation}, "spec": {}, "status": {}})
-        event.fn(event={"type": kind}, body=body, claims={})
+        asyncio.run(event.fn(event={"type": kind}, body=body, claims={}))
 
     def learnt(cluster: str) -> None:
         config.remember_cluster_id(ref, cluster)

@@ -880,3 +880,117 @@ def test_the_uids_found_gone_are_bounded(monkeypatch):
     for number in range(3):
         assert config.read_claim(Claim("team", f"r{number}", "2026-01-01T00:00:00Z", f"uid-{number}")) is None
     assert list(config.gone) == ["uid-1", "uid-2"]
+
+
+def _claim(name: str, connection: str | None = None):
+    from kcm_operator.reconcile import Claim
+
+    return Claim("team", name, "2026-01-01T00:00:00Z", f"uid-{name}", connection)
+
+
+def test_the_sweep_suspects_only_resources_no_handler_ran_for_over_two_sweeps_once_an_interval(monkeypatch):
+    """A resource that exists is drift-checked every interval: only one no handler took its lock for since the sweep
+    before the last is read (a resource deleted while this replica was paused by peering stays in kopf's index)."""
+    from kcm_operator import handlers
+
+    now = [1000.0]
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: now[0])
+    config = handlers.OperatorConfig(KafkaSettings("127.0.0.1:9"), drift_interval_s=60)
+    a, b, c = _claim("a"), _claim("b"), _claim("c")
+
+    assert config.sweep_due() and config.idle_claims([a, b, c]) == []   # nothing known idle before
+    now[0] += 59.9
+    assert not config.sweep_due()
+    config.resource_lock(a.uid)
+    now[0] += 0.1
+    assert config.sweep_due() and config.idle_claims([a, b, c]) == [b, c]
+    config.resource_lock(b.uid)
+    now[0] += 60
+    assert config.sweep_due() and config.idle_claims([a, b, c]) == [c]   # a: idle once only
+    config.forget(c.uid)   # found gone meanwhile (`read_claim` forgets it), yet read again only as idle twice more
+    config.gone[c.uid] = None
+    now[0] += 60
+    assert config.sweep_due() and config.idle_claims([a, b, c]) == [a]
+
+
+def _sweep(config, claims: dict) -> None:
+    import asyncio
+
+    from kcm_operator import handlers
+
+    async def sweep() -> None:
+        handlers._sweep_soon(config, claims)
+        if config.sweeping is not None:
+            await config.sweeping
+
+    config.swept_at = None
+    asyncio.run(sweep())
+
+
+def test_a_sweep_forgets_resources_found_gone_and_frees_their_connection(monkeypatch):
+    from kcm_operator import handlers
+
+    class Objects:
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
+            reads.append(name)
+            if name.startswith("gone"):
+                raise _answer(404)
+            return {"metadata": {"uid": f"uid-{name}"}}
+
+    class Statuses:
+        def unused(self, in_use):
+            still_named.append(set(in_use))
+
+    reads, still_named = [], []
+    config = handlers.OperatorConfig(KafkaSettings("127.0.0.1:9"), statuses=Statuses())
+    config._objects = Objects   # type: ignore[method-assign]
+    claims = {"s1": [_claim("kept", "shared"), _claim("gone-1", "shared")], "s2": [_claim("gone-2", "own")]}
+    for claim in [*claims["s1"], *claims["s2"]]:
+        config.mark_ready(claim.uid, True)
+    config.resource_lock("uid-kept")   # a handler ran for it before the first sweep
+    config.unhandled["uid-gone-1"] = [3, False]
+    assert handlers._refs_in_use(config, claims) == {("team", "shared"), ("team", "own")}
+
+    _sweep(config, claims)
+    assert reads == [] and still_named == []   # the first sweep knows nothing idle before it
+    _sweep(config, claims)
+    assert sorted(reads) == ["gone-1", "gone-2"] and config.ready == {"uid-kept"}
+    assert handlers.metrics.MANAGED._value.get() == 1 and "uid-gone-1" not in config.unhandled
+    # Their connections are used by what is left only: `own` is Unused now, its admin closed.
+    assert still_named == [{("team", "shared")}]
+    assert handlers._refs_in_use(config, claims) == {("team", "shared")}
+    reads.clear()
+    _sweep(config, claims)
+    assert reads == ["kept"] and still_named == [{("team", "shared")}]   # found there; the gone ones not read again
+
+
+def test_a_sweep_reads_a_bounded_number_for_one_interval_at_most(monkeypatch):
+    """Thousands of resources deleted during a pause, or an API server that answers slowly, cost one sweep a bounded
+    amount; those not read are read at the next."""
+    from kcm_operator import handlers
+
+    class Objects:
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
+            reads.append(name)
+            now[0] += slow
+            raise _answer(404)
+
+    reads, now, slow = [], [0.0], 0.0
+    monkeypatch.setattr(handlers, "SWEEP_READS", 3)
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: now[0])
+    config = handlers.OperatorConfig(KafkaSettings("127.0.0.1:9"), drift_interval_s=10)
+    config._objects = Objects   # type: ignore[method-assign]
+    claims = {f"s{n}": [_claim(f"r{n}")] for n in range(5)}
+    _sweep(config, claims)
+    _sweep(config, claims)
+    assert reads == ["r0", "r1", "r2"]
+    _sweep(config, claims)
+    assert reads == ["r0", "r1", "r2", "r3", "r4"]
+
+    reads.clear()
+    monkeypatch.setattr(handlers, "SWEEP_READS", 5)
+    slow = 4.0   # past the interval after the third read
+    config.gone.clear()
+    for sweep in range(2):
+        _sweep(config, claims)
+    assert reads == ["r0", "r1", "r2"]

@@ -76,6 +76,7 @@ CONTESTED_AFTER = 3  # reverts of drift, within the last CONTESTED_WINDOW drift 
 # Not "in a row": two operators checking at the same pace can each find their own value at every other check.
 CONTESTED_WINDOW = 8
 GONE_KEPT = 10_000  # uids of deleted resources kopf's index still names after a pause, remembered as gone
+SWEEP_READS = 100  # of the resources in kopf's index no handler ran for, read at one sweep (`sweep`) at most
 HANDLER_THREADS = 2 * BATCH_SIZE  # threads for the handlers' blocking work, all clusters together
 CLUSTER_THREADS = BATCH_SIZE  # of which one cluster's resources may hold: enough to fill a batch
 
@@ -125,6 +126,12 @@ class OperatorConfig:
     # uids of other resources `read_claim` found gone (kopf's index keeps them after a pause), not read again: the
     # latest GONE_KEPT, in the order found (an older one is read again at worst)
     gone: dict[str, None] = field(default_factory=dict)
+    # The sweep of kopf's index (`idle_claims`): uids a handler has run for since the last sweep, those no handler had
+    # run for at the last, when that was (time.monotonic()), and the sweep under way.
+    handled_since: set[str] = field(default_factory=set)
+    idle_before: set[str] = field(default_factory=set)
+    swept_at: float | None = None
+    sweeping: asyncio.Future | None = None
     # drift checks a stop of their timer left to finish on their own (`_until_stopped`)
     left_running: set[asyncio.Future] = field(default_factory=set)
     # uids whose latest drift check could not write to the Kubernetes API (said once, until a write succeeds)
@@ -249,12 +256,40 @@ class OperatorConfig:
         return read is not None and not read.deleting
 
     def resource_lock(self, uid: str) -> threading.Lock:
+        """The lock one resource's handlers take in turn; taking it notes that a handler ran for it (`idle_claims`)."""
         with self.lock:
+            self.handled_since.add(uid)
             return self.resource_locks.setdefault(uid, threading.Lock())
+
+    def sweep_due(self) -> bool:
+        """Whether a drift interval has passed since the last sweep of kopf's index (noting this one if so)."""
+        now = time.monotonic()
+        with self.lock:
+            if self.swept_at is not None and now - self.swept_at < self.drift_interval_s:
+                return False
+            self.swept_at = now
+            return True
+
+    def idle_claims(self, indexed: list[Claim]) -> list[Claim]:
+        """Of the claims in kopf's index (`indexed`), those of resources no handler has run for since the sweep before
+        the last: a resource that exists is drift-checked every interval, one deleted while this replica was paused
+        by peering stays in the index for good (see `read_claim`)."""
+        with self.lock:
+            idle = {claim.uid for claim in indexed
+                    if claim.uid not in self.handled_since and claim.uid not in self.gone}
+            suspects = [claim for claim in indexed if claim.uid in idle and claim.uid in self.idle_before]
+            self.idle_before, self.handled_since = idle, set()
+            return suspects
+
+    def is_gone(self, uid: str) -> bool:
+        with self.lock:
+            return uid in self.gone
 
     def forget(self, uid: str) -> None:
         with self.lock:
             self.resource_locks.pop(uid, None)
+            self.handled_since.discard(uid)
+            self.idle_before.discard(uid)
             self.drift_history.pop(uid, None)
             self.contested.pop(uid, None)
             self.unhandled.pop(uid, None)
@@ -511,7 +546,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             # was still retried, which kopf hands over without `old`) by this operator's own note.
             moved = config.moved(body.metadata.uid, _connection_of(body))
             if moved or (old is not None and _connection_of(old) != _connection_of(new)):
-                config.retire_unused(_refs_in_use(claims))
+                config.retire_unused(_refs_in_use(config, claims))
 
     def _locked_reconcile(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
@@ -521,6 +556,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def check_drift(body: kopf.Body, claims: kopf.Index, stopped: kopf.DaemonStopped | None = None,
                           **_: Any) -> None:
         # What the check changes is written by `config.write`, not left in kopf's patch: see there.
+        _sweep_soon(config, claims)
         await _until_stopped(config, _on_cluster_threads(config, body, lambda: _locked_drift_check(body, claims)),
                              stopped)
 
@@ -563,7 +599,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         await _on_cluster_threads(config, body, lambda: _locked_delete(body, patch, claims, retry))
         config.forget(body.metadata.uid)  # not reached while the deletion is retried
         # Its KafkaConnection's admin goes with the last resource naming it (kopf's index still lists this one).
-        config.retire_unused(_refs_in_use(claims, but=body.metadata.uid))
+        config.retire_unused(_refs_in_use(config, claims, but=body.metadata.uid))
 
     def _locked_delete(body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
         with config.resource_lock(body.metadata.uid):
@@ -579,9 +615,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                       "details); retried with backoff")
 
     @kopf.on.event(group=GROUP, version=VERSION, plural=CONNECTIONS, registry=registry, id="connection")
-    def connection_event(event: Mapping[str, Any], body: kopf.Body, claims: kopf.Index, **_: Any) -> None:
+    async def connection_event(event: Mapping[str, Any], body: kopf.Body, claims: kopf.Index, **_: Any) -> None:
         # Each KafkaConnection as the operator starts, and as it changes: one no resource names (yet, or any more,
-        # also since before a restart) says Unused; what its status says is where reports of it start from.
+        # also since before a restart) says Unused; what its status says is where reports of it start from. On the
+        # event loop (nothing here waits): kopf changes the index there.
         namespace, name = body.metadata.namespace, body.metadata.name
         deleted = event.get("type") == "DELETED"
         config.connection_seen((namespace, name), body.metadata.uid, body.metadata.get("generation"), deleted)
@@ -591,7 +628,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             config.statuses.forget(namespace, name)
             return
         config.statuses.seen(namespace, name, body.status)
-        if (namespace, name) not in _refs_in_use(claims):
+        if (namespace, name) not in _refs_in_use(config, claims):
             config.statuses.report(namespace, name, "Unknown", "Unused", UNUSED_MESSAGE)
 
     @kopf.on.login(registry=registry, id="login")
@@ -1074,10 +1111,44 @@ def _connection_of(body: Mapping[str, Any] | None) -> str | None:
     return ((body or {}).get("spec") or {}).get("connection") or None
 
 
-def _refs_in_use(claims: kopf.Index, but: str | None = None) -> set[tuple[str, str] | None]:
-    """The clusters (`cluster_ref`) the resources in kopf's index name, but the one of uid `but`. On the event loop
-    only: it changes the index."""
-    return {claim.cluster_ref for named in claims.values() for claim in named if claim.uid != but}
+def _refs_in_use(config: OperatorConfig, claims: kopf.Index, but: str | None = None) -> set[tuple[str, str] | None]:
+    """The clusters (`cluster_ref`) the resources in kopf's index name, but the one of uid `but` and those found gone
+    (`read_claim`). On the event loop only: it changes the index."""
+    return {claim.cluster_ref for claim in _indexed(claims) if claim.uid != but and not config.is_gone(claim.uid)}
+
+
+def _indexed(claims: kopf.Index) -> list[Claim]:
+    """Every claim in kopf's index, copied at once. On the event loop only: it changes the index."""
+    return [claim for named in claims.values() for claim in named]
+
+
+def _sweep_soon(config: OperatorConfig, claims: kopf.Index) -> None:
+    """Once a drift interval, in the background: read the resources kopf's index names but no handler has run for
+    over the last two sweeps (`idle_claims`), SWEEP_READS at most and for one interval at most; those found gone
+    (deleted while this replica was paused by peering) are forgotten, no longer counted as managed, and no longer
+    keep their KafkaConnection in use. On the event loop (drift checks run only on a replica that is not paused)."""
+    if (config.sweeping is not None and not config.sweeping.done()) or not config.sweep_due():
+        return
+    suspects = config.idle_claims(_indexed(claims))[:SWEEP_READS]
+    if suspects:
+        config.sweeping = asyncio.ensure_future(_sweep(config, claims, suspects))
+
+
+async def _sweep(config: OperatorConfig, claims: kopf.Index, suspects: list[Claim]) -> None:
+    def read() -> bool:
+        until = time.monotonic() + config.drift_interval_s
+        found = False
+        for claim in suspects:
+            if time.monotonic() >= until:
+                break
+            found = config.read_claim(claim) is None or found
+        return found
+
+    try:
+        if await asyncio.get_running_loop().run_in_executor(config.handler_threads(), read):
+            config.retire_unused(_refs_in_use(config, claims))
+    except Exception:   # a bug: the next sweep tries again
+        log.exception("sweeping kopf's index for resources deleted meanwhile failed")
 
 
 def _claims_of(claims: kopf.Index, subscription: str) -> list[Claim]:
