@@ -377,6 +377,8 @@ def test_cluster_wide_rbac_is_least_privilege(helm: Path) -> None:
     assert rules[(("",), ("events",))] == {"create"}
     assert "secrets" not in json.dumps(role["rules"])
     assert "kopf.dev" not in json.dumps(role["rules"]), "peering access only when peering is enabled"
+    # kopf never lists namespaces when cluster-wide (kopf/_core/reactor/observation.py): no grant to.
+    assert not [rule for rule in role["rules"] if "namespaces" in rule["resources"]], role["rules"]
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
     secrets = one(manifests, "Role", "-operator-secrets")
@@ -400,6 +402,92 @@ def test_namespaced_mode_grants_roles_in_each_watched_namespace_only(helm: Path)
     assert {m["metadata"]["namespace"] for m in find(manifests, "KopfPeering")} == {"payments", "checkout"}
     for cluster_role in find(manifests, "ClusterRole"):
         assert "kcm.dev" not in json.dumps(cluster_role["rules"]) and "secrets" not in json.dumps(cluster_role["rules"])
+    # kopf follows the watched namespaces being created and deleted by listing and watching namespace names.
+    discovery = one(manifests, "ClusterRole", "-operator-discovery")
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in discovery["rules"]
+
+
+def test_namespaces_to_watch_with_all_namespaces_still_true_are_refused(helm: Path) -> None:
+    # Rendered, they were ignored: the operator watched every namespace through a ClusterRole.
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "operator.watch.namespaces={team-a}")
+    assert result.returncode != 0
+    assert ("operator.watch.namespaces (team-a) is set but operator.watch.allNamespaces is true, which watches every "
+            "namespace: set operator.watch.allNamespaces=false") in result.stderr
+    args = one(render(helm, sets=("operator.watch.namespaces={team-a}", "operator.watch.allNamespaces=false")),
+               "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+
+
+@pytest.mark.parametrize(("log_format", "sets"), [("text", ()), ("json", ("operator.logFormat=json",))])
+def test_the_operator_log_format_reaches_the_operator(helm: Path, log_format: str, sets: tuple[str, ...]) -> None:
+    args = one(render(helm, sets=sets), "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert build_parser().parse_args(args).log_format == log_format
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", "operator.logFormat=yaml")
+    assert result.returncode != 0 and "/operator/logFormat" in result.stderr
+
+
+@pytest.mark.parametrize(("value", "key"), [
+    ("commonLabels", "app.kubernetes.io/name"),
+    ("commonLabels", "app.kubernetes.io/version"),
+    ("operator.podLabels", "app.kubernetes.io/instance"),
+    ("bridge.podLabels", "app.kubernetes.io/component"),
+])
+def test_extra_labels_may_not_replace_the_labels_the_chart_sets(helm: Path, value: str, key: str) -> None:
+    # Rendered, the key came twice, and the Deployment's pods no longer matched its selector (nor its Service's).
+    escaped = key.replace(".", "\\.")
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set", f"{value}.{escaped}=x")
+    assert result.returncode != 0
+    assert f"{value} sets {key}, a label the chart sets itself" in result.stderr, result.stderr
+
+
+def test_pod_labels_win_over_common_labels_with_each_key_once(helm: Path) -> None:
+    sets = ("commonLabels.team=platform", "bridge.podLabels.team=observability", "bridge.podLabels.tier=telemetry")
+    result = run_helm(helm, "template", "kcm", str(CHART), *[arg for item in sets for arg in ("--set", item)])
+    assert result.returncode == 0, result.stderr
+    bridge = one([doc for doc in yaml.safe_load_all(result.stdout) if doc], "Deployment", "-bridge")
+    labels = bridge["spec"]["template"]["metadata"]["labels"]
+    assert (labels["team"], labels["tier"]) == ("observability", "telemetry")
+    assert bridge["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (bridge_text,) = [doc for doc in result.stdout.split("\n---") if "kind: Deployment" in doc and "-bridge\n" in doc]
+    pod_labels = bridge_text.split("  template:", 1)[1].split("annotations:", 1)[0]
+    assert pod_labels.count("team:") == 1, pod_labels
+
+
+@pytest.mark.parametrize(("sets", "refused"), [
+    # An unescaped --set nests the dotted name: the password sat in the ConfigMap, past the check of flat keys.
+    (("bridge.config.kafka.properties.sasl.password=S3CRET",),
+     "bridge.config.kafka.properties.sasl.password would put a credential into a ConfigMap"),
+    (("bridge.config.kafka.properties.sasl.jaas.config=S3CRET",),
+     "bridge.config.kafka.properties.sasl.jaas would put a credential into a ConfigMap"),
+    (("bridge.config.kafka.properties.sasl.mechanism=PLAIN",),
+     "bridge.config.kafka.properties.sasl is not a string: client properties are flat, a dotted name is one key; "
+     "with --set, escape its dots (--set 'bridge.config.kafka.properties.sasl\\.mechanism=SCRAM-SHA-512')"),
+    (("bridge.config.kafka.properties.x={a,b}",), "bridge.config.kafka.properties.x is not a string"),
+])
+def test_a_kafka_property_nested_by_unescaped_dots_is_refused(helm: Path, sets: tuple[str, ...], refused: str) -> None:
+    result = run_helm(helm, "template", "kcm", str(CHART), *[arg for item in sets for arg in ("--set", item)])
+    assert result.returncode != 0 and refused in result.stderr, result.stderr
+    assert "S3CRET" not in result.stdout + result.stderr
+    escaped = render(helm, sets=("bridge.config.kafka.properties.sasl\\.mechanism=PLAIN",))
+    config = yaml.safe_load(one(escaped, "ConfigMap", "-bridge")["data"]["bridge.yaml"])
+    assert config["kafka"]["properties"] == {"sasl.mechanism": "PLAIN"}
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    # The schema said only "'not' failed" of each.
+    (("operator.listenAddress=127.0.0.1",), "operator.listenAddress (127.0.0.1) is a loopback address: the kubelet "
+     "probes /healthz on the pod's IP"),
+    (("kafka.tlsSecrets={client}",), "kafka.tlsSecrets names a Secret \"client\": /etc/kcm/kafka/client/ is where "
+     "kafka.clientConfig's properties file is mounted"),
+    (("prometheusRule.enabled=true", "bridge.serviceMonitor.enabled=true",
+      "prometheusRule.additionalAlertLabels.severity=page"),
+     "prometheusRule.additionalAlertLabels.severity: each alert has its own severity (critical or warning)"),
+])
+def test_values_refused_for_a_reason_say_the_reason(helm: Path, sets: tuple[str, ...], message: str) -> None:
+    apis = [arg for api in OPTIONAL_APIS for arg in ("--api-versions", api)]
+    result = run_helm(helm, "template", "kcm", str(CHART), *[arg for item in sets for arg in ("--set", item)], *apis)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert "'not' failed" not in result.stderr
 
 
 @pytest.mark.parametrize("all_namespaces", ["true", "false"])
@@ -410,9 +498,9 @@ def test_releases_of_one_name_in_two_namespaces_share_no_rbac_object(helm: Path,
     names = {}
     for namespace in ("team-a", "team-b"):
         # Both also read Secrets in a shared namespace, and (namespaced) watch one in common besides their own.
+        watch = () if all_namespaces == "true" else ("--set", f"operator.watch.namespaces={{{namespace},shared}}")
         result = run_helm(helm, "template", "kcm", str(CHART), "--namespace", namespace,
-                          "--set", f"operator.watch.allNamespaces={all_namespaces}",
-                          "--set", f"operator.watch.namespaces={{{namespace},shared}}",
+                          "--set", f"operator.watch.allNamespaces={all_namespaces}", *watch,
                           "--set", f"operator.rbac.secrets.namespaces={{{namespace},kafka-credentials}}")
         assert result.returncode == 0, result.stderr
         manifests = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -712,6 +800,35 @@ def test_values_that_would_render_but_never_run_are_refused(helm: Path, sets: tu
         assert fitted.returncode == 0, (fits, fitted.stderr)
 
 
+# --- docs/install.md -----------------------------------------------------------------------------------------
+
+
+def test_the_install_doc_upgrades_with_the_new_charts_defaults() -> None:
+    # --reuse-values keeps the old chart's defaults too: a value the new chart adds renders empty
+    # (--peering-lifetime=, which the operator refuses at start-up).
+    doc = (REPO / "docs" / "install.md").read_text()
+    upgrades = re.findall(r"^helm upgrade .*$", doc, re.M)
+    assert upgrades, "docs/install.md shows no helm upgrade"
+    for upgrade in upgrades:
+        assert "--reuse-values" not in upgrade and re.search(r"--reset-then-reuse-values|-f |--values ", upgrade)
+    assert "Helm 3.14 or newer" in doc, "--reset-then-reuse-values came with Helm 3.14"
+
+
+def test_the_install_doc_says_how_to_build_push_and_use_each_image_the_chart_runs() -> None:
+    doc = (REPO / "docs" / "install.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    builds = dict(re.findall(r"^docker build -f (\S+) -t (\S+) \.$", doc, re.M))
+    assert "nothing in this repository publishes them" in doc
+    for value, image, dockerfile in (("image", values["image"], "images/kcm/Dockerfile"),
+                                     ("rollup.image", values["rollup"]["image"], "images/spark/Dockerfile")):
+        assert (REPO / dockerfile).is_file() and dockerfile in builds, dockerfile
+        assert f"docker push {builds[dockerfile]}" in doc, dockerfile
+        repository, _, tag = builds[dockerfile].rpartition(":")
+        assert tag == yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"], "the tag the chart runs"
+        assert f"--set {value}.repository={repository}" in doc, value
+        assert f"`{value}.repository` (default `{image['repository']}`)" in " ".join(doc.split()), value
+
+
 # --- values schema --------------------------------------------------------------------------------------------
 
 
@@ -739,7 +856,6 @@ def _merged(overrides: dict[str, Any]) -> dict[str, Any]:
     ({"bridge": {"metricsPort": 80}}, "80 is less than the minimum of 1024"),
     ({"bridge": {"resources": {"requests": {"cpu": "lots"}}}}, "'lots' is not valid under any of"),
     ({"rollup": {"output": "/tmp/out"}}, "'/tmp/out' does not match"),
-    ({"kafka": {"tlsSecrets": ["client"]}}, "should not be valid"),
     ({"operator": {"peering": {"lifetimeSeconds": 0}}}, "0 is less than the minimum of 1"),
     # Kubernetes refuses an EnvVar value that is not text: the install would fail at the API server, per object.
     ({"operator": {"env": [{"name": "GOMAXPROCS", "value": 2}]}}, "2 is not of type 'string'"),
@@ -895,8 +1011,6 @@ def test_values_schema_accepts_the_rollup_durations_kcm_rollup_accepts(last: str
     ({"operator": {"rbac": {"secrets": {"namespaces": ["n" * 63]}}}}, True),
     ({"operator": {"rbac": {"secrets": {"namespaces": ["n" * 64]}}}}, False),
     ({"operator": {"listenAddress": "::"}}, True),
-    ({"operator": {"listenAddress": "127.0.0.1"}}, False),   # the kubelet probes the pod's IP
-    ({"operator": {"listenAddress": "::1"}}, False),
     ({"operator": {"listenAddress": "10.0.0.7"}}, True),
     ({"operator": {"listenAddress": "localhost"}}, False),
     ({"rollup": {"deps": {"packages": ["org.apache.hadoop:hadoop-aws:3.5.0"],
@@ -914,7 +1028,8 @@ def test_helm_applies_the_schema_patterns_as_python_does(helm: Path) -> None:
     for value, accepted in (("rollup.schedule=@hourly", True), ("rollup.schedule=hourly", False),
                             ("rollup.last=1h30m", True), ("rollup.last=0m", False), ("rollup.last=1d", True),
                             ("operator.listenAddress=::", True), ("operator.listenAddress=localhost", False),
-                            ("operator.watch.namespaces={" + "n" * 63 + "}", True)):
+                            ("operator.watch.allNamespaces=false,operator.watch.namespaces={" + "n" * 63 + "}",
+                             True)):
         result = run_helm(helm, "template", "kcm", str(CHART), "--set", value)
         assert (result.returncode == 0) == accepted, (value, result.stderr)
 

@@ -316,9 +316,9 @@ def draw_case(seed: int) -> Case:
     operator["peering"] = {"enabled": peering, "lifetimeSeconds": rng.choice((1, 60, 300, 86400))}
     operator["replicas"] = rng.randint(0, 3) if peering else rng.randint(0, 1)
     all_namespaces = rng.random() < 0.5
-    operator["watch"] = {"allNamespaces": all_namespaces,
-                         "namespaces": rng.choice(([], ["payments"], ["payments", "checkout", "payments"],
-                                                   [namespace, "team-b"]))}
+    namespaces = rng.choice(([], ["payments"], ["payments", "checkout", "payments"], [namespace, "team-b"]))
+    # README: namespaces with allNamespaces true fail the install (a refusal below).
+    operator["watch"] = {"allNamespaces": all_namespaces, "namespaces": [] if all_namespaces else namespaces}
     operator["driftInterval"] = rng.choice((5, 60, 600))
     ports = rng.sample(range(1024, 65536), 2)
     operator["metricsPort"], operator["livenessPort"] = ports
@@ -327,6 +327,7 @@ def draw_case(seed: int) -> Case:
                         "secrets": {"namespaces": rng.choice(([], ["payments"], ["payments", namespace])),
                                     "names": rng.choice(([], ["kafka-sasl"], ["kafka-sasl", "prod.credentials"]))}}
     operator["env"] = _env(rng)
+    operator["logFormat"] = rng.choice(("text", "json"))
     overrides["operator"] = operator
 
     bridge: dict[str, Any] = {"enabled": rng.random() < 0.85, **_pod_extras(rng, "bridge")}
@@ -704,7 +705,7 @@ def check_operator(case: Case, manifests: list[Manifest]) -> None:
     assert deployment["spec"]["replicas"] == values["replicas"]
     args = PARSER.parse_args(container["args"])
     # Flags of docs/operator.md, from the values the README maps onto them.
-    assert args.log_level == values["logLevel"]
+    assert (args.log_level, args.log_format) == (values["logLevel"], values["logFormat"])
     assert args.all_namespaces is values["watch"]["allNamespaces"]
     if not values["watch"]["allNamespaces"]:
         assert args.namespace == watched(case)
@@ -897,7 +898,9 @@ def check_rbac(case: Case, manifests: list[Manifest]) -> None:
         needed |= {("kopf.dev", peerings, verb) for verb in ("list", "watch", "patch")}
         allowed |= {("kopf.dev", peerings, verb) for verb in ("get", "list", "watch", "patch")}
     discovery = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
-    discovery |= {("", "namespaces", verb) for verb in ("list", "watch")}
+    # kopf lists and watches namespaces only to follow the ones it watches by name (kopf's observation.py).
+    if not operator["watch"]["allNamespaces"]:
+        discovery |= {("", "namespaces", verb) for verb in ("list", "watch")}
     names = operator["rbac"]["secrets"]["names"] or ["*"]
     secrets = {(scope, "", "secrets", "get", name) for scope in secret_namespaces(case) for name in names}
     assert {g for g in granted if g[2] == "secrets"} == secrets
@@ -987,7 +990,7 @@ _REFUSALS: list[Refusal | tuple[Any, ...]] = [
     _schema_refusal("operator.driftInterval", 4),
     _schema_refusal("operator.metricsPort", 1023),
     _schema_refusal("operator.livenessPort", 65536),
-    *[_schema_refusal("operator.listenAddress", address) for address in (*LOOPBACKS, "localhost")],
+    _schema_refusal("operator.listenAddress", "localhost"),
     _schema_refusal("operator.logLevel", "verbose"),
     _schema_refusal("operator.peering.lifetimeSeconds", 0),
     _schema_refusal("operator.peering.lifetimeSeconds", 86401),
@@ -1002,7 +1005,6 @@ _REFUSALS: list[Refusal | tuple[Any, ...]] = [
     _schema_refusal("kafka.bootstrapServers", "kafka:port"),
     _schema_refusal("kafka.metricsTopic", "bad topic"),
     _schema_refusal("kafka.clientConfig.existingSecret", "Kafka_Client"),
-    _schema_refusal("kafka.tlsSecrets", ["client"]),
     _schema_refusal("kafka.tlsSecrets", ["kafka-ca", "kafka-ca"]),
     _schema_refusal("image.digest", "sha256:abc"),
     _schema_refusal("image.pullPolicy", "Sometimes"),
@@ -1058,6 +1060,23 @@ _REFUSALS: list[Refusal | tuple[Any, ...]] = [
     ("operator.replicas=2 without peering", both(ON["operator"], put("operator.replicas", 2),
                                                  put("operator.peering.enabled", False)), (),
      ("operator.replicas", "operator.peering.enabled")),
+    *[(f"operator.listenAddress={address}", both(ON["operator"], put("operator.listenAddress", address)), (),
+       ("operator.listenAddress", address, "loopback")) for address in LOOPBACKS],
+    ("kafka.tlsSecrets named client", both(ON["operator"], put("kafka.tlsSecrets", ["client"])), (),
+     ("kafka.tlsSecrets", '"client"')),
+    ("namespaces with allNamespaces true", both(ON["operator"], put("operator.watch", {
+        "allNamespaces": True, "namespaces": ["payments"]})), (),
+     ("operator.watch.namespaces", "operator.watch.allNamespaces=false")),
+    *[(f"{value} {key}", both(ON["operator"], ON["bridge"], put(value, {key: "x"})), (), (value, key))
+      for value, key in (("commonLabels", "app.kubernetes.io/name"), ("commonLabels", "helm.sh/chart"),
+                         ("operator.podLabels", "app.kubernetes.io/instance"),
+                         ("bridge.podLabels", "app.kubernetes.io/component"))],
+    ("kafka.properties nested by an unescaped --set", both(ON["bridge"], put("bridge.config", {
+        "kafka": {"properties": {"sasl": {"password": CANARY}}}})), (),
+     ("bridge.config.kafka.properties.sasl.password",)),
+    ("kafka.properties a map", both(ON["bridge"], put("bridge.config", {
+        "kafka": {"properties": {"sasl": {"mechanism": "PLAIN"}}}})), (),
+     ("bridge.config.kafka.properties.sasl", "escape")),
     ("operator ports equal", both(ON["operator"], put("operator.metricsPort", 9100),
                                   put("operator.livenessPort", 9100)), (),
      ("operator.metricsPort", "operator.livenessPort", "9100")),

@@ -239,16 +239,15 @@ RECONCILE_RULES = {
     (("kcm.dev",), ("kafkaconnections/status",), frozenset({"patch"})),
     (("",), ("events",), frozenset({"create"})),
 }
-DISCOVERY_RULES = {
-    (("apiextensions.k8s.io",), ("customresourcedefinitions",), frozenset({"list", "watch"})),
-    (("",), ("namespaces",), frozenset({"list", "watch"})),
-}
+CRD_RULES = {(("apiextensions.k8s.io",), ("customresourcedefinitions",), frozenset({"list", "watch"}))}
+# kopf lists and watches namespaces only to follow those it watches by name, never cluster-wide (observation.py).
+DISCOVERY_RULES = CRD_RULES | {(("",), ("namespaces",), frozenset({"list", "watch"}))}
 PEERING = frozenset({"get", "list", "watch", "patch"})
 
 
 def test_the_operator_gets_exactly_the_rules_it_needs_in_each_mode(helm: Path) -> None:
     cluster_wide = render(helm, sets=("operator.peering.enabled=true", "operator.replicas=2"))
-    assert _rules(one(cluster_wide, "ClusterRole", "-operator")) == RECONCILE_RULES | DISCOVERY_RULES | {
+    assert _rules(one(cluster_wide, "ClusterRole", "-operator")) == RECONCILE_RULES | CRD_RULES | {
         (("kopf.dev",), ("clusterkopfpeerings",), PEERING)}
     namespaced = rendered(helm, "ci/namespaced-values.yaml")
     assert _rules(one(namespaced, "ClusterRole", "-discovery")) == DISCOVERY_RULES

@@ -50,15 +50,40 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{- define "kcm.labels" -}}
+{{- define "kcm.ownLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "kcm.selectorLabels" . }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 app.kubernetes.io/part-of: kafka-client-metrics
+{{- end -}}
+
+{{/* Fails the render when extra labels (commonLabels, <component>.podLabels) name one the chart sets itself: a
+     second key of one name, and selectors and Services that no longer find their pods. Call with
+     (dict "ctx" $ctx "labels" <map> "value" "<its name in the values>"). */}}
+{{- define "kcm.labelsLeaveTheChartsOwn" -}}
+{{- $own := include "kcm.ownLabels" .ctx | fromYaml -}}
+{{- range $key, $_ := .labels | default dict -}}
+{{- if hasKey $own $key -}}
+{{- fail (printf "%s sets %s, a label the chart sets itself (selectors, Services and budgets find the pods by the app.kubernetes.io/name, instance and component labels): use a key of your own" $.value $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kcm.labels" -}}
+{{- include "kcm.labelsLeaveTheChartsOwn" (dict "ctx" . "labels" .root.Values.commonLabels "value" "commonLabels") -}}
+{{ include "kcm.ownLabels" . }}
 {{- with .root.Values.commonLabels }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* A pod's labels: the chart's, commonLabels, and <component>.podLabels, which win over commonLabels. */}}
+{{- define "kcm.podLabels" -}}
+{{- $podLabels := (index .root.Values .component).podLabels | default dict -}}
+{{- $value := printf "%s.podLabels" .component -}}
+{{- include "kcm.labelsLeaveTheChartsOwn" (dict "ctx" . "labels" $podLabels "value" $value) -}}
+{{- toYaml (merge (dict) $podLabels (include "kcm.labels" . | fromYaml)) -}}
 {{- end -}}
 
 {{/* An image reference: repository:tag, or repository@digest when a digest is given. */}}
@@ -106,6 +131,13 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* Every spelling of a loopback address: 127.x, ::1 with its zeros written out or as ::0.0.0.1, IPv4-mapped 127.x,
+     with or without a zone. Neither operator.listenAddress nor bridge.config.metrics_host may be one: the kubelet
+     probes the pod's IP. */}}
+{{- define "kcm.loopbackPattern" -}}
+^(127\.|((0{1,4}:){7}|(0{1,4}(:0{1,4})*)?::(0{1,4}:)*)0{0,3}1(%.*)?$|((0{1,4}:){6}|(0{1,4}(:0{1,4})*)?::(0{1,4}:)*)0{1,3}\.0{1,3}\.0{1,3}\.0{0,2}1(%.*)?$|((0{1,4}:){5}|(0{1,4}(:0{1,4})*)?::(0{1,4}:)*)[fF]{4}:(127\.[0-9.]*|7[fF][0-9a-fA-F]{2}:[0-9a-fA-F]{1,4})(%.*)?$)
+{{- end -}}
+
 {{/* Kafka connection flags shared by every kcm command. */}}
 {{- define "kcm.kafkaArgs" -}}
 - --bootstrap-server={{ .Values.kafka.bootstrapServers }}
@@ -116,6 +148,9 @@ seccompProfile:
 
 {{/* Volumes holding the Kafka client config and TLS material, mounted read-only. */}}
 {{- define "kcm.kafkaVolumes" -}}
+{{- if has "client" .Values.kafka.tlsSecrets }}
+{{- fail "kafka.tlsSecrets names a Secret \"client\": /etc/kcm/kafka/client/ is where kafka.clientConfig's properties file is mounted; copy that Secret under another name and list that" }}
+{{- end }}
 {{- if .Values.kafka.clientConfig.existingSecret }}
 - name: kafka-client-config
   secret:
@@ -240,15 +275,30 @@ its value. Call with (dict "root" . "component" "bridge").
 {{- end -}}
 {{- end -}}
 
+{{/* bridge.config.kafka.properties at any depth (an unescaped --set makes sasl.password a map in a map): a key
+     whose dotted name is credential-like fails, naming it, never its value. */}}
+{{- define "kcm.propertiesHaveNoCredentials" -}}
+{{- range $key, $value := .properties -}}
+{{- $name := printf "%s%s" $.prefix $key -}}
+{{- if regexMatch "(?i)(password|secret|jaas|ssl\\.key\\.pem|keystore\\.key|oauthbearer\\.config)" $name -}}
+{{- fail (printf "bridge.config.kafka.properties.%s would put a credential into a ConfigMap: put the client properties in a Secret and set kafka.clientConfig.existingSecret" $name) -}}
+{{- end -}}
+{{- if kindIs "map" $value -}}
+{{- include "kcm.propertiesHaveNoCredentials" (dict "properties" $value "prefix" (printf "%s." $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kcm.bridgeConfigHasNoCredentials" -}}
 {{- $config := .Values.bridge.config | default dict -}}
 {{- $kafka := get $config "kafka" | default dict -}}
 {{- $properties := dict -}}
 {{- if kindIs "map" $kafka -}}{{- $properties = get $kafka "properties" | default dict -}}{{- end -}}
 {{- if kindIs "map" $properties -}}
-{{- range $key, $_ := $properties -}}
-{{- if regexMatch "(?i)(password|secret|jaas|ssl\\.key\\.pem|keystore\\.key|oauthbearer\\.config)" $key -}}
-{{- fail (printf "bridge.config.kafka.properties.%s would put a credential into a ConfigMap: put the client properties in a Secret and set kafka.clientConfig.existingSecret" $key) -}}
+{{- include "kcm.propertiesHaveNoCredentials" (dict "properties" $properties "prefix" "") -}}
+{{- range $key, $value := $properties -}}
+{{- if or (kindIs "map" $value) (kindIs "slice" $value) -}}
+{{- fail (printf "bridge.config.kafka.properties.%s is not a string: client properties are flat, a dotted name is one key; with --set, escape its dots (--set 'bridge.config.kafka.properties.sasl\\.mechanism=SCRAM-SHA-512')" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
