@@ -652,7 +652,9 @@ def rollup(kcm, monkeypatch):
     import kcm_rollups.job as job
 
     seen: dict = {}
-    result = SimpleNamespace(input_records=3, decode_errors={}, points=30, rows_written=4, windows={"1m": 2},
+    result = SimpleNamespace(window_range=(datetime(2026, 1, 31, 9, tzinfo=timezone.utc),
+                                           datetime(2026, 1, 31, 11, tzinfo=timezone.utc)),
+                             input_records=3, decode_errors={}, points=30, rows_written=4, windows={"1m": 2},
                              seconds=1.25, stage_seconds={"write": 0.5}, exported=None, top_rows=[],
                              summary_lines=lambda: ["summary: 3 records"])
 
@@ -661,7 +663,8 @@ def rollup(kcm, monkeypatch):
         return result
 
     monkeypatch.setattr(job, "check_reachable", lambda settings: seen.setdefault("probed", []).append(settings))
-    monkeypatch.setattr(job, "check_authenticates", lambda settings: seen.setdefault("authenticated", settings))
+    monkeypatch.setattr(job, "check_authenticates",   # every topic exists (whichever --topic the model gives)
+                        lambda settings: seen.setdefault("authenticated", settings) and _EveryTopic())
     monkeypatch.setattr(job, "_started", lambda master: seen.setdefault("master", [master]) and "spark")
     monkeypatch.setattr(job, "run", run)
 
@@ -672,6 +675,11 @@ def rollup(kcm, monkeypatch):
     return run_command
 
 
+class _EveryTopic:
+    def __contains__(self, topic: object) -> bool:
+        return True
+
+
 DIMENSIONS = ("client_id", "client_software_name", "client_software_version", "attributes", "client_instance_id",
               "client_source_address", "client_source_port", "principal", "listener_name", "security_protocol",
               "broker_id", "cluster_id", "subscription_id")
@@ -679,7 +687,9 @@ TIMES = [("2026-01-31T10:00:00Z", datetime(2026, 1, 31, 10, tzinfo=timezone.utc)
          ("2026-01-31T10:00:00", datetime(2026, 1, 31, 10, tzinfo=timezone.utc)),   # zone-less: UTC
          ("2026-01-31T13:30:00+02:00", datetime(2026, 1, 31, 11, 30, tzinfo=timezone.utc)),
          ("1769853600", datetime(2026, 1, 31, 10, tzinfo=timezone.utc)),
-         ("0", datetime(1970, 1, 1, tzinfo=timezone.utc)),
+         ("19700101", datetime(1970, 1, 1, tzinfo=timezone.utc)),   # ISO 8601's basic format
+         ("20260131T1000Z", datetime(2026, 1, 31, 10, tzinfo=timezone.utc)),
+         ("100000000", datetime(1973, 3, 3, 9, 46, 40, tzinfo=timezone.utc)),   # the earliest epoch seconds taken
          ("1700000000.5", datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=timezone.utc))]
 RESOLUTIONS = [("1m,1h", (60, 3600)), ("1h,1m", (60, 3600)), ("30s,1m", (30, 60)), ("1m,5m,1h", (60, 300, 3600)),
                ("1d,1h", (3600, 86400)), ("2d,1d", (86400, 172800)), ("15m", (900,)), ("1m,1h,1d", (60, 3600, 86400)),
@@ -808,8 +818,9 @@ def test_random_rollup_options_give_the_documented_run(rollup, tmp_path, pem, ca
         assert options.min_partitions == want["min_partitions"] and options.top == want["top"], context
         if want["json"]:
             summary = json.loads(out)
-            assert set(summary) == {"input_records", "decode_errors", "points", "rows_written", "windows", "seconds",
-                                    "stage_seconds", "otlp"}, context
+            assert set(summary) == {"window_range", "input_records", "decode_errors", "points", "rows_written",
+                                    "windows", "seconds", "stage_seconds", "otlp"}, context
+            assert summary["window_range"] == ["2026-01-31T09:00:00+00:00", "2026-01-31T11:00:00+00:00"], context
         else:
             assert "summary: 3 records" in out, context
         otlp = options.otlp
@@ -846,6 +857,8 @@ ROLLUP_REFUSED = [
     (["--from", "2026-01-31T10:00:00Z", "--to", "soon"], ["--to", "'soon'"]),
     *[(["--from", v], ["--from", repr(v)]) for v in ("yesterday", "1969-12-31T23:59:59Z", "-1", "9000-01-01T00:00:00Z",
                                                     "nan", "2026-13-01")],
+    # Too short for epoch seconds: a year or a date without dashes, not a range back to 1970.
+    *[(["--from", v], ["--from", repr(v), "epoch seconds in full"]) for v in ("0", "2026", "99999999", "202601")],
     (["--from", "2026-01-31T10:00:00Z", "--to", "1969-01-01"], ["--to", "'1969-01-01'"]),
     (["--to", "2026-01-31T10:00:00Z"], ["--to", "--from"]),
     (["--last", "1h", "--from", "2026-01-31T10:00:00Z"], ["--last", "--from"]),

@@ -339,7 +339,7 @@ def test_rollup_prints_rows_without_empty_cells_and_its_json_summary(monkeypatch
     """Kills R09 (None cells printed as `name=None`), R10 (rows_written reported the points) and R11 (the OTLP
     export never in the JSON summary)."""
     result = types.SimpleNamespace(
-        input_records=5, decode_errors={"empty": 1}, points=40, rows_written=12, windows={"1m": 3},
+        window_range=None, input_records=5, decode_errors={"empty": 1}, points=40, rows_written=12, windows={"1m": 3},
         seconds=1.23456, stage_seconds={"write": 0.5}, exported=("otel:4317", 12, 0),
         top_rows=[{"metric": "m", "p99": None, "avg": 2.0}], summary_lines=lambda: ["summary"])
     assert _rollup(monkeypatch, [], result)[0] == 0
@@ -348,6 +348,7 @@ def test_rollup_prints_rows_without_empty_cells_and_its_json_summary(monkeypatch
     summary = json.loads(capsys.readouterr().out)
     assert (summary["rows_written"], summary["points"], summary["seconds"]) == (12, 40, 1.235)
     assert summary["otlp"] == {"endpoint": "otel:4317", "sent": 12, "rejected": 0}
+    assert summary["window_range"] is None   # a run over offsets only
 
 
 # --- bridge.py --------------------------------------------------------------------------------------------------------

@@ -64,10 +64,32 @@ def test_a_century_is_the_longest_duration_taken():
 
 
 def test_times_run_from_the_epoch_itself_to_just_before_9000():
-    assert parse_time("0") == parse_time("1970-01-01T00:00:00Z") == datetime(1970, 1, 1, tzinfo=UTC)
+    assert parse_time("1970-01-01T00:00:00Z") == parse_time("19700101") == datetime(1970, 1, 1, tzinfo=UTC)
     assert parse_time("8999-12-31T23:59:59Z") == datetime(8999, 12, 31, 23, 59, 59, tzinfo=UTC)
     with pytest.raises(UserError, match="is outside 1970-01-01 to 9000-01-01"):
         parse_time("9000-01-01T00:00:00Z")
+
+
+@pytest.mark.parametrize("text, meant", [
+    ("20261129", datetime(2026, 11, 29, tzinfo=UTC)),   # ISO 8601's basic format: not 1970-08-23 as seconds
+    ("20261129T1030Z", datetime(2026, 11, 29, 10, 30, tzinfo=UTC)),
+    ("1764432000", datetime(2025, 11, 29, 16, tzinfo=UTC)),
+    ("1764432000.25", datetime(2025, 11, 29, 16, 0, 0, 250000, tzinfo=UTC)),
+    ("100000000", datetime(1973, 3, 3, 9, 46, 40, tzinfo=UTC)),
+])
+def test_a_compact_date_is_a_date_and_epoch_seconds_are_read_in_full(text, meant):
+    assert parse_time(text) == meant
+
+
+@pytest.mark.parametrize("text, as_seconds", [("2026", "1970-01-01T00:33:46Z"), ("0", "1970-01-01T00:00:00Z"),
+                                              ("99999999", "1973-03-03T09:46:39Z"), ("202611", "1970-01-03T08:16:51Z")])
+def test_a_number_too_short_for_epoch_seconds_is_refused_not_read_back_to_1970(text, as_seconds):
+    """A year or a date without dashes, read as seconds, would make a range from 1970 that replaces every window
+    since with what the topic still holds."""
+    with pytest.raises(UserError) as refused:
+        parse_time(text, "--from")
+    assert str(refused.value) == (f"--from {text!r} read as epoch seconds is {as_seconds}: write a date in ISO 8601 "
+                                  "(2026-01-31 or 2026-01-31T10:00:00Z), or epoch seconds in full (date +%s)")
 
 
 def test_a_lowercase_z_and_a_zoneless_time_are_utc_whatever_the_machines_zone(monkeypatch):
@@ -294,7 +316,35 @@ def test_the_top_rows_are_the_latest_windows_most_instances_first_and_no_more_th
     latest = RowsHeld.counted(rows, ("1m", "1h")).latest
     assert top_rows(rows, "1h", 2, latest["1h"]) == top_rows(rows, "1h", 2)
     assert [(r["metric"], r["window_start"]) for r in top_rows(rows, "1m", 5, latest["1m"])] == [
-        (metric, latest["1m"]) for metric in "bac"]   # b: two instances
+        (metric, datetime.fromtimestamp(T0 + 3600, UTC)) for metric in "bac"]   # b: two instances
+
+
+def test_the_top_rows_show_the_dimensions_rows_differ_in_and_their_window_in_utc_whatever_the_machines_zone(
+        spark, monkeypatch):
+    """Rows of one metric differing only in attributes, software or a `--group-by` column must not print the same;
+    Spark hands a timestamp to Python in the machine's zone, without saying which."""
+    points = [point("lat", 10, "i1", value=1.0, attributes='{"node.id":"111"}'),
+              point("lat", 11, "i1", value=2.0, attributes='{"node.id":"-1"}'),
+              point("lat", 12, "i2", value=3.0, client_software_version="2.4.0"),
+              point("lat", 13, "i3", value=4.0, principal="User:ops")]
+    frame = spark.createDataFrame(points, POINTS_SCHEMA)
+    dimensions = ("client_id", "client_software_version", "attributes", "principal")
+    rows = rollup(frame, parse_resolutions("1m"), dimensions).withColumn("partial", F.lit(False))
+    monkeypatch.setenv("TZ", "Pacific/Chatham")
+    time.tzset()
+    try:
+        top = top_rows(rows, "1m", 10, dimensions=dimensions)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert [list(row) for row in top] == [[
+        "resolution", "window_start", "partial", "client_id", "client_software_version", "attributes", "principal",
+        "metric", "type", "instances", "count", "avg", "p99", "last", "increase", "rate"]] * 4
+    assert sorted((r["avg"], r["client_software_version"], r["attributes"], r["principal"]) for r in top) == [
+        (1.0, "2.3.0", '{"node.id":"111"}', None), (2.0, "2.3.0", '{"node.id":"-1"}', None),
+        (3.0, "2.4.0", None, None), (4.0, "2.3.0", None, "User:ops")]   # no attributes: none shown
+    assert {r["window_start"] for r in top} == {datetime.fromtimestamp(T0, UTC)}
+    assert top[0]["window_start"].utcoffset().total_seconds() == 0
 
 
 def test_the_cumulative_pass_counts_a_point_received_exactly_at_the_range_start(spark):

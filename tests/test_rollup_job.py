@@ -263,10 +263,16 @@ def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telem
     summary = json.loads(capsys.readouterr().out)
     assert summary["decode_errors"] == {"decompress-failed": 1, "empty": 1} and summary["rows_written"] > 0
     assert list(summary["stage_seconds"]) == ["read, decode and aggregate", "finish", "write", "summary"]
-    # Planned inside Spark: the source's error comes back wrapped in Spark's, and is still one line.
+    # Said before Spark starts, naming the cluster.
     assert main([*common[:3], "--topic", "no-such-topic", *common[5:]]) == 2
     err = capsys.readouterr().err.strip()
-    assert "topic 'no-such-topic' does not exist" in err and len(err.splitlines()) == 1, err
+    assert err == (f"kcm rollup: topic 'no-such-topic' does not exist on {telemetry.bootstrap} (PLAINTEXT); check "
+                   "--topic and that the brokers' telemetry receiver writes there"), err
+    # Planned inside Spark: the source's error comes back wrapped in Spark's, and is still one line.
+    offsets = json.dumps({telemetry.options.topic: {"99": 0}})
+    assert main([*common, "--starting-offsets", offsets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"startingOffsets names partition 99 of {telemetry.options.topic!r}" in err and len(err.splitlines()) == 1
 
 
 def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, telemetry, tmp_path):
@@ -885,6 +891,9 @@ def test_cli_mistakes_are_one_line_and_exit_2(capsys, arguments, message):
 def test_a_master_spark_cannot_start_on_is_one_line_and_exit_2(broker, tmp_path):
     """yarn without its configuration fails as Spark starts: one line naming the master, not Spark's traceback."""
     environment = {k: v for k, v in os.environ.items() if k not in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")}
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)   # the topic exists (said before Spark starts)
+    producer.send("kafka-client-metrics", value=b"").get(timeout=10)
+    producer.close()
     result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "rollup", "--bootstrap-server", broker.bootstrap,
                              "--last", "5m", "--output", str(tmp_path / "out"), "--master", "yarn"],
                             capture_output=True, text=True, timeout=180, env=environment)

@@ -747,7 +747,7 @@ def test_py4j_s_tracebacks_of_an_interrupted_call_are_kept_quiet_while_a_rollup_
         raise KeyboardInterrupt
 
     monkeypatch.setattr(job, "check_reachable", lambda settings: None)
-    monkeypatch.setattr(job, "check_authenticates", lambda settings: None)
+    monkeypatch.setattr(job, "check_authenticates", lambda settings: {"t"})
     monkeypatch.setattr(job, "_started", lambda master: object())
     monkeypatch.setattr(job, "run", interrupted)
     caplog.set_level(logging.INFO)
@@ -757,3 +757,17 @@ def test_py4j_s_tracebacks_of_an_interrupted_call_are_kept_quiet_while_a_rollup_
     caplog.clear()
     logging.getLogger("py4j.clientserver").error("Exception occurred while shutting down connection")
     assert len(caplog.records) == 1   # the filters are gone with the run
+
+
+def test_a_topic_kafka_does_not_name_is_said_before_spark_starts(monkeypatch):
+    """Spark takes 10 s and more to start; planning inside it would say the same much later, without the cluster."""
+    from kcm_common.errors import UserError
+    from kcm_rollups import job
+
+    monkeypatch.setattr(job, "check_reachable", lambda settings: None)
+    monkeypatch.setattr(job, "check_authenticates", lambda settings: {"kafka-client-metrics", "__consumer_offsets"})
+    monkeypatch.setattr(job, "_started", lambda master: pytest.fail("Spark started"))
+    with pytest.raises(UserError) as refused:
+        job.run_rollup("127.0.0.1:9092", "kafka-client-metric", "/tmp/unused", master="local[1]")
+    assert str(refused.value) == ("topic 'kafka-client-metric' does not exist on 127.0.0.1:9092 (PLAINTEXT); check "
+                                  "--topic and that the brokers' telemetry receiver writes there")

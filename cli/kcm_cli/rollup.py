@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
         starting_offsets=args.starting_offsets, ending_offsets=args.ending_offsets,
         lookback_seconds=parse_duration(args.lookback, "--lookback"), top=args.top, **options)
     if args.json:
-        print(json.dumps({"input_records": result.input_records, "decode_errors": result.decode_errors,
+        span = [moment.isoformat() for moment in result.window_range] if result.window_range else None
+        print(json.dumps({"window_range": span, "input_records": result.input_records,
+                          "decode_errors": result.decode_errors,
                           "points": result.points, "rows_written": result.rows_written, "windows": result.windows,
                           "seconds": round(result.seconds, 3),
                           "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()},

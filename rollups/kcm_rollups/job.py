@@ -32,6 +32,8 @@ DEFAULT_LOOKBACK_SECONDS = 300
 # The masters Spark starts with: SparkContext's local forms, and the cluster managers spark-submit knows.
 _MASTER_URL = re.compile(r"local(\[([1-9][0-9]*|\*)(\s*,\s*[0-9]+)?\])?"
                          r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]|(spark|k8s)://.+|yarn")
+# The columns of the top rows, a run's other dimensions after `client_id` (rows differing only in those would read the
+# same); `attributes` only when a row has any.
 TOP_COLUMNS = ("resolution", "window_start", "partial", "client_id", "metric", "type", "instances", "count", "avg",
                "p99", "last", "increase", "rate")
 
@@ -278,7 +280,9 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
                                    resolutions=parse_resolutions(resolutions), start=start, end=end, **options)
     master = default_master(master)
     check_reachable(settings)
-    check_authenticates(settings)
+    if topic not in check_authenticates(settings):   # said now, not once Spark has started (10 s and more)
+        raise UserError(f"topic {topic!r} does not exist on {settings.describe()}; "
+                        "check --topic and that the brokers' telemetry receiver writes there")
     quiet = _Py4jSendTraceback()
     for name in quiet.LOGGERS:
         logging.getLogger(name).addFilter(quiet)
@@ -387,9 +391,10 @@ class _Py4jSendTraceback(logging.Filter):
                         and message.startswith("Exception occurred while shutting down connection")))
 
 
-def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
-    """Raise KafkaUnavailableError unless a metadata request with these settings gets through, saying whether
-    the credentials were refused (the first thing a job should learn, not a Spark task's timeout)."""
+def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> set[str]:
+    """The topics Kafka's metadata names; raise KafkaUnavailableError unless a metadata request with these settings
+    gets through, saying whether the credentials were refused (the first thing a job should learn, not a Spark
+    task's timeout)."""
     import confluent_kafka
     import confluent_kafka.admin
 
@@ -407,8 +412,7 @@ def check_authenticates(settings: KafkaSettings, timeout_s: float = 10.0) -> Non
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
-            return
+            return set(admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic()))).topics)
         except confluent_kafka.KafkaException as exc:
             admin.poll(0)  # serves error_cb
             if refused:
@@ -488,7 +492,8 @@ def run(spark: Any, options: RollupOptions, now: datetime | None = None) -> Roll
             ended = ended & (closes <= F.lit(int(now.timestamp())))
         exported = (options.otlp.endpoint, *export_rows(rows.filter(ended), options.otlp, options.dimensions))
         finished("OTLP export")
-    top = top_rows(rows, options.resolutions[-1].label, options.top, held.latest[options.resolutions[-1].label])
+    top = top_rows(rows, options.resolutions[-1].label, options.top, held.latest[options.resolutions[-1].label],
+                   options.dimensions)
     finished("summary")
     return RollupResult(
         input_records=counts.records,
@@ -851,9 +856,11 @@ class _HadoopPath:
         return [(status.getPath().getName(), bool(status.isDirectory())) for status in self._fs.listStatus(self._path)]
 
 
-def top_rows(rows: Any, resolution: str, limit: int, latest: datetime | None = None) -> list[dict[str, Any]]:
+def top_rows(rows: Any, resolution: str, limit: int, latest: datetime | None = None,
+             dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS) -> list[dict[str, Any]]:
     """The rows of the latest window of `resolution` (`latest`, if known), most instances first, as plain dicts for
-    printing."""
+    printing: TOP_COLUMNS with the run's other `dimensions` after `client_id`, `window_start` an aware UTC datetime
+    (Spark hands timestamps to Python in the machine's zone, without one)."""
     from pyspark.sql import functions as F
 
     finest = rows.filter(F.col("resolution") == resolution)
@@ -863,7 +870,13 @@ def top_rows(rows: Any, resolution: str, limit: int, latest: datetime | None = N
         return []
     chosen = finest.filter(F.col("window_start") == latest).orderBy(
         F.desc("instances"), "metric", "client_id").limit(limit)
-    return [r.asDict() for r in chosen.select(*TOP_COLUMNS).collect()]
+    at = TOP_COLUMNS.index("client_id") + 1
+    columns = [*TOP_COLUMNS[:at], *(name for name in dimensions if name not in TOP_COLUMNS), *TOP_COLUMNS[at:]]
+    picked = chosen.select(*(F.unix_micros(name).alias(name) if name == "window_start" else F.col(f"`{name}`")
+                             for name in columns))
+    return [{**row, "window_start": EARLIEST_TIME + timedelta(microseconds=row["window_start"]),
+             **({"attributes": None} if row.get("attributes") == "{}" else {})}
+            for row in (r.asDict() for r in picked.collect())]
 
 
 def parse_dimensions(text: str) -> tuple[str, ...]:

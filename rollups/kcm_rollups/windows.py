@@ -13,6 +13,9 @@ LONGEST_DURATION_S = 36500 * 86400   # beyond a century `now - duration` leaves 
 _DURATION = re.compile(r"(\d+)([smhd])")
 EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=timezone.utc)  # Kafka timestamps are milliseconds since the epoch
 LATEST_TIME = datetime(9000, 1, 1, tzinfo=timezone.utc)  # a range widened to whole windows must stay a date
+# Epoch seconds below this (1973-03-03) are refused: a number that short is a date or a year written without dashes
+# (`20261129`, `2026`), and read as seconds it would reach back to 1970 and replace every window since.
+EARLIEST_EPOCH_S = 100_000_000
 
 
 @dataclass(frozen=True, order=True)
@@ -70,27 +73,30 @@ def widen(start: float, end: float, size: int) -> tuple[int, int]:
 
 
 def parse_time(text: str, what: str = "time") -> datetime:
-    """ISO 8601 (a zone-less time is UTC) or epoch seconds, as an aware UTC datetime; raises UserError naming `what`
-    (the option it was given to)."""
+    """ISO 8601 (a zone-less time is UTC; also the basic format, `20261129`) or epoch seconds (from EARLIEST_EPOCH_S),
+    as an aware UTC datetime; raises UserError naming `what` (the option it was given to)."""
     value = text.strip()
     moment: datetime | None
     try:
-        seconds = float(value)
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+            seconds = float(value)
         except ValueError:
             raise UserError(f"{what} {text!r} is neither ISO 8601 (2026-01-31T10:00:00Z) nor epoch seconds") from None
+        try:
+            moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
+        except (ValueError, OverflowError, OSError):  # NaN, or beyond what dates hold
+            moment = None
+        if moment is not None and EARLIEST_TIME <= moment and seconds < EARLIEST_EPOCH_S:
+            raise UserError(f"{what} {text!r} read as epoch seconds is {moment:%Y-%m-%dT%H:%M:%SZ}: write a date in "
+                            "ISO 8601 (2026-01-31 or 2026-01-31T10:00:00Z), or epoch seconds in full (date +%s)")
+    else:
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         try:
             moment = moment.astimezone(timezone.utc)
         except OverflowError:  # year 1 or 9999 moved past what dates hold: outside the range below either way
-            moment = None
-    else:
-        try:
-            moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
-        except (ValueError, OverflowError, OSError):  # NaN, or beyond what dates hold
             moment = None
     if moment is None or not EARLIEST_TIME <= moment < LATEST_TIME:
         raise UserError(f"{what} {text!r} is outside {EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}: Kafka "
