@@ -278,7 +278,8 @@ def test_the_command_reports_a_non_finite_timeout_from_the_environment_in_one_li
     monkeypatch.setenv("KCM_BRIDGE_SHUTDOWN_TIMEOUT_S", "nan")
     assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317"]) == 2
     error = capsys.readouterr().err
-    assert error == "kcm bridge: delivery.shutdown_timeout_s must be a finite number > 0, not nan\n"
+    assert error == ("kcm bridge: delivery.shutdown_timeout_s must be a finite number > 0, not nan (set by "
+                     "KCM_BRIDGE_SHUTDOWN_TIMEOUT_S)\n")
 
 
 def test_a_key_given_twice_is_refused_naming_where_not_silently_replaced(tmp_path):
@@ -381,7 +382,7 @@ def test_a_hash_salt_is_read_at_start_and_must_hold_something(tmp_path, monkeypa
 
 
 def test_a_topic_named_twice_is_refused_naming_it():
-    with pytest.raises(ConfigError, match="^kafka.topics names 'a' more than once$"):
+    with pytest.raises(ConfigError, match=r"^kafka.topics names 'a' more than once \(set by KCM_BRIDGE_TOPICS\)$"):
         load(env={"KCM_BRIDGE_TOPICS": "a,b,a"}, overrides={("kafka", "bootstrap_servers"): "k:9092"},
              endpoints=["c:4317"])
 
@@ -522,7 +523,7 @@ def test_the_command_reports_a_group_id_that_is_not_utf8_in_one_line_with_exit_c
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr) == (2, "kcm bridge: kafka.group_id is not UTF-8 text (a byte that is "
                                                      "not UTF-8 in a variable or on the command line, or a lone "
-                                                     "\\uD800-\\uDFFF escape)\n")
+                                                     "\\uD800-\\uDFFF escape) (set by --group-id)\n")
 
 
 @pytest.mark.timeout(60)   # in-process: a regression would run a real bridge here, not fail
@@ -565,3 +566,55 @@ def test_a_file_path_is_opened_by_its_bytes_so_any_name_the_file_system_holds_wi
     properties.write_text("client.id=bridge\n")
     config = load(env={"KCM_BRIDGE_COMMAND_CONFIG": str(properties)}, overrides=GOOD, endpoints=["c:4317"])
     assert config.kafka_properties() == {"client.id": "bridge"}
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"KCM_BRIDGE_INSECURE": "maybe"}, "insecure must be true or false, not 'maybe' (set by KCM_BRIDGE_INSECURE)"),
+    ({"KCM_BRIDGE_METRICS_PORT": "abc"},
+     "metrics_port must be a whole number, not 'abc' (set by KCM_BRIDGE_METRICS_PORT)"),
+    ({"KCM_BRIDGE_METRICS_PORT": "70000"},
+     "metrics_port must be from 0 to 65535, not 70000 (set by KCM_BRIDGE_METRICS_PORT)"),
+    ({"KCM_BRIDGE_BATCH_MAX_POINTS": "0"},
+     "batch.max_points must be positive, not 0 (set by KCM_BRIDGE_BATCH_MAX_POINTS)"),
+    ({"KCM_BRIDGE_ENDPOINTS": "http://c:4317"}, "endpoints[0].endpoint must be HOST:PORT (e.g. otel-collector:4317), "
+                                                "not 'http://c:4317' (set by KCM_BRIDGE_ENDPOINTS)"),
+])
+def test_an_error_in_a_setting_a_variable_gave_names_the_variable(env, message):
+    """`insecure must be true or false` sent the reader to a config file that does not hold it."""
+    with pytest.raises(ConfigError) as error:
+        load(env={"KCM_BRIDGE_BOOTSTRAP_SERVERS": "k:9092", "KCM_BRIDGE_ENDPOINTS": "c:4317", **env})
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("env", "insecure", "source"), [({"KCM_BRIDGE_INSECURE": "true"}, None, "KCM_BRIDGE_INSECURE"),
+                                                         ({}, True, "--insecure")])
+def test_plaintext_asked_for_every_endpoint_contradicting_a_files_tls_names_where_it_was_asked(
+        tmp_path, env, insecure, source):
+    path = tmp_path / "bridge.yaml"
+    path.write_text(KAFKA + "endpoints: [{endpoint: 'c:4317', tls: {ca_file: /etc/ca.pem}}]\n")
+    with pytest.raises(ConfigError) as error:
+        load(path, env=env, insecure=insecure)
+    assert str(error.value) == ("endpoints[0]: insecure (plaintext) contradicts the tls files given; drop one "
+                                f"(insecure set for every endpoint by {source})")
+
+
+@pytest.mark.timeout(60)   # in-process: a regression would run a real bridge here, not fail
+def test_the_command_names_the_flag_that_gave_a_bad_setting(capsys):
+    from kcm_cli.main import main
+
+    assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317", "--insecure",
+                 "--topic", "a", "--topic", "a"]) == 2
+    assert capsys.readouterr().err == "kcm bridge: kafka.topics names 'a' more than once (set by --topic)\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("temporality: {delta_to_cumulative: null}\n", "temporality.delta_to_cumulative must be true or false, not null"),
+    ("batch:\n", "batch must be a mapping, not null"),
+    ("kafka: {bootstrap_servers: 'k:9092', group_id: ~}\n", "kafka.group_id must be a string, not null"),
+])
+def test_a_null_where_a_value_is_needed_is_called_null_not_none_or_nonetype(tmp_path, text, message):
+    path = tmp_path / "bridge.yaml"
+    path.write_text(("" if text.startswith("kafka") else KAFKA) + text + ENDPOINTS)
+    with pytest.raises(ConfigError) as error:
+        load(path, env={})
+    assert str(error.value) == message

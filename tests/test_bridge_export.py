@@ -169,6 +169,35 @@ def test_refused_credentials_are_retried_with_the_token_file_read_again_when_ask
     assert "s3cret" not in caplog.text
 
 
+def test_refused_credentials_retried_send_a_token_fixed_during_the_backoff_wait_with_the_very_next_attempt(
+        collector, tmp_path, caplog):
+    """The headers were read again right after the refusal, before the wait: a token fixed during the wait went
+    only with the retry after next."""
+    token = tmp_path / "token"
+    token.write_text("Bearer old-s3cret\n")
+    endpoint = open_endpoint(EndpointConfig(endpoint=collector.endpoint, insecure=True, retry_refused_credentials=True,
+                                            headers_from_files={"authorization": str(token)}),
+                             RetryPolicy(initial_backoff_s=1.5, max_backoff_s=1.5, jitter=0.0), lambda: False)
+    collector.fail_next(grpc.StatusCode.UNAUTHENTICATED)
+
+    def fix_the_token_once_refused() -> None:
+        deadline = time.monotonic() + 10
+        while "retrying in" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        token.write_text("Bearer new-s3cret\n")   # during the 1.5 s wait
+
+    fixer = threading.Thread(target=fix_the_token_once_refused)
+    fixer.start()
+    try:
+        outcome = endpoint.export(client_metrics().SerializeToString())
+    finally:
+        fixer.join(15)
+        endpoint.close()
+    assert outcome.delivered and outcome.attempts == 2
+    assert [export.metadata["authorization"] for export in collector.exports] == ["Bearer new-s3cret"]
+    assert "s3cret" not in caplog.text
+
+
 def test_refused_credentials_whose_file_cannot_be_read_again_keep_the_headers_and_go_on_retrying(collector, tmp_path,
                                                                                                   caplog):
     token = tmp_path / "token"

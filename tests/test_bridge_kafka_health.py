@@ -528,3 +528,42 @@ def test_a_sigterm_while_checking_a_hung_kafka_stops_the_bridge_within_seconds(b
     assert time.monotonic() - began < 5
     said = [r.getMessage() for r in caplog.records if r.name.startswith("kcm.bridge") and r.levelno >= logging.ERROR]
     assert said == [], said
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_topic_that_does_not_exist_keeps_it_not_ready_naming_the_topic_each_period_until_created(
+        backend, broker, tmp_path, collector, caplog, monkeypatch):
+    """A misspelt --topic: /readyz said 200 while nothing was consumed, after a single WARNING from librdkafka."""
+    from test_bridge_pipeline import _produce, _push
+
+    topic = "kafka-client-metrcs"   # misspelt, and not created (yet)
+    _check_kafka_every_second(monkeypatch)
+    properties = tmp_path / "client.properties"
+    properties.write_text("session.timeout.ms=3000\nheartbeat.interval.ms=500\n")
+    config = bridge_config.load(env={}, endpoints=[collector.endpoint], insecure=True, overrides={
+        ("kafka", "bootstrap_servers"): broker.bootstrap, ("kafka", "command_config"): str(properties),
+        ("kafka", "topics"): [topic], ("kafka", "client"): backend, ("kafka", "connect_timeout_s"): 2,
+        ("metrics_port",): 0, ("metrics_host",): "127.0.0.1"})
+    caplog.set_level(logging.INFO)
+
+    def reports() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "kcm.bridge" and r.levelno >= logging.WARNING
+                and f"topic(s) {topic} do not exist" in r.getMessage()]
+
+    with running_bridge(config) as bridge:
+        _wait_until(lambda: reports(), 30, "a report naming the missing topic")
+        answers = []
+        for _ in range(16):   # through several checks: each must find the topic missing
+            try:
+                answers.append(urllib.request.urlopen(f"http://127.0.0.1:{bridge.metrics_port}/readyz",
+                                                      timeout=5).status)
+            except urllib.error.HTTPError as refused:
+                answers.append(refused.code)
+            time.sleep(0.25)
+        assert set(answers) == {503}, answers
+        assert len(reports()) >= 2, reports()   # said again each backoff period, not once
+
+        ensure_topic(KafkaSettings(broker.bootstrap), topic, 1)
+        _produce(broker.bootstrap, topic, [_push("app", "00000000-0000-0000-0000-000000000001")])
+        _wait_until(lambda: bridge.ready and collector.exports, 60, "ready and exporting once the topic exists")
+    assert not [r for r in caplog.records if r.exc_info]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -620,6 +621,42 @@ def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_u
     assert _committed(broker.bootstrap, "impatient", topic) in (None, 0)   # the record is read again next time
 
 
+def test_one_sigterm_delivered_twice_at_once_drains_and_only_a_later_one_stops_at_once(
+        closed_port, broker, new_topic, tmp_path):
+    """GNU `timeout` (a process-group kill) delivers its SIGTERM twice within a millisecond: taken as a second
+    signal, it skipped the drain."""
+    topic = new_topic()
+    _produce(broker.bootstrap, topic, [_push("waiting", "00000000-0000-0000-0000-000000000001")])
+    properties = tmp_path / "consumer.properties"
+    properties.write_text(CONSUMER_PROPERTIES)
+    config_path = tmp_path / "bridge.yaml"
+    config_path.write_text(   # a collector that is down, and a long drain
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}]}}\n"
+        f"endpoints: [{{endpoint: '127.0.0.1:{closed_port()}', insecure: true}}]\n"
+        "retry: {initial_backoff_s: 0.1, max_backoff_s: 0.5}\n"
+        "delivery: {shutdown_timeout_s: 120}\n")
+    log_path = tmp_path / "bridge.log"
+    process = _start_kcm_bridge(config_path, log_path)
+    try:
+        _wait(lambda: "UNAVAILABLE" in log_path.read_text(), 60, "an export retrying")
+        # As `timeout` does: to the child, then to its group. 50 ms apart, not 1: a signal sent while the same one
+        # is still pending is merged with it, and the process would see one.
+        os.kill(process.pid, signal.SIGTERM)
+        time.sleep(0.05)
+        os.kill(process.pid, signal.SIGTERM)
+        _wait(lambda: "draining (at most 120s" in log_path.read_text(), 10, "the drain")
+        time.sleep(2.0)
+        assert process.poll() is None, log_path.read_text()   # still draining, waiting for the collector
+        process.send_signal(signal.SIGTERM)   # a deliberate second one, later
+        code = process.wait(30)
+    finally:
+        _terminate(process)
+    text = log_path.read_text()
+    assert code == 0, text
+    assert "SIGTERM received again within 1s: taken as the same request" in text
+    assert text.count("SIGTERM received again: stopping without waiting for exports") == 1, text
+
+
 def test_healthz_fails_once_the_consuming_loop_is_stuck_names_where_once_and_recovers(closed_port, tmp_path,
                                                                                      monkeypatch, caplog):
     """A call that never returns inside the loop (here the back-pressure step) gets the pod restarted: /healthz
@@ -824,6 +861,31 @@ def test_delta_sums_from_real_clients_become_running_totals_of_the_raw_deltas(sa
                      if metric.WhichOneof("data") == "sum"}
     assert temporalities == {AGGREGATION_TEMPORALITY_CUMULATIVE}
     assert all(len(s) == 1 for s in starts.values()), "a stream changed its start time without losing state"
+
+
+def test_a_re_delivered_push_of_delta_sums_only_is_committed_and_sends_no_metric_without_points(
+        broker, new_topic, collector, tmp_path):
+    """With delta → cumulative, a push read twice (a client retrying it) was exported as sums with no points."""
+    topic = new_topic()
+    data = client_metrics("sums-only")
+    del data.resource_metrics[0].scope_metrics[0].metrics[0]   # the gauge: a push of one delta sum
+    value, headers = contract.encode(data, content_encoding="zstd",
+                                     attributes={"client_instance_id": "00000000-0000-0000-0000-000000000001",
+                                                 "client_id": "sums-only"})
+    record = (b"00000000-0000-0000-0000-000000000001", value, headers)
+    _produce(broker.bootstrap, topic, [record, record, _push("after", "00000000-0000-0000-0000-000000000002")])
+    config = _config(tmp_path, broker.bootstrap, topic, collector.endpoint, "confluent-kafka",
+                     {("temporality", "delta_to_cumulative"): True})
+    with running_bridge(config):
+        assert collector.wait_for(lambda exports: "after" in _client_ids(exports), timeout=60)
+        _wait(lambda: _committed(broker.bootstrap, f"bridge-{topic}", topic) == 3, 30, "the three records committed")
+    resources = [rm for export in collector.exports for rm in export.request.resource_metrics]
+    sums_only = [metric for rm in resources if points.attributes(rm.resource.attributes)["client_id"] == "sums-only"
+                 for sm in rm.scope_metrics for metric in sm.metrics]
+    assert len(sums_only) == 1 and len(sums_only[0].sum.data_points) == 1   # the first push, not the empty second
+    assert all(len(getattr(metric, metric.WhichOneof("data")).data_points)
+               for rm in resources for sm in rm.scope_metrics for metric in sm.metrics)
+    assert all(rm.scope_metrics for export in collector.exports for rm in export.request.resource_metrics)
 
 
 def test_hash_routing_keeps_each_client_instance_on_one_endpoint(broker, new_topic, collector, tmp_path):

@@ -63,10 +63,27 @@ def test_a_redelivered_push_is_dropped_not_counted_twice():
     converter.convert(_push(5, T0), "a", P0, now_s=0)
     again = _push(5, T0)
     converter.convert(again, "a", P0, now_s=1)
-    assert _sum_point(again)[1] is None
+    kept = again.resource_metrics[0].scope_metrics[0].metrics
+    assert [metric.WhichOneof("data") for metric in kept] == ["gauge"]   # the sum went with its point, not empty
     later = _push(1, T0 + SECOND)
     converter.convert(later, "a", P0, now_s=2)
     assert _sum_point(later)[1].as_int == 6 and converter.dropped_points == 1
+
+
+def test_a_re_delivered_record_of_delta_sums_only_leaves_no_empty_metric_scope_or_resource():
+    """A re-delivered push was exported as sums with no data points."""
+    converter = DeltaToCumulative(max_streams=100, idle_expiry_s=600)
+    first, again = _push(5, T0), _push(5, T0)
+    for data in (first, again):
+        del data.resource_metrics[0].scope_metrics[0].metrics[0]   # the gauge: only the delta sum is left
+    extra = again.resource_metrics.add()   # a second resource, with a sum of its own that is new
+    extra.CopyFrom(_push(2, T0).resource_metrics[0])
+    extra.resource.attributes.add(key="host", value=AnyValue(string_value="b"))
+    converter.convert(first, "a", P0, now_s=0)
+    converter.convert(again, "a", P0, now_s=1)
+    assert len(again.resource_metrics) == 1 and again.resource_metrics[0].resource == extra.resource
+    assert [m.name for m in again.resource_metrics[0].scope_metrics[0].metrics] == [
+        m.name for m in _push(2, T0).resource_metrics[0].scope_metrics[0].metrics]
 
 
 def test_lost_state_restarts_the_stream_with_a_new_start_time():
@@ -390,7 +407,7 @@ def _sums(*points: tuple[str, str, dict, float | int], t_ns: int = T0) -> Metric
 
 def _values(data: MetricsData) -> list:
     return [point.as_int if point.WhichOneof("value") == "as_int" else point.as_double
-            for scope in data.resource_metrics[0].scope_metrics for metric in scope.metrics
+            for resource in data.resource_metrics for scope in resource.scope_metrics for metric in scope.metrics
             for point in metric.sum.data_points]
 
 

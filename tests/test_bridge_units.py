@@ -758,7 +758,7 @@ def test_an_unreadable_batch_read_again_after_good_records_is_stepped_from_its_o
 
 class _Metadata:
     brokers: dict = {}
-    topics: dict = {}
+    topics: dict = {"metrics": types.SimpleNamespace(error=None)}   # the subscribed topic exists
 
 
 def _answering_consumer(monkeypatch):

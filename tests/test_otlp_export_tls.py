@@ -331,3 +331,51 @@ def test_files_grpc_would_load_pass_the_start_check_even_below_openssls_security
     small = Tls(ca_file=str(certificates / "ca.pem"), cert_file=str(certificates / "small.pem"),
                 key_file=str(certificates / "small.key"))
     assert tls_problem(small) is None
+
+
+class _Http1Server:
+    """An HTTP/1.1 server answering 404 to everything: what OTLP/HTTP's port (4318) looks like to a gRPC client."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class NotFound(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.send_response(404)
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+        self.endpoint = f"127.0.0.1:{self._server.server_port}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.parametrize(("collector_kind", "insecure", "hint"), [
+    ("plaintext", False, "the collector may not use TLS: for a plaintext one set the endpoint's insecure: true"),
+    ("tls", True, "the endpoint may expect TLS: drop insecure"),
+    ("http1", True, "kcm exports OTLP/gRPC (usually port 4317), not OTLP/HTTP (usually 4318)"),
+])
+def test_a_collector_speaking_another_protocol_is_retried_with_a_hint_naming_the_setting_to_change(
+        collector_kind, insecure, hint, tls_collector, collector, caplog):
+    """A plaintext collector without insecure said to check tls.ca_file; insecure against TLS and an OTLP/HTTP port
+    gave gRPC's words (`Socket closed`, `Failed parsing HTTP/2`) with nothing to act on."""
+    http1 = _Http1Server() if collector_kind == "http1" else None
+    try:
+        endpoint = {"plaintext": lambda: collector.endpoint, "tls": lambda: tls_collector().endpoint,
+                    "http1": lambda: http1.endpoint}[collector_kind]()
+        asked = iter([False, False, True])
+        with caplog.at_level(logging.WARNING, logger="kcm.otlp"):
+            outcome = _send(Endpoint(endpoint, FAST, lambda: next(asked, True), insecure=insecure, timeout_s=5))
+    finally:
+        if http1 is not None:
+            http1.stop()
+    assert not outcome.delivered and outcome.error == "UNAVAILABLE"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kcm.otlp"]
+    assert warnings and all(hint in w for w in warnings), warnings
+    assert not [w for w in warnings if "tls.ca_file, and that" in w], warnings   # not the certificate hint

@@ -177,20 +177,27 @@ _ENV_FIELDS: dict[str, tuple[str, ...]] = {
 
 def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
          overrides: Mapping[tuple[str, ...], Any] | None = None, endpoints: list[str] | None = None,
-         insecure: bool | None = None) -> BridgeConfig:
+         insecure: bool | None = None, flags: Mapping[tuple[str, ...], str] | None = None) -> BridgeConfig:
     """Build and validate the config: file, then `KCM_BRIDGE_*` from `env`, then flag `overrides`.
 
-    `endpoints` (from `--endpoint`/`KCM_BRIDGE_ENDPOINTS`) replace the file's list; `insecure` applies to all. It logs
-    nothing: the caller calls `warn_of_unknown_variables` once the log format the config chose is in place.
+    `endpoints` (from `--endpoint`/`KCM_BRIDGE_ENDPOINTS`) replace the file's list; `insecure` applies to all. An
+    error about a setting a variable gave names the variable, and one an override gave the flag `flags` names for it
+    (`--endpoint` and `--insecure` for those two). It logs nothing: the caller calls `warn_of_unknown_variables` once
+    the log format the config chose is in place.
     """
     document: dict[str, Any] = _read_yaml(Path(path)) if path else {}
     env = os.environ if env is None else env
+    origins: dict[str, str] = {}   # a setting's dotted name -> the variable or flag that gave it
     for suffix, where in _ENV_FIELDS.items():
         if ENV_PREFIX + suffix in env:
             _set(document, where, env[ENV_PREFIX + suffix])
+            origins[".".join(where)] = ENV_PREFIX + suffix
     for where, value in (overrides or {}).items():
         if value is not None:
             _set(document, where, value)
+            origins.pop(".".join(where), None)
+            if flags and where in flags:
+                origins[".".join(where)] = flags[where]
     env_endpoints = env.get(ENV_PREFIX + "ENDPOINTS")
     if not endpoints and env_endpoints is not None and not env_endpoints.strip(", \t"):
         # An empty substitution must not quietly fall back to the file's endpoints.
@@ -198,15 +205,38 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
     chosen = endpoints or ([e for e in env_endpoints.split(",") if e.strip()] if env_endpoints else None)
     if chosen:
         document["endpoints"] = [{"endpoint": e.strip()} for e in chosen]
+        origins.update({f"endpoints[{index}].endpoint": "--endpoint" if endpoints else ENV_PREFIX + "ENDPOINTS"
+                        for index in range(len(chosen))})
+    insecure_from = "--insecure" if insecure is not None else f"{ENV_PREFIX}INSECURE"
     if insecure is None and ENV_PREFIX + "INSECURE" in env:
-        insecure = _convert(env[ENV_PREFIX + "INSECURE"], bool, "insecure")
+        try:
+            insecure = _convert(env[ENV_PREFIX + "INSECURE"], bool, "insecure")
+        except ConfigError as error:
+            raise ConfigError(f"{error} (set by {ENV_PREFIX}INSECURE)") from None
     if insecure is not None:
         for entry in document.get("endpoints") or []:
             if isinstance(entry, dict):
                 entry["insecure"] = insecure
-    config = _build(BridgeConfig, document, "")
-    validate(config)
+    try:
+        config = _build(BridgeConfig, document, "")
+        for index, endpoint in enumerate(config.endpoints if insecure else ()):
+            if any((endpoint.tls.ca_file, endpoint.tls.cert_file, endpoint.tls.key_file)):
+                raise ConfigError(f"endpoints[{index}]: insecure (plaintext) contradicts the tls files given; drop "
+                                  f"one (insecure set for every endpoint by {insecure_from})")
+        validate(config)
+    except ConfigError as error:
+        raise _naming_origin(error, origins) from None
     return config
+
+
+def _naming_origin(error: ConfigError, origins: Mapping[str, str]) -> ConfigError:
+    """`error` with the variable or flag that gave the setting it is about, when one did: the setting's own name
+    alone sends a reader to a file that does not hold it."""
+    message = str(error)
+    for name in sorted(origins, key=len, reverse=True):   # `endpoints[1].endpoint` before `endpoints[1]`
+        if message.startswith(name) and message[len(name):len(name) + 1] in (" ", ":", "[", "."):
+            return ConfigError(f"{message} (set by {origins[name]})")
+    return error
 
 
 def warn_of_unknown_variables(config: BridgeConfig, env: Mapping[str, str]) -> None:
@@ -477,14 +507,14 @@ def _set(document: dict[str, Any], where: tuple[str, ...], value: Any) -> None:
     for depth, key in enumerate(where[:-1]):
         child = node.setdefault(key, {})
         if not isinstance(child, dict):   # the file's mistake (`batch:` left empty too), whatever a flag sets in it
-            raise ConfigError(f"{'.'.join(where[:depth + 1])} must be a mapping, not {type(child).__name__}")
+            raise ConfigError(f"{'.'.join(where[:depth + 1])} must be a mapping, not {_kind(child)}")
         node = child
     node[where[-1]] = value
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where or 'the config'} must be a mapping, not {type(raw).__name__}")
+        raise ConfigError(f"{where or 'the config'} must be a mapping, not {_kind(raw)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
@@ -511,17 +541,17 @@ def _convert(value: Any, kind: Any, where: str, path: bool = False) -> Any:
         return _convert(value, inner, where, path)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, not {value!r}")
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, not {_shown(value)}")
         return value
     if origin is list:
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         if not isinstance(value, list):
-            raise ConfigError(f"{where} must be a list, not {type(value).__name__}")
+            raise ConfigError(f"{where} must be a list, not {_kind(value)}")
         return [_convert(item, args[0], f"{where}[{i}]", path) for i, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a mapping of names to values, not {type(value).__name__}")
+            raise ConfigError(f"{where} must be a mapping of names to values, not {_kind(value)}")
         converted = {}
         for key, item in value.items():
             name = _text(str(key), f"a name in {where}")
@@ -534,23 +564,32 @@ def _convert(value: Any, kind: Any, where: str, path: bool = False) -> Any:
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
             return value.strip().lower() in ("true", "1", "yes", "on")
-        raise ConfigError(f"{where} must be true or false, not {value!r}")
+        raise ConfigError(f"{where} must be true or false, not {_shown(value)}")
     if kind in (int, float):
         if isinstance(value, bool):
-            raise ConfigError(f"{where} must be a number, not {value!r}")
+            raise ConfigError(f"{where} must be a number, not {_shown(value)}")
         try:
             number = kind(value) if not isinstance(value, float) or kind is float else None
         except (TypeError, ValueError):
             number = None
         if number is None:
             article = "a whole number" if kind is int else "a number"
-            raise ConfigError(f"{where} must be {article}, not {value!r}")
+            raise ConfigError(f"{where} must be {article}, not {_shown(value)}")
         return number
     if kind is str:
         if isinstance(value, (dict, list)) or value is None:
-            raise ConfigError(f"{where} must be a string, not {type(value).__name__}")
+            raise ConfigError(f"{where} must be a string, not {_kind(value)}")
         return str(value) if path else _text(str(value), where)
     raise TypeError(f"no conversion for {kind!r}")  # a field type this loader does not know: a bug, not a user error
+
+
+def _kind(value: Any) -> str:
+    """What a value the wrong type is, in YAML's words for nothing (`batch:` left empty is null, not NoneType)."""
+    return "null" if value is None else type(value).__name__
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else repr(value)
 
 
 def _text(text: str, where: str) -> str:

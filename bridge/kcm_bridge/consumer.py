@@ -113,6 +113,12 @@ def open_dead_letter_producer(backend: str, settings: KafkaSettings) -> DeadLett
     return ConfluentDeadLetters(settings)
 
 
+def missing_topics_message(settings: KafkaSettings, topics: list[str]) -> str:
+    """What to say when subscribed topics do not exist: a consumer then waits for them, consuming nothing."""
+    return (f"the topic(s) {', '.join(topics)} do not exist on Kafka at {settings.bootstrap_servers}: check --topic "
+            "(kafka.topics) for a misspelling, or create them; consuming starts once they exist")
+
+
 def dead_letter_headers(record: Record, reason: str) -> list[tuple[str, bytes | None]]:
     """The original headers (null values too) plus where the record came from and why it could not be bridged."""
     return record.headers + [("kcm.dlq.reason", reason.encode()), ("kcm.dlq.topic", record.topic.encode()),
@@ -177,6 +183,9 @@ class ConfluentConsumer:
                 self._settings, f"READ on group {self._group_id}", error.str())
         elif error.code() == self._error.TOPIC_AUTHORIZATION_FAILED:
             self._problem = denied_message(self._settings, f"READ on topic(s) {', '.join(self._topics)}", error.str())
+        elif error.code() == self._error.UNKNOWN_TOPIC_OR_PART:   # "Subscribed topic not available: …"
+            missing = [name for name in self._topics if name in error.str()] or self._topics
+            self._problem = missing_topics_message(self._settings, missing)
         elif error.code() == self._error._ALL_BROKERS_DOWN:  # noqa: SLF001
             self._problem = self._misadvertised or (
                 f"cannot reach Kafka at {self._settings.bootstrap_servers} ({error.str()}): "
@@ -274,6 +283,13 @@ class ConfluentConsumer:
         if refused:
             raise KafkaUnavailableError(denied_message(self._settings, f"READ on topic(s) {', '.join(refused)}",
                                                        "topic authorization failed"))
+        # A subscribed topic that does not exist (a misspelt --topic) is not an error librdkafka repeats: it says so
+        # once and waits, so the check asks every period until it exists.
+        missing = [name for name in self._topics if name not in metadata.topics or (
+            metadata.topics[name].error is not None
+            and metadata.topics[name].error.code() == self._error.UNKNOWN_TOPIC_OR_PART)]
+        if missing:
+            raise KafkaUnavailableError(missing_topics_message(self._settings, missing))
         if self._group_denied is not None:
             raise KafkaUnavailableError(self._group_denied)
         self._problem, self._new_problem, self._answered = None, False, True
@@ -394,16 +410,19 @@ class KafkaPythonConsumer:
         except KafkaError as exc:   # another refusal: retried like silence
             problem = f"Kafka at {bootstrap} did not name the group's coordinator ({type(exc).__name__}: {exc})"
         if not problem:
-            self._refresh_metadata(deadline)   # fresh: what the ACLs say now (granted since?)
+            fresh = self._refresh_metadata(deadline)   # what the ACLs say now (granted since?), and the topics
             self._check_topics_granted()
+            if fresh:
+                self._check_topics_exist()
         if problem:
             # The bootstrap connection answers; the brokers it names (advertised.listeners) may be out of reach.
             hint = unreachable_advertised(bootstrap, advertised_brokers(self._consumer), ADVERTISED_PROBE_S)
             raise KafkaUnavailableError(f"Kafka at {bootstrap} answers, but {hint}" if hint else problem)
         self._coordinator_lost_since = None
 
-    def _refresh_metadata(self, deadline: float) -> None:
-        from kafka.errors import KafkaError, TopicAuthorizationFailedError
+    def _refresh_metadata(self, deadline: float) -> bool:
+        """Ask for the subscribed topics' metadata; whether a fresh answer came in time."""
+        from kafka.errors import KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
 
         consumer = self._consumer   # kafka-python's own blocking refresh (`topics()`) has no timeout
         future = consumer._cluster.request_update()   # noqa: SLF001
@@ -412,8 +431,11 @@ class KafkaPythonConsumer:
                               max(0, int((deadline - time.monotonic()) * 1000)))
         except TopicAuthorizationFailedError:
             self._check_topics_granted(refused_all=True)
-        except KafkaError:   # no fresh answer in time: the last one is judged
-            pass
+        except UnknownTopicOrPartitionError:   # an answer: the one topic asked for does not exist
+            return True
+        except KafkaError:   # no fresh answer in time: the last one is judged, for the ACLs only
+            return False
+        return True
 
     def _check_topics_granted(self, refused_all: bool = False) -> None:
         """Raise unless the last metadata answered every subscribed topic: kafka-python assigns a topic its ACLs
@@ -426,6 +448,16 @@ class KafkaPythonConsumer:
             raise KafkaUnavailableError(denied_message(self._settings, f"READ on topic(s) {', '.join(refused)}",
                                                        "topic authorization failed"))
 
+    def _check_topics_exist(self) -> None:
+        """Raise when the metadata just asked for lacks a subscribed topic: kafka-python waits for it, consuming
+        nothing, and says so only in its own log. Its client goes too: the group it joined assigned nothing of the
+        topic, and a new client joins again once the topic exists."""
+        cluster = self._consumer._cluster   # noqa: SLF001
+        missing = sorted(set(self._topics) - cluster.topics() - set(getattr(cluster, "unauthorized_topics", ())))
+        if missing:
+            self._lose_client()
+            raise KafkaUnavailableError(missing_topics_message(self._settings, missing))
+
     def _connect(self, timeout_s: float) -> None:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError, SaslAuthenticationFailedError
@@ -437,6 +469,9 @@ class KafkaPythonConsumer:
         except KafkaError as exc:
             # Unreachable: retried; kafka-python refusing its settings: a UserError, which stops the bridge.
             raise diagnose_failure(self._settings, exc) from None
+        # No auto-creation (librdkafka's consumer does none either): a misspelt topic must be reported, not made.
+        # kafka-python 3.0 does not hand its own allow_auto_create_topics to the metadata it asks for.
+        self._consumer._cluster.config["allow_auto_create_topics"] = False   # noqa: SLF001
         self._consumer.subscribe(self._topics, listener=self._listener)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Record]:

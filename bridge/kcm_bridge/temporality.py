@@ -73,21 +73,22 @@ class DeltaToCumulative:
         if push_interval_s is not None:
             keep_s = max(keep_s, 2 * min(push_interval_s, MAX_PUSH_INTERVAL_S))
         changed = False
+        emptied: list[tuple[int, int, int]] = []   # where a metric lost every point (all re-delivered)
         items = len(metrics.resource_metrics)
         if items > MAX_ITEMS:
             raise _too_many()
-        for resource_metrics in metrics.resource_metrics:
+        for r, resource_metrics in enumerate(metrics.resource_metrics):
             # Several resources may share a record (plain OTLP topics) or a key: each has its own streams.
             resource = _resource_key(resource_metrics.resource.attributes)
             items += len(resource_metrics.scope_metrics)
             if items > MAX_ITEMS:
                 raise _too_many()
-            for scope_metrics in resource_metrics.scope_metrics:
+            for s, scope_metrics in enumerate(resource_metrics.scope_metrics):
                 scope = scope_metrics.scope.name
                 items += len(scope_metrics.metrics)
                 if items > MAX_ITEMS:
                     raise _too_many()
-                for metric in scope_metrics.metrics:
+                for m, metric in enumerate(scope_metrics.metrics):
                     if not metric.HasField("sum"):
                         continue
                     total = metric.sum
@@ -108,6 +109,9 @@ class DeltaToCumulative:
                         # Rebuilt once: deleting the re-delivered points one by one shifts the rest each time.
                         del points[:]
                         points.extend(kept)
+                        if not kept:
+                            emptied.append((r, s, m))
+        _drop_emptied(metrics, emptied)
         return changed
 
     def _accumulate(self, point: NumberDataPoint, key: StreamKey, partition: Partition, now_s: float,
@@ -177,6 +181,19 @@ class DeltaToCumulative:
         gone = set(partitions)
         for key in [k for k, s in self._streams.items() if s.partition in gone]:
             del self._streams[key]
+
+
+def _drop_emptied(metrics: MetricsData, emptied: list[tuple[int, int, int]]) -> None:
+    """Remove the metrics at `emptied` (every point re-delivered), then the scopes and resources that leaves with no
+    metric: a collector would be sent a sum without points."""
+    for r, s, m in reversed(emptied):   # from the back, so the indices before each one still hold
+        resource_metrics = metrics.resource_metrics[r]
+        scope_metrics = resource_metrics.scope_metrics[s]
+        del scope_metrics.metrics[m]
+        if not scope_metrics.metrics:
+            del resource_metrics.scope_metrics[s]
+            if not resource_metrics.scope_metrics:
+                del metrics.resource_metrics[r]
 
 
 def _too_many() -> DecodeError:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 from kcm_cli.arguments import kafka_connection, topic
@@ -18,6 +19,22 @@ log = logging.getLogger("kcm.bridge")
 # Past the drain's own bound and a Kafka check the signal may have found under way (kafka-python building its client
 # is not cut short): the commit and the consumer's close.
 _STOP_MARGIN_S = 5.0
+# GNU `timeout`, and any kill of a process group, delivers one SIGTERM twice within a millisecond or so (to the child
+# and to its group): the repeat of the first signal within this window is that, not a person asking to stop at once.
+_SAME_SIGNAL_S = 1.0
+
+# The settings flags give (`--endpoint` and `--insecure` apart), so that an error about one names its flag.
+_FLAGS = {
+    ("kafka", "bootstrap_servers"): "--bootstrap-server",
+    ("kafka", "command_config"): "--command-config",
+    ("kafka", "topics"): "--topic",
+    ("kafka", "group_id"): "--group-id",
+    ("kafka", "client"): "--kafka-client",
+    ("routing",): "--routing",
+    ("delivery", "dead_letter_topic"): "--dead-letter-topic",
+    ("metrics_port",): "--metrics-port",
+    ("log_format",): "--log-format",
+}
 
 HELP = "forward client metrics from the metrics topic to OTLP/gRPC collectors"
 DESCRIPTION = ("Consume the metrics topic as a consumer group, add the contract headers as resource attributes "
@@ -54,19 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from kcm_bridge import config as bridge_config
     from kcm_bridge.pipeline import Bridge, tune_interpreter
 
-    overrides = {
-        ("kafka", "bootstrap_servers"): args.bootstrap_server,
-        ("kafka", "command_config"): args.command_config,
-        ("kafka", "topics"): args.topic,
-        ("kafka", "group_id"): args.group_id,
-        ("kafka", "client"): args.kafka_client,
-        ("routing",): args.routing,
-        ("delivery", "dead_letter_topic"): args.dead_letter_topic,
-        ("metrics_port",): args.metrics_port,
-        ("log_format",): args.log_format,
-    }
+    overrides = {where: getattr(args, flag[2:].replace("-", "_")) for where, flag in _FLAGS.items()}
     config = bridge_config.load(args.config, env=os.environ, overrides=overrides, endpoints=args.endpoint,
-                                insecure=args.insecure)
+                                insecure=args.insecure, flags=_FLAGS)
     if config.log_format == "json":
         from kcm_common.logs import use_json
 
@@ -75,12 +82,19 @@ def run(args: argparse.Namespace) -> int:
     tune_interpreter()
     bridge = Bridge(config)
 
+    first: list[tuple[signal.Signals, float]] = []   # the first stop signal, and when it came
+
     def stop(signum: signal.Signals) -> None:
+        if first and first[0][0] == signum and time.monotonic() - first[0][1] < _SAME_SIGNAL_S:
+            log.info("%s received again within %gs: taken as the same request (a process-group kill sends it "
+                     "twice), still draining", signum.name, _SAME_SIGNAL_S)
+            return
         if bridge.stopping:
             log.warning("%s received again: stopping without waiting for exports (what was exported is committed; "
                         "the rest is read again when a bridge next consumes those partitions)", signum.name)
             bridge.stop(at_once=True)
             return
+        first.append((signum, time.monotonic()))
         log.info("%s received: draining (at most %gs; a second signal stops at once)", signum.name,
                  config.delivery.shutdown_timeout_s)
         bridge.stop()

@@ -219,6 +219,7 @@ class Endpoint:
                  retry_auth_refusals: bool = False,
                  balancing: Literal["pick_first", "round_robin"] = "pick_first") -> None:
         self.name = endpoint
+        self._insecure = insecure
         self._read_metadata = metadata if callable(metadata) else None
         self._retried = RETRYABLE | AUTH_REFUSALS if retry_auth_refusals else RETRYABLE
         self._on_failure = on_failure
@@ -247,13 +248,16 @@ class Endpoint:
         endpoint's `give_up()` or this call's own `give_up()` says so (the request's records are no longer wanted).
         `stop_retrying(attempt)`, asked after each retryable failure, ends the retries with that failure (`stopped`):
         the caller's way to treat a request that keeps failing differently (splitting it, say)."""
-        attempt, traced = 0, False
+        attempt, traced, refused = 0, False, False
 
         def gave_up() -> bool:
             return self._give_up() or (give_up is not None and give_up())
 
         while True:
             attempt += 1
+            if refused:   # read again after the wait too: a token fixed during it goes with this very retry
+                self._reread_metadata()
+                refused = False
             try:
                 response = self._call(request, timeout=self._timeout_s, metadata=self._metadata,
                                       compression=self._compression)
@@ -277,9 +281,9 @@ class Endpoint:
                 why = (f" (no answer within the {self._timeout_s:g} s timeout: if the collector is only slow, "
                        "give it a longer one)" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "")
                 if code in AUTH_REFUSALS:
-                    why = f"{refusal_hint(code.name)}{self._reread_metadata()}"
+                    why, refused = f"{refusal_hint(code.name)}{self._reread_metadata()}", True
                 elif code == grpc.StatusCode.UNAVAILABLE:   # which of a refused port, a name, a handshake: gRPC says
-                    why = _unavailable_detail(error.details() or "")
+                    why = _unavailable_detail(error.details() or "", self._insecure)
                 log.warning("export to %s failed with %s%s (attempt %d); retrying in %.2fs",
                             self.name, code.name, why, attempt, wait)
                 if wait_unless(wait, gave_up):
@@ -336,13 +340,25 @@ _DETAIL_CHARS = 300
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
-def _unavailable_detail(details: str) -> str:
+def _unavailable_detail(details: str, insecure: bool = False) -> str:
     """gRPC's words on an UNAVAILABLE (the address refused, a name not resolved, a TLS handshake failing), on one
-    line and cut short; with a hint where the handshake is what failed. gRPC puts no call metadata in them."""
+    line and cut short; with a hint where the handshake or the protocol is what failed. gRPC puts no call metadata
+    in them."""
     if not details:
         return ""
     text = _CONTROL.sub(" ", details)
     text = text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "…"
-    hint = ("; check the endpoint's tls.ca_file, and that the collector's certificate names the host"
-            if "handshake" in text.lower() else "")
-    return f" ({text}{hint})"
+    return f" ({text}{_protocol_hint(details.lower(), insecure)})"
+
+
+def _protocol_hint(details: str, insecure: bool) -> str:
+    """What to check when the collector does not speak what the endpoint is set to (`details` in lower case)."""
+    if "wrong_version_number" in details:   # a TLS handshake answered by something that is not TLS
+        return "; the collector may not use TLS: for a plaintext one set the endpoint's insecure: true (--insecure)"
+    if "handshake" in details:
+        return "; check the endpoint's tls.ca_file, and that the collector's certificate names the host"
+    if "failed parsing http/2" in details:   # an HTTP/1 server: OTLP/HTTP's port, say
+        return "; kcm exports OTLP/gRPC (usually port 4317), not OTLP/HTTP (usually 4318): check the port"
+    if insecure and "socket closed" in details:
+        return "; the endpoint may expect TLS: drop insecure (--insecure) and set tls.ca_file if its CA is private"
+    return ""
