@@ -52,7 +52,7 @@ def test_c1_controls_bidi_controls_and_line_separators_are_escaped(character):
     """Kills T01 (\\x80-\\x9f let through: \\x9b is a one-byte CSI on terminals that honour C1) and T02 (the bidi
     overrides U+202B-U+202E let through: a client id could display reversed); the Arabic letter mark is a bidi
     control too, and the line and paragraph separators split a row for whatever splits the output into lines."""
-    from kcm_cli.terminal import printable
+    from kcm_common.terminal import printable
 
     shown = printable(f"a{character}b")
     assert character not in shown and shown.startswith("a\\") and shown.endswith("b")

@@ -9,6 +9,7 @@ import datetime
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
@@ -395,6 +396,7 @@ def test_a_second_stop_signal_stops_the_bridge_without_waiting_for_exports(monke
 
     monkeypatch.setattr(kcm_bridge.pipeline, "Bridge", Bridge)
     monkeypatch.setattr(kcm_cli.bridge, "on_stop_signals", handlers.append)
+    monkeypatch.setattr(kcm_cli.bridge, "_SAME_SIGNAL_S", 0.0)   # the repeat of one process-group kill: see there
     assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317", "--insecure"]) == 0
     assert stops == [False, True]
 
@@ -489,3 +491,32 @@ def test_a_two_byte_tag_starting_with_0x80_is_read_whole():
     payload = _hostile(b"\x80\x01\x00", 1000)
     assert len(MetricsData.FromString(payload).resource_metrics) == 1001
     assert builds_more_than(payload, 1000)
+
+
+def test_a_text_log_line_escapes_what_anyone_may_put_in_a_name_and_indents_a_message_s_own_lines():
+    """A client id or subscription name quoted in a log line is anyone's text: an escape sequence must not reach
+    the terminal, nor a newline forge a log line; a stack kcm shows keeps its lines, indented."""
+    from kcm_common.logs import TextFormatter
+
+    forged = "bad\x1b[31mred\n2026-01-01 00:00:00,000 INFO forged: \u202ex\r"
+    record = logging.LogRecord("kcm.sandbox", logging.INFO, __file__, 1, "%s: push accepted", (forged,), None)
+    record.created = 0.0
+    line = TextFormatter().format(record)
+    assert line.endswith(" INFO kcm.sandbox: bad\\x1b[31mred\n    2026-01-01 00:00:00,000 INFO forged: \\u202ex\\r: "
+                         "push accepted"), line
+    try:
+        raise ValueError("the cause")
+    except ValueError:
+        failed = logging.LogRecord("kcm.bridge", logging.ERROR, __file__, 1, "blocked at:\n%s", ("  File a",),
+                                   sys.exc_info())
+    text = TextFormatter().format(failed)
+    assert "ERROR kcm.bridge: blocked at:\n      File a\nTraceback (most recent call last):\n" in text, text
+    assert text.endswith("ValueError: the cause")
+
+
+def test_every_kcm_command_logs_through_the_escaping_formatter():
+    code = ("import logging; from kcm_cli.main import _configure_logging; _configure_logging('INFO'); "
+            "logging.getLogger('kcm.sandbox').info('%s: push accepted', 'id\\x1b[2J\\nforged')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.endswith(" INFO kcm.sandbox: id\\x1b[2J\n    forged: push accepted\n"), result.stderr

@@ -383,3 +383,20 @@ def test_a_problem_quoting_a_huge_value_is_cut_short(tmp_path, capsys):
     code, _, err = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", "127.0.0.1:1", "--dry-run")
 
     assert code == 2 and "spec.intervalMs" in err and len(err) < 1000, err[:1000]
+
+
+def test_an_interval_above_kafkas_default_is_applied_with_a_warning_that_clients_get_the_default(
+        sandbox, tmp_path, capsys, caplog):
+    """Kafka takes any interval up to an hour, but a client is never told one above its default (300000 ms): the
+    broker starts from it and takes the smallest."""
+    path = tmp_path / "slow.yaml"
+    path.write_text(_subscription("slow", "metrics: [x.]\nintervalMs: 600000\n")
+                    + "---\n" + _subscription("usual", "metrics: [y.]\nintervalMs: 300000\n"))
+    caplog.set_level("WARNING", logger="kcm.subscriptions")
+
+    code, out, _ = _kcm(capsys, "apply", "-f", str(path), "--bootstrap-server", sandbox.bootstrap)
+
+    assert code == 0 and sandbox.store.configs("team.slow")["interval.ms"] == "600000", out
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"ClientMetricsSubscription team/slow ({path}#1): spec.intervalMs 600000 is above 300000 ms, Kafka's default "
+        "interval: clients are told to push every 300000 ms at most"]

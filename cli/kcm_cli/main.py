@@ -18,7 +18,8 @@ from importlib import metadata
 from typing import NoReturn
 
 from kcm_common.errors import UserError
-from kcm_cli.terminal import printable
+from kcm_common.logs import TextFormatter
+from kcm_common.terminal import printable
 
 # Subcommand name -> module under kcm_cli, in the order `kcm --help` lists them.
 COMMANDS: tuple[str, ...] = ("demo", "tail", "sandbox", "subscriptions", "operator", "bridge", "rollup")
@@ -88,7 +89,9 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TextFormatter())
+    logging.basicConfig(level=level, handlers=[handler])
     # kafka-python narrates every connection at INFO, and at DEBUG logs its whole configuration, SASL password
     # included: kcm reports what matters itself, and never lets it log secrets.
     logging.getLogger("kafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.INFO)

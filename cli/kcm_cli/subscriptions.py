@@ -8,7 +8,7 @@ import sys
 from typing import TextIO
 
 from kcm_cli.arguments import kafka_connection
-from kcm_cli.terminal import printable
+from kcm_common.terminal import printable
 from kcm_common.errors import UserError
 
 HELP = "list, describe, apply or delete CLIENT_METRICS subscriptions"

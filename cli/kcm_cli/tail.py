@@ -16,7 +16,7 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
 
 from kcm_cli.arguments import kafka_connection, seconds, topic
-from kcm_cli.terminal import printable
+from kcm_common.terminal import printable
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, advertised_brokers, check_reachable,
@@ -192,10 +192,21 @@ def _skip_unreadable(consumer: KafkaConsumer, error: Exception, timeout_s: float
     return item, str(error)
 
 
+# tail's consumer waits up to this long for a fetch; kafka-python closes connections idle for its default 540 s, and
+# refuses a request timeout not strictly between the two (in its own words and option names).
+_FETCH_MAX_WAIT_MS = 200
+_CONNECTIONS_MAX_IDLE_MS = 540_000
+
+
 def _open_consumer(args: argparse.Namespace, settings: KafkaSettings) -> KafkaConsumer:
+    timeout_ms = settings.client_options().get("request_timeout_ms")
+    if timeout_ms is not None and not _FETCH_MAX_WAIT_MS < timeout_ms < _CONNECTIONS_MAX_IDLE_MS:
+        raise UserError(f"request.timeout.ms {timeout_ms} is outside what kcm tail takes, {_FETCH_MAX_WAIT_MS + 1} to "
+                        f"{_CONNECTIONS_MAX_IDLE_MS - 1} (it waits up to {_FETCH_MAX_WAIT_MS} ms for a fetch and "
+                        f"closes connections idle for {_CONNECTIONS_MAX_IDLE_MS // 1000} s); check --command-config")
     check_reachable(settings, args.connect_timeout)
     try:
-        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=200,
+        consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
                                  bootstrap_timeout_ms=int(args.connect_timeout * 1000), **settings.client_options())
     except KafkaError as exc:
         raise diagnose_failure(settings, exc) from None

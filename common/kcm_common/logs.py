@@ -10,6 +10,27 @@ import sys
 import threading
 import traceback
 
+from kcm_common.terminal import printable
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT lines whose message has its control characters escaped (`printable`): a client id or subscription
+    name a log line quotes is anyone's text, and an escape sequence would recolour or clear the terminal. A message's
+    own lines (a stack kcm shows) go on indented by CONTINUATION, so none passes for a log line of its own; a
+    traceback after the message keeps its lines."""
+
+    CONTINUATION = "    "
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        escaped = logging.makeLogRecord(record.__dict__)
+        escaped.message = ("\n" + self.CONTINUATION).join(printable(line) for line in record.message.split("\n"))
+        return super().formatMessage(escaped)
+
 
 class JsonFormatter(logging.Formatter):
     """`{"time", "level", "logger", "message", "namespace", "name"}`; exceptions as `"error"`."""

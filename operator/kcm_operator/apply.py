@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from kcm_common import client_metrics as cm
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaSettings
 from kcm_operator import manifests
@@ -27,6 +28,10 @@ def apply_files(settings: KafkaSettings, paths: Iterable[str | Path], dry_run: b
         if desired.connection:
             log.warning("%s: spec.connection %r is ignored here; applying to %s", manifest.ref, desired.connection,
                         settings.describe())
+        if desired.interval_ms > cm.DEFAULT_INTERVAL_MS:   # Kafka takes it, and gives clients its default at most
+            log.warning("%s: spec.intervalMs %d is above %d ms, Kafka's default interval: clients are told to push "
+                        "every %d ms at most", manifest.ref, desired.interval_ms, cm.DEFAULT_INTERVAL_MS,
+                        cm.DEFAULT_INTERVAL_MS)
     admin = SubscriptionAdmin(settings)
     try:
         return apply_desired(admin, [desired for _, desired in found], dry_run)

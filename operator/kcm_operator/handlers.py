@@ -76,7 +76,7 @@ CONTESTED_AFTER = 3  # reverts of drift, within the last CONTESTED_WINDOW drift 
 # Not "in a row": two operators checking at the same pace can each find their own value at every other check.
 CONTESTED_WINDOW = 8
 GONE_KEPT = 10_000  # uids of deleted resources kopf's index still names after a pause, remembered as gone
-SWEEP_READS = 100  # of the resources in kopf's index no handler ran for, read at one sweep (`sweep`) at most
+SWEEP_READS = 100  # of the resources in kopf's index no handler ran for, read at one sweep (`_sweep_soon`) at most
 HANDLER_THREADS = 2 * BATCH_SIZE  # threads for the handlers' blocking work, all clusters together
 CLUSTER_THREADS = BATCH_SIZE  # of which one cluster's resources may hold: enough to fill a batch
 

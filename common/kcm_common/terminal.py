@@ -1,4 +1,5 @@
-"""Text from Kafka shown on a terminal: client ids, metric names, subscription names and values are anyone's."""
+"""Text from Kafka shown on a terminal or written to a log: client ids, metric names, subscription names and values
+are anyone's."""
 
 from __future__ import annotations
 
