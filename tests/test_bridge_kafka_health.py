@@ -34,6 +34,18 @@ class _Clock:
         return self.now
 
 
+def _readyz_answers(port: int, times: int = 16, every_s: float = 0.25) -> list[int]:
+    """What /readyz answers, `times` times `every_s` apart (some 4 s: several of the bridge's Kafka checks)."""
+    answers = []
+    for _ in range(times):
+        try:
+            answers.append(urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status)
+        except urllib.error.HTTPError as refused:
+            answers.append(refused.code)
+        time.sleep(every_s)
+    return answers
+
+
 def test_kafka_health_reports_once_per_backoff_period_and_recovers():
     clock = _Clock()
     health = KafkaHealth(RetryPolicy(initial_backoff_s=1, max_backoff_s=4, multiplier=2, jitter=0), clock)
@@ -420,14 +432,8 @@ def test_kafka_acls_refusing_the_group_or_topic_keep_it_not_ready_naming_the_acl
         grant = f"READ on group {group}" if refused == "group" else f"READ on topic(s) {topic}"
         _wait_until(lambda: any(r.levelno == logging.ERROR and grant in r.getMessage() for r in caplog.records
                                 if r.name == "kcm.bridge"), 30, "an error naming the ACL to grant")
-        answers = []
-        for _ in range(16):   # through several checks: a check that passes would make it ready between refusals
-            try:
-                answers.append(urllib.request.urlopen(f"http://127.0.0.1:{bridge.metrics_port}/readyz",
-                                                      timeout=5).status)
-            except urllib.error.HTTPError as refused:
-                answers.append(refused.code)
-            time.sleep(0.25)
+        # Through several checks: a check that passes would make it ready between refusals.
+        answers = _readyz_answers(bridge.metrics_port)
         assert set(answers) == {503} and collector.exports == [], answers
 
         acl[0] = False   # granted
@@ -552,14 +558,7 @@ def test_a_topic_that_does_not_exist_keeps_it_not_ready_naming_the_topic_each_pe
 
     with running_bridge(config) as bridge:
         _wait_until(lambda: reports(), 30, "a report naming the missing topic")
-        answers = []
-        for _ in range(16):   # through several checks: each must find the topic missing
-            try:
-                answers.append(urllib.request.urlopen(f"http://127.0.0.1:{bridge.metrics_port}/readyz",
-                                                      timeout=5).status)
-            except urllib.error.HTTPError as refused:
-                answers.append(refused.code)
-            time.sleep(0.25)
+        answers = _readyz_answers(bridge.metrics_port)   # through several checks: each must find it missing
         assert set(answers) == {503}, answers
         assert len(reports()) >= 2, reports()   # said again each backoff period, not once
 

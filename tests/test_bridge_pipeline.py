@@ -587,19 +587,25 @@ def _terminate(process: subprocess.Popen | None, timeout_s: float = 30) -> int |
         return None
 
 
-def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_unexported(
-        closed_port, broker, new_topic, tmp_path):
-    topic = new_topic()
+def _draining_against_a_down_collector(broker, topic: str, port: int, tmp_path, group: str | None = None):
+    """A bridge config (its path) for one record in `topic`, a collector that is down at `port` and a long drain."""
     _produce(broker.bootstrap, topic, [_push("waiting", "00000000-0000-0000-0000-000000000001")])
     properties = tmp_path / "consumer.properties"
     properties.write_text(CONSUMER_PROPERTIES)
     config_path = tmp_path / "bridge.yaml"
-    config_path.write_text(   # a collector that is down, and a long drain
-        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}],"
-        " group_id: impatient}\n"
-        f"endpoints: [{{endpoint: '127.0.0.1:{closed_port()}', insecure: true}}]\n"
+    config_path.write_text(
+        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}]"
+        + (f", group_id: {group}" if group else "") + "}\n"
+        f"endpoints: [{{endpoint: '127.0.0.1:{port}', insecure: true}}]\n"
         "retry: {initial_backoff_s: 0.1, max_backoff_s: 0.5}\n"
         "delivery: {shutdown_timeout_s: 120}\n")
+    return config_path
+
+
+def test_a_second_ctrl_c_stops_without_waiting_for_exports_and_commits_nothing_unexported(
+        closed_port, broker, new_topic, tmp_path):
+    topic = new_topic()
+    config_path = _draining_against_a_down_collector(broker, topic, closed_port(), tmp_path, group="impatient")
     log_path = tmp_path / "bridge.log"
     process = _start_kcm_bridge(config_path, log_path)
     try:
@@ -626,15 +632,7 @@ def test_one_sigterm_delivered_twice_at_once_drains_and_only_a_later_one_stops_a
     """GNU `timeout` (a process-group kill) delivers its SIGTERM twice within a millisecond: taken as a second
     signal, it skipped the drain."""
     topic = new_topic()
-    _produce(broker.bootstrap, topic, [_push("waiting", "00000000-0000-0000-0000-000000000001")])
-    properties = tmp_path / "consumer.properties"
-    properties.write_text(CONSUMER_PROPERTIES)
-    config_path = tmp_path / "bridge.yaml"
-    config_path.write_text(   # a collector that is down, and a long drain
-        f"kafka: {{bootstrap_servers: '{broker.bootstrap}', command_config: '{properties}', topics: [{topic}]}}\n"
-        f"endpoints: [{{endpoint: '127.0.0.1:{closed_port()}', insecure: true}}]\n"
-        "retry: {initial_backoff_s: 0.1, max_backoff_s: 0.5}\n"
-        "delivery: {shutdown_timeout_s: 120}\n")
+    config_path = _draining_against_a_down_collector(broker, topic, closed_port(), tmp_path)
     log_path = tmp_path / "bridge.log"
     process = _start_kcm_bridge(config_path, log_path)
     try:
