@@ -199,12 +199,13 @@ _CONNECTIONS_MAX_IDLE_MS = 540_000
 
 
 def _open_consumer(args: argparse.Namespace, settings: KafkaSettings) -> KafkaConsumer:
+    check_reachable(settings, args.connect_timeout)
+    # Where kafka-python would refuse it (once it has bootstrapped), in the docs' words rather than its option names.
     timeout_ms = settings.client_options().get("request_timeout_ms")
     if timeout_ms is not None and not _FETCH_MAX_WAIT_MS < timeout_ms < _CONNECTIONS_MAX_IDLE_MS:
         raise UserError(f"request.timeout.ms {timeout_ms} is outside what kcm tail takes, {_FETCH_MAX_WAIT_MS + 1} to "
                         f"{_CONNECTIONS_MAX_IDLE_MS - 1} (it waits up to {_FETCH_MAX_WAIT_MS} ms for a fetch and "
                         f"closes connections idle for {_CONNECTIONS_MAX_IDLE_MS // 1000} s); check --command-config")
-    check_reachable(settings, args.connect_timeout)
     try:
         consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=_FETCH_MAX_WAIT_MS,
                                  bootstrap_timeout_ms=int(args.connect_timeout * 1000), **settings.client_options())
