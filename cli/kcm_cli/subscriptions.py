@@ -8,8 +8,8 @@ import sys
 from typing import TextIO
 
 from kcm_cli.arguments import kafka_connection
-from kcm_common.terminal import printable
 from kcm_common.errors import UserError
+from kcm_common.terminal import printable
 
 HELP = "list, describe, apply or delete CLIENT_METRICS subscriptions"
 DESCRIPTION = ("Manage KIP-714 client metrics subscriptions directly in Kafka with the operator's reconcile core: "

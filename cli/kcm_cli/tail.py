@@ -16,12 +16,12 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
 
 from kcm_cli.arguments import kafka_connection, seconds, topic
-from kcm_common.terminal import printable
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, advertised_brokers, check_reachable,
                               diagnose_failure, step_past_unreadable)
 from kcm_common.names import DEFAULT_METRICS_TOPIC
+from kcm_common.terminal import printable
 
 log = logging.getLogger("kcm.tail")
 
