@@ -281,9 +281,11 @@ class OperatorConfig:
             self.idle_before, self.handled_since = idle, set()
             return suspects
 
-    def is_gone(self, uid: str) -> bool:
+    def present(self, claims: list[Claim]) -> list[Claim]:
+        """`claims` but those of resources `read_claim` found gone (under one taking of the lock: every reconcile and
+        deletion asks this of the whole index)."""
         with self.lock:
-            return uid in self.gone
+            return [claim for claim in claims if claim.uid not in self.gone]
 
     def forget(self, uid: str) -> None:
         with self.lock:
@@ -1114,7 +1116,7 @@ def _connection_of(body: Mapping[str, Any] | None) -> str | None:
 def _refs_in_use(config: OperatorConfig, claims: kopf.Index, but: str | None = None) -> set[tuple[str, str] | None]:
     """The clusters (`cluster_ref`) the resources in kopf's index name, but the one of uid `but` and those found gone
     (`read_claim`). On the event loop only: it changes the index."""
-    return {claim.cluster_ref for claim in _indexed(claims) if claim.uid != but and not config.is_gone(claim.uid)}
+    return {claim.cluster_ref for claim in config.present(_indexed(claims)) if claim.uid != but}
 
 
 def _indexed(claims: kopf.Index) -> list[Claim]:
