@@ -150,7 +150,7 @@ def test_sandbox_upstream_that_is_not_kafka_fails_within_seconds(silent_server):
 
     result = _kcm("sandbox", "--listen", "127.0.0.1:0", "--upstream", f"{host}:{port}")
 
-    _one_line_error(result, "is this a Kafka broker?")
+    _one_line_error(result, "kcm sandbox: --upstream: cannot reach Kafka", "is this a Kafka broker?")
     assert time.monotonic() - started < 20
 
 
@@ -204,6 +204,24 @@ def test_tail_durations_must_be_finite_and_positive(option, value):
 ])
 def test_sandbox_listen_address_it_cannot_use(listen, message):
     _one_line_error(_kcm("sandbox", "--listen", listen), message)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_bridge_metrics_port_in_use_is_one_line_in_the_log_format_chosen(log_format):
+    import json
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        # The bridge listens on every address (0.0.0.0): a port taken on loopback is taken for it too.
+        result = _kcm("bridge", "--bootstrap-server", "127.0.0.1:1", "--endpoint", "127.0.0.1:4317", "--insecure",
+                      "--metrics-port", str(port), "--log-format", log_format)
+
+    _one_line_error(result, f"kcm bridge: metrics_port {port}: cannot listen on", "pick another --metrics-port")
+    if log_format == "json":
+        assert json.loads(result.stderr)["level"] == "ERROR", result.stderr
+    else:
+        assert not result.stderr.startswith("{"), result.stderr
 
 
 def test_sandbox_checks_its_options_before_probing_the_upstream(silent_server):

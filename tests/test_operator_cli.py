@@ -199,6 +199,21 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path, option):
     _one_line(result, f"{option} {port}: cannot listen on it")
 
 
+def test_with_json_logs_an_error_found_after_the_switch_is_one_json_line(tmp_path):
+    """A log pipeline parsing JSON lines gets the error that ends the process (found once logs are JSON) as one."""
+    import json
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = _operator(tmp_path, "--metrics-port", str(port), "--liveness-port", "0", "--listen-address",
+                           "127.0.0.1", "--log-format", "json", kubeconfig=_KUBECONFIG)
+
+    _one_line(result, f"--metrics-port {port}: cannot listen on it")
+    entry = json.loads(result.stderr)
+    assert (entry["level"], entry["message"].split(":")[0]) == ("ERROR", "kcm operator"), entry
+
+
 def test_the_same_port_for_metrics_and_liveness_is_a_one_line_error(tmp_path):
     _one_line(_operator(tmp_path, "--metrics-port", "19090", "--liveness-port", "19090", kubeconfig=_KUBECONFIG),
               "--metrics-port and --liveness-port are both 19090; give them different ports")

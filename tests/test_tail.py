@@ -295,7 +295,8 @@ def test_without_from_beginning_only_new_records_are_printed(broker, new_topic, 
     assert json.loads(line)["resource"]["client_id"] == "new-client"
 
 
-def test_ctrl_c_ends_tail_with_exit_code_0_and_no_traceback(broker, new_topic, producer):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_ends_tail_with_exit_code_0_and_no_traceback(broker, new_topic, producer, stop):
     topic = new_topic()
     _send(producer, topic, *_contract_record("seen"))
     tail = subprocess.Popen(
@@ -307,7 +308,7 @@ def test_ctrl_c_ends_tail_with_exit_code_0_and_no_traceback(broker, new_topic, p
         reader.start()
         reader.join(30)
         assert lines and json.loads(lines[0])["resource"]["client_id"] == "seen", lines
-        tail.send_signal(signal.SIGINT)
+        tail.send_signal(stop)
         _, err = tail.communicate(timeout=30)
     finally:
         tail.kill()

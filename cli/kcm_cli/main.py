@@ -18,7 +18,7 @@ from importlib import metadata
 from typing import NoReturn
 
 from kcm_common.errors import UserError
-from kcm_common.logs import TextFormatter
+from kcm_common.logs import JsonFormatter, TextFormatter
 from kcm_common.terminal import printable
 
 # Subcommand name -> module under kcm_cli, in the order `kcm --help` lists them.
@@ -134,8 +134,13 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return args.run(args)
     except UserError as exc:
-        # One line, whatever a file name or a manifest's name holds (a newline, an escape sequence).
-        print(f"kcm {args.command}: {printable(str(exc))}", file=sys.stderr)
+        # One line, whatever a file name or a manifest's name holds (a newline, an escape sequence); a JSON line once
+        # the command has switched its logs to JSON (a port in use, found after the config), for the log pipeline.
+        message = f"kcm {args.command}: {printable(str(exc))}"
+        if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
+            logging.getLogger("kcm").error(message)
+        else:
+            print(message, file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         # Only packages an extra installs: a missing base dependency or a bad import is a bug, with its traceback.

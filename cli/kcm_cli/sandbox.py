@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kcm_cli.arguments import path, topic
 from kcm_cli.signals import on_stop_signals
 from kcm_common.errors import UserError
-from kcm_common.kafka import KafkaSettings, check_reachable
+from kcm_common.kafka import KafkaSettings, KafkaUnavailableError, check_reachable
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 if TYPE_CHECKING:
@@ -77,7 +77,10 @@ def options_from(args: argparse.Namespace) -> SandboxOptions:
         options.connections_max_idle_ms = args.connections_max_idle_ms
     options.validate()  # the cheap checks first, then the ones that wait on the network or a build
     if upstream is not None:
-        check_reachable(KafkaSettings(args.upstream), _UPSTREAM_PROBE_S)
+        try:
+            check_reachable(KafkaSettings(args.upstream), _UPSTREAM_PROBE_S)
+        except KafkaUnavailableError as exc:  # said as the option the user gave, not as a client's Kafka
+            raise KafkaUnavailableError(f"--upstream: {exc}") from None
     if args.receiver == "java":
         from kcm_sandbox.java_receiver import ensure_built
 

@@ -6,7 +6,9 @@ import argparse
 import json
 import logging
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -239,6 +241,17 @@ def _open_consumer(args: argparse.Namespace, settings: KafkaSettings) -> KafkaCo
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `kcm tail`; 0 on a normal end. Raises UserError when Kafka or the topic cannot be reached."""
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may take signals
+        return _run(args, out)
+    # SIGTERM (`kubectl delete pod`, `timeout`) ends it as Ctrl-C does: exit 0 while reading, the consumer closed.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run(args, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, out: TextIO | None) -> int:
     out = out or sys.stdout   # now: None when started with stdout closed, and a test may have replaced it
     if args.max_records is not None and args.max_records < 1:
         raise UserError("--max-records must be at least 1")
