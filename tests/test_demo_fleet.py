@@ -16,12 +16,13 @@ from kcm_demo.view import fleet_table
 
 def _request(instance: str, client_id: str, *metrics: metrics_pb2.Metric, software: str = "librdkafka",
              address: str | None = "127.0.0.1", port: str | None = "50000", time_unix_nano: int = 1,
-             resource_per_metric: bool = False, interval_ms: str | None = None) -> ExportMetricsServiceRequest:
+             resource_per_metric: bool = False, interval_ms: str | None = None,
+             terminating: str | None = None) -> ExportMetricsServiceRequest:
     """One push as the bridge exports it; Java clients put each metric in a ResourceMetrics of its own."""
     request = ExportMetricsServiceRequest()
     identity = {"client_instance_id": instance, "client_id": client_id, "client_software_name": software,
                 "client_software_version": "2.6.1", "client_source_address": address, "client_source_port": port,
-                "push_interval_ms": interval_ms}
+                "push_interval_ms": interval_ms, "terminating": terminating}
     for group in ([[metric] for metric in metrics] if resource_per_metric else [list(metrics)]):
         resource_metrics = request.resource_metrics.add()
         for key, value in identity.items():
@@ -125,6 +126,20 @@ def test_a_cold_jvms_first_push_spread_over_90_ms_counts_once_at_a_5_s_interval(
             fleet.ingest(_request("i-java", "inventory", _gauge(f"org.apache.kafka.consumer.m{metric}", 1.0),
                                   time_unix_nano=pushed_ns + metric * 10_000_000, resource_per_metric=True,
                                   interval_ms="5000"), received_s=float(push))
+
+    [client] = fleet.clients()
+
+    assert client.pushes == 2
+
+
+def test_a_terminating_push_soon_after_a_regular_one_counts_as_a_push_of_its_own():
+    """A client closing 0.26 s after its last push at a 5 s interval: two pushes, not one (its window is 1 s)."""
+    fleet = Fleet()
+    for pushed_ns, terminating in ((10**9, "false"), (10**9 + 260_000_000, "true")):
+        for metric in range(3):   # a Java client's push: a ResourceMetrics per metric, a few ms apart
+            fleet.ingest(_request("i-java", "inventory", _gauge(f"org.apache.kafka.consumer.m{metric}", 1.0),
+                                  time_unix_nano=pushed_ns + metric * 4_000_000, resource_per_metric=True,
+                                  interval_ms="5000", terminating=terminating), received_s=1.0)
 
     [client] = fleet.clients()
 

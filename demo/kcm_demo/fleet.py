@@ -124,7 +124,9 @@ class Fleet:
         # Only the broker side (the receiver) knows these: proof the push came through the receiver and the topic.
         client.broker = {key: str(resource[key]) for key in BROKER_ATTRIBUTES if key in resource}
         client.last_push_s = received_s
-        window_ns = same_push_window_ns(resource.get("push_interval_ms"))
+        # A client's last push (terminating: on close) may come soon after a regular one, whatever its interval.
+        window_ns = (_SAME_PUSH_MIN_NS if str(resource.get("terminating")).lower() == "true"
+                     else same_push_window_ns(resource.get("push_interval_ms")))
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 metric_dict = points.metric_dict(metric)
