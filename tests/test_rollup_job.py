@@ -272,7 +272,9 @@ def test_cli_prints_a_summary_and_turns_source_errors_into_one_line(spark, telem
     offsets = json.dumps({telemetry.options.topic: {"99": 0}})
     assert main([*common, "--starting-offsets", offsets]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"startingOffsets names partition 99 of {telemetry.options.topic!r}" in err and len(err.splitlines()) == 1
+    # In the flag's words, not Spark's option's (startingOffsets).
+    assert err.startswith(f"kcm rollup: --starting-offsets names partition 99 of {telemetry.options.topic!r}"), err
+    assert len(err.splitlines()) == 1
 
 
 def test_a_rerun_empties_windows_of_its_range_that_no_longer_have_data(spark, telemetry, tmp_path):
@@ -305,7 +307,7 @@ def test_an_empty_range_rolls_up_nothing_and_a_partition_that_does_not_exist_is_
     assert main([*common, "--output", str(tmp_path / "out"),
                  "--starting-offsets", json.dumps({telemetry.options.topic: {"7": 0}})]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"startingOffsets names partition 7 of '{telemetry.options.topic}', which has partitions 0" in err, err
+    assert f"--starting-offsets names partition 7 of '{telemetry.options.topic}', which has partitions 0" in err, err
     assert len(err.splitlines()) == 1
 
     (tmp_path / "a-file").write_text("x")

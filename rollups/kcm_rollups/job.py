@@ -295,10 +295,15 @@ def run_rollup(bootstrap_servers: str, topic: str, output: str, *, start: dateti
         found = re.search(r"KafkaSourceError: (.+)", str(err))
         if found is None:
             raise
-        raise UserError(found.group(1).strip()) from None
+        # The source speaks of Spark's option names; who ran `kcm rollup` gave its flags.
+        raise UserError(re.sub(r"\b(startingOffsets|endingOffsets)\b", lambda m: _FLAG_OF_OPTION[m.group(1)],
+                               found.group(1).strip())) from None
     finally:
         for name in quiet.LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
+
+
+_FLAG_OF_OPTION = {"startingOffsets": "--starting-offsets", "endingOffsets": "--ending-offsets"}
 
 
 def _cut_by_offsets(options: RollupOptions) -> Any:
