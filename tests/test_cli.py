@@ -224,6 +224,23 @@ def test_bridge_metrics_port_in_use_is_one_line_in_the_log_format_chosen(log_for
         assert not result.stderr.startswith("{"), result.stderr
 
 
+@pytest.mark.parametrize("asked", ["--log-format json", "KCM_BRIDGE_LOG_FORMAT=json"])
+def test_bridge_config_error_is_a_json_line_when_json_was_asked_before_the_config(asked):
+    """The commonest crash of a Deployment (a bad variable) must reach a log pipeline that parses JSON lines."""
+    import json
+
+    env = {**os.environ, "KCM_BRIDGE_BATCH_MAX_POINTS": "0"}
+    flags = asked.split() if asked.startswith("--") else []
+    if not flags:
+        env.update([asked.split("=", 1)])
+    result = subprocess.run([sys.executable, "-m", "kcm_cli.main", "bridge", "--bootstrap-server", "127.0.0.1:1",
+                             "--endpoint", "127.0.0.1:4317", "--insecure", *flags], env=env, capture_output=True,
+                            text=True, timeout=60)
+
+    _one_line_error(result, "batch.max_points must be positive, not 0 (set by KCM_BRIDGE_BATCH_MAX_POINTS)")
+    assert json.loads(result.stderr)["level"] == "ERROR", result.stderr
+
+
 def test_sandbox_checks_its_options_before_probing_the_upstream(silent_server):
     host, port = silent_server
 

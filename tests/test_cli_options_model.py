@@ -821,7 +821,7 @@ def test_random_rollup_options_give_the_documented_run(rollup, tmp_path, pem, ca
         if want["json"]:
             summary = json.loads(out)
             assert set(summary) == {"window_range", "input_records", "decode_errors", "points", "rows_written",
-                                    "windows", "seconds", "stage_seconds", "otlp"}, context
+                                    "windows", "seconds", "stage_seconds", "otlp", "top"}, context
             assert summary["window_range"] == ["2026-01-31T09:00:00+00:00", "2026-01-31T11:00:00+00:00"], context
         else:
             assert "summary: 3 records" in out, context

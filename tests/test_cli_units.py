@@ -349,6 +349,25 @@ def test_rollup_prints_rows_without_empty_cells_and_its_json_summary(monkeypatch
     assert (summary["rows_written"], summary["points"], summary["seconds"]) == (12, 40, 1.235)
     assert summary["otlp"] == {"endpoint": "otel:4317", "sent": 12, "rejected": 0}
     assert summary["window_range"] is None   # a run over offsets only
+    assert summary["top"] == [{"metric": "m", "p99": None, "avg": 2.0}]
+
+
+def test_rollup_json_holds_the_top_rows_in_standard_json(monkeypatch, capsys):
+    """--json with --top printed the summary only: the rows asked for were dropped without a word."""
+    import datetime
+    import math
+
+    start = datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.timezone.utc)
+    result = types.SimpleNamespace(
+        window_range=None, input_records=1, decode_errors={}, points=2, rows_written=2, windows={"1h": 1},
+        seconds=1.0, stage_seconds={}, exported=None, summary_lines=lambda: [],
+        top_rows=[{"window_start": start, "metric": "m", "client_id": "a", "avg": math.nan, "max": math.inf,
+                   "instances": 3, "partial": True}])
+    assert _rollup(monkeypatch, ["--json", "--top", "1"], result)[0] == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "Infinity" not in out, out
+    assert json.loads(out)["top"] == [{"window_start": "2026-11-29T12:00:00+00:00", "metric": "m", "client_id": "a",
+                                        "avg": None, "max": None, "instances": 3, "partial": True}]
 
 
 # --- bridge.py --------------------------------------------------------------------------------------------------------

@@ -531,6 +531,7 @@ class _FakePipeline:
 
         def rollup(bootstrap, workdir, out):
             event("rollup")
+            out.write("rollup: Parquet in somewhere\n")
 
         monkeypatch.setattr(kcm_sandbox.runner, "Sandbox", Sandbox)
         monkeypatch.setattr(kcm_demo.collector, "OtlpCollector", Collector)
@@ -561,7 +562,7 @@ def test_the_demo_stops_in_reverse_order_prints_a_jsonl_line_per_client_and_exit
 
     assert code == 0 and fake_pipeline.workdir.is_dir()
     assert fake_pipeline.events == [*STARTED_AND_STOPPED[:-1], "rollup", "sandbox stop"]
-    [line] = fake_pipeline.out.getvalue().splitlines()
+    [line] = fake_pipeline.out.getvalue().splitlines()   # the rollup's text lines are not among the JSON lines
     assert json.loads(line)["client_id"] == "payments-producer"
     # The clients' final pushes have a grace period before the bridge stops; the run itself keeps to its duration.
     assert fake_pipeline.times["bridge stop"] - fake_pipeline.times["workload stop"] >= 0.3

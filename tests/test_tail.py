@@ -655,3 +655,50 @@ def test_a_kafka_error_while_reading_is_one_line_not_a_traceback(broker, new_top
     args = build_parser().parse_args(["tail", "--bootstrap-server", broker.bootstrap, "--topic", new_topic()])
     with pytest.raises(KafkaUnavailableError, match="lost the connection to Kafka: .*socket disconnected"):
         run(args)
+
+
+def test_a_stop_signal_delivered_twice_at_once_ends_tail_once_and_a_later_one_interrupts_again(monkeypatch):
+    """A process-group kill (`timeout`, a CI runner) sends SIGTERM twice within a millisecond: the second landed in
+    the consumer's close and made the exit 130 instead of 0, one run in three."""
+    import os
+
+    import kcm_cli.tail
+    from kcm_cli.main import build_parser
+
+    seen: list[str] = []
+
+    def reading(args, out):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)   # the handler runs here
+        except KeyboardInterrupt:
+            seen.append("interrupted")
+        os.kill(os.getpid(), signal.SIGTERM)   # the group's copy, while closing
+        time.sleep(0.05)
+        seen.append("closed")
+        return 0
+
+    monkeypatch.setattr(kcm_cli.tail, "_run", reading)
+    args = build_parser().parse_args(["tail", "--bootstrap-server", "k:9092"])
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert kcm_cli.tail.run(args) == 0
+    except KeyboardInterrupt:
+        pytest.fail("the second copy of the signal broke off the close")
+    assert seen == ["interrupted", "closed"]
+    assert signal.getsignal(signal.SIGTERM) is before   # put back
+
+    def twice_a_second_apart(args, out):
+        for _ in range(2):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)   # the handler runs here
+            except KeyboardInterrupt:
+                seen.append("interrupted")
+            time.sleep(1.1)
+        return 0
+
+    monkeypatch.setattr(kcm_cli.tail, "_run", twice_a_second_apart)
+    seen.clear()
+    assert kcm_cli.tail.run(args) == 0
+    assert seen == ["interrupted", "interrupted"]   # Ctrl-C pressed again later is a new request

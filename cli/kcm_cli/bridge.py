@@ -72,11 +72,16 @@ def run(args: argparse.Namespace) -> int:
     from kcm_bridge.pipeline import Bridge, tune_interpreter
 
     overrides = {where: getattr(args, flag[2:].replace("-", "_")) for where, flag in _FLAGS.items()}
+    from kcm_common.logs import use_json
+
+    # JSON asked by the flag or the variable (not only the file): an error in the rest of the configuration is then
+    # a JSON line too.
+    json_first = (args.log_format or os.environ.get(bridge_config.ENV_PREFIX + "LOG_FORMAT", "").strip()) == "json"
+    if json_first:
+        use_json()
     config = bridge_config.load(args.config, env=os.environ, overrides=overrides, endpoints=args.endpoint,
                                 insecure=args.insecure, flags=_FLAGS)
-    if config.log_format == "json":
-        from kcm_common.logs import use_json
-
+    if config.log_format == "json" and not json_first:
         use_json()
     bridge_config.warn_of_unknown_variables(config, os.environ)   # in the chosen format, as every line after it
     tune_interpreter()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import timedelta
+import math
+from datetime import datetime, timedelta
 
 from kcm_cli.arguments import kafka_connection, topic
 from kcm_common.errors import UserError
@@ -104,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
                           "seconds": round(result.seconds, 3),
                           "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()},
                           "otlp": dict(zip(("endpoint", "sent", "rejected"), result.exported))
-                          if result.exported else None}))
+                          if result.exported else None,
+                          "top": [{name: _json_value(value) for name, value in row.items()}
+                                  for row in result.top_rows]}, allow_nan=False, default=str))
         return 0
     for row in result.top_rows:
         print("  ".join(f"{name}={_cell(value)}" for name, value in row.items() if value is not None))
@@ -115,5 +118,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _cell(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _json_value(value: object) -> object:
+    """A top row's value in standard JSON: times in ISO 8601, NaN and infinities null (as the demo's summary)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 

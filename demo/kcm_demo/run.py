@@ -191,7 +191,8 @@ def _run(options: DemoOptions, out: IO[str], workdir: Path, interrupted: threadi
                 out.write(json.dumps(client.summary(), sort_keys=True) + "\n")
             out.flush()
         if options.rollup and not interrupted.is_set():
-            _rollup(pipeline.bootstrap, workdir, out)
+            # Its rows are text: on stderr when stdout is JSON lines for a program to read.
+            _rollup(pipeline.bootstrap, workdir, out if options.output == "live" else sys.stderr)
         log.info("stopping the sandbox")
 
 
