@@ -514,6 +514,18 @@ def test_a_text_log_line_escapes_what_anyone_may_put_in_a_name_and_indents_a_mes
     assert text.endswith("ValueError: the cause")
 
 
+def test_a_text_log_line_about_a_resource_names_it_as_kopf_does():
+    """kopf's per-object lines (a handler failing, a retry) said nothing of which resource they were about."""
+    from kcm_common.logs import TextFormatter
+
+    line = TextFormatter().format(_record("Handler 'reconcile' failed temporarily", level=logging.ERROR,
+                                          k8s_ref={"namespace": "team", "name": "orders\x1b[2J"}))
+    assert line.endswith(" ERROR kcm.test: [team/orders\\x1b[2J] Handler 'reconcile' failed temporarily"), line
+    cluster_wide = TextFormatter().format(_record("x", k8s_ref={"namespace": None, "name": "c"}))
+    assert cluster_wide.endswith(": [c] x"), cluster_wide
+    assert TextFormatter().format(_record("plain")).endswith("kcm.test: plain")
+
+
 def test_every_kcm_command_logs_through_the_escaping_formatter():
     code = ("import logging; from kcm_cli.main import _configure_logging; _configure_logging('INFO'); "
             "logging.getLogger('kcm.sandbox').info('%s: push accepted', 'id\\x1b[2J\\nforged')")

@@ -19,7 +19,8 @@ class TextFormatter(logging.Formatter):
     """TEXT_FORMAT lines whose message has its control characters escaped (`printable`): a client id or subscription
     name a log line quotes is anyone's text, and an escape sequence would recolour or clear the terminal. A message's
     own lines (a stack kcm shows) go on indented by CONTINUATION, so none passes for a log line of its own; a
-    traceback after the message keeps its lines."""
+    traceback after the message keeps its lines. A line kopf logs about a resource starts `[namespace/name]`, as
+    kopf's own text format does."""
 
     CONTINUATION = "    "
 
@@ -28,7 +29,12 @@ class TextFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         escaped = logging.makeLogRecord(record.__dict__)
-        escaped.message = ("\n" + self.CONTINUATION).join(printable(line) for line in record.message.split("\n"))
+        message = record.message
+        ref = getattr(record, "k8s_ref", None)   # kopf's per-object loggers: the resource a line is about
+        if isinstance(ref, dict) and ref.get("name"):
+            where = "/".join(str(ref[key]) for key in ("namespace", "name") if ref.get(key))
+            message = f"[{where}] {message}"
+        escaped.message = ("\n" + self.CONTINUATION).join(printable(line) for line in message.split("\n"))
         return super().formatMessage(escaped)
 
 
