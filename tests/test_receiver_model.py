@@ -4,7 +4,8 @@ header").
 
 A reference model written from those docs only predicts, for seeded random inputs and directed edge cases:
 - configuration: whether a set of broker properties starts the plugin, and otherwise that start-up fails with
-  Kafka's ConfigException naming the property (a near-miss producer name with "did you mean", an unreadable
+  Kafka's ConfigException naming the property (a near-miss or wrong-case producer name with "did you mean", a
+  topic name Kafka would refuse, a misspelt `kcm.` prefix, a `listeners` entry without a port, an unreadable
   sasl.jaas.config without quoting the secret, `acks` against idempotence as `kcm.receiver.producer.*`);
 - what it writes: for random pushes fed through the sandbox's plugin host (sandbox/kcm_sandbox/java_receiver.py,
   both plugin classes) the record on the metrics topic: key, value bytes, and every header with its present/absent
@@ -469,6 +470,11 @@ def test_random_broker_properties_start_the_plugin_or_fail_naming_the_property(p
         ({PRODUCER + "linger.ms": "-1"}, PRODUCER + "linger.ms", None),
         ({PRODUCER + "key.serializer": "x"}, PRODUCER + "key.serializer", None),
         ({PREFIX + "topicz": "t"}, PREFIX + "topicz", None),
+        ({PREFIX + "topic": "my metrics topic"}, PREFIX + "topic", None),
+        ({PREFIX + "topic": "m" * 250}, PREFIX + "topic", None),
+        ({"kcm.reciever.topic": "t"}, "kcm.reciever.topic", None),
+        ({PRODUCER + "SASL.MECHANISM": "PLAIN"}, PRODUCER + "SASL.MECHANISM", None),
+        ({"listeners": "PLAINTEXT://kafka-0"}, "listeners", None),
         ({PRODUCER + "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
                                          "username=u password=open sesame;"}, PRODUCER + "sasl.jaas.config",
          "sesame"),
@@ -489,8 +495,8 @@ def test_random_broker_properties_start_the_plugin_or_fail_naming_the_property(p
             typo = named[len(PRODUCER):] if named.startswith(PRODUCER) else ""
             if ok and typo and typo not in PRODUCER_NAMES and typo != "*" and "did you mean" in result:
                 suggested = result.split("did you mean " + PRODUCER, 1)[1].rstrip("?")
-                ok = _distance(typo, suggested) <= 2
-            elif ok and typo and any(_distance(typo, known) <= 2 for known in PRODUCER_NAMES
+                ok = _distance(typo, suggested) <= 2 or typo.lower() == suggested
+            elif ok and typo and any(_distance(typo, known) <= 2 or typo.lower() == known for known in PRODUCER_NAMES
                                      if known != typo) and typo not in PRODUCER_NAMES and typo != "*" \
                     and not typo.endswith("serializer"):
                 ok = "did you mean" in result
@@ -498,7 +504,7 @@ def test_random_broker_properties_start_the_plugin_or_fail_naming_the_property(p
             mismatches.append((plugin_class, {k: v for k, v in properties.items() if k.startswith(PREFIX)}, named,
                                result))
     assert not mismatches, "\n".join(map(repr, mismatches[:10]))
-    assert len(results) == len(cases) == 85
+    assert len(results) == len(cases) == 90
 
 
 def test_bad_properties_given_to_the_sandbox_host_fail_its_start_naming_them_and_never_the_secret(broker):

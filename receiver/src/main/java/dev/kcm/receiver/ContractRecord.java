@@ -55,8 +55,10 @@ final class ContractRecord {
         add(headers, "cluster_id", clusterId);
         add(headers, "push_interval_ms", push.pushIntervalMs == null ? null : String.valueOf(push.pushIntervalMs));
         add(headers, "terminating", push.terminating ? "true" : "false");
-        return new ProducerRecord<>(topic, null, instance.toString().getBytes(StandardCharsets.UTF_8), push.data,
-                headers);
+        // Timestamped when the broker accepted the push, not when the producer got it (after the queue, maybe an
+        // outage): readers window by the record's timestamp.
+        return new ProducerRecord<>(topic, null, push.acceptedMs, instance.toString().getBytes(StandardCharsets.UTF_8),
+                push.data, headers);
     }
 
     /**

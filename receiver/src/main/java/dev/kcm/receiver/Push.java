@@ -13,6 +13,8 @@ final class Push {
     final byte[] data;
     /** Null before Kafka 4.2, whose receiver API does not give it. */
     final Integer pushIntervalMs;
+    /** When the broker handed the push over (epoch ms): the record's timestamp, however long it waits in the queue. */
+    final long acceptedMs;
     private final long weight;
 
     Push(AuthorizableRequestContext context, Uuid clientInstanceId, boolean terminating, String contentType,
@@ -23,6 +25,7 @@ final class Push {
         this.contentType = contentType;
         this.data = data;
         this.pushIntervalMs = pushIntervalMs;
+        this.acceptedMs = System.currentTimeMillis();
         this.weight = weightOf(data.length, context);
     }
 

@@ -5,6 +5,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.TreeSet;
 
 import org.apache.kafka.clients.CommonClientConfigs;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -15,6 +16,8 @@ import org.apache.kafka.common.config.ConfigDef.Type;
 import org.apache.kafka.common.config.ConfigException;
 import org.apache.kafka.common.config.SaslConfigs;
 import org.apache.kafka.common.config.types.Password;
+import org.apache.kafka.common.errors.InvalidTopicException;
+import org.apache.kafka.common.internals.Topic;
 import org.apache.kafka.common.security.JaasContext;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.common.utils.Utils;
@@ -27,18 +30,26 @@ public final class ReceiverConfig {
     public static final String QUEUE_MAX_BYTES = PREFIX + "queue.max.bytes";
     public static final String CLOSE_TIMEOUT_MS = PREFIX + "close.timeout.ms";
     public static final String PRODUCER_PREFIX = PREFIX + "producer.";
+    /** A broker key under this prefix but not {@link #PREFIX} has a misspelt prefix: {@code kcm.reciever.topic}. */
+    static final String FAMILY_PREFIX = "kcm.";
 
     public static final String DEFAULT_TOPIC = "kafka-client-metrics";
     public static final long DEFAULT_QUEUE_MAX_BYTES = 16L * 1024 * 1024;
     static final int DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024; // the producer's own default max.request.size
     static final String KAFKA_DEFAULT_LISTENERS = "PLAINTEXT://:9092"; // SocketServerConfigs.LISTENERS_DEFAULT
+    // While the metrics cluster is unreachable, Kafka's defaults (reconnect 50 ms doubling to 1 s, and a rebootstrap
+    // whenever no node is connectable) put ~9,000 WARN and more INFO lines an hour into the broker's log: reconnects
+    // back off 1 s doubling to 30 s instead, and the bootstrap is not redone (each one logs INFO).
+    static final long DEFAULT_RECONNECT_BACKOFF_MS = 1_000;
+    static final long DEFAULT_RECONNECT_BACKOFF_MAX_MS = 30_000;
+    static final String DEFAULT_METADATA_RECOVERY_STRATEGY = "none";
 
     // The serializers are the plugin's business: records are built as bytes.
     private static final Set<String> FIXED_PRODUCER_KEYS = Set.of(
             ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG);
 
     static final ConfigDef DEFINITION = new ConfigDef()
-            .define(TOPIC, Type.STRING, DEFAULT_TOPIC, new ConfigDef.NonEmptyString(), Importance.HIGH,
+            .define(TOPIC, Type.STRING, DEFAULT_TOPIC, ReceiverConfig::checkTopic, Importance.HIGH,
                     "Topic every client push is written to (metrics-topic contract v1).")
             .define(BOOTSTRAP_SERVERS, Type.LIST, "", Importance.MEDIUM,
                     "Where the internal producer connects; empty: this broker's own inter-broker listener.")
@@ -51,12 +62,16 @@ public final class ReceiverConfig {
     public final long queueMaxBytes;
     public final long closeTimeoutMs;
     public final Map<String, Object> producerConfig;
+    /** {@code kcm.receiver.producer.*} names Kafka's producer does not know: passed on for its plugins, warned of. */
+    public final List<String> unknownProducerKeys;
 
-    private ReceiverConfig(String topic, long queueMaxBytes, long closeTimeoutMs, Map<String, Object> producerConfig) {
+    private ReceiverConfig(String topic, long queueMaxBytes, long closeTimeoutMs, Map<String, Object> producerConfig,
+                           List<String> unknownProducerKeys) {
         this.topic = topic;
         this.queueMaxBytes = queueMaxBytes;
         this.closeTimeoutMs = closeTimeoutMs;
         this.producerConfig = producerConfig;
+        this.unknownProducerKeys = unknownProducerKeys;
     }
 
     /** Parses the broker's properties; throws ConfigException naming the bad property. */
@@ -74,15 +89,22 @@ public final class ReceiverConfig {
                             + String.join(", ", DEFINITION.names()) + " and " + PRODUCER_PREFIX + "*");
                 }
                 own.put(key, entry.getValue());
+            } else if (key.startsWith(FAMILY_PREFIX)) {
+                throw new ConfigException(key + " is not a kcm receiver property: they all start with " + PREFIX
+                        + "; correct the prefix or remove the line");
             }
         }
         AbstractConfig parsed = new AbstractConfig(DEFINITION, own, false);
-        for (String key : overrides.keySet()) {
+        List<String> unknownProducerKeys = new ArrayList<>();
+        for (String key : new TreeSet<>(overrides.keySet())) {
             if (FIXED_PRODUCER_KEYS.contains(key)) {
                 throw new ConfigException(PRODUCER_PREFIX + key
                         + ": the receiver writes bytes with its own serializers; remove this property");
             }
             checkProducerKey(key);
+            if (!ProducerConfig.configNames().contains(key)) {
+                unknownProducerKeys.add(PRODUCER_PREFIX + key);
+            }
             checkProducerValue(key, overrides.get(key));
         }
         List<String> bootstrap = parsed.getList(BOOTSTRAP_SERVERS);
@@ -115,12 +137,27 @@ public final class ReceiverConfig {
                 (int) Math.max(DEFAULT_MAX_REQUEST_BYTES, Math.min(queueMaxBytes, Integer.MAX_VALUE)));
         // The plugin's own producer must not push telemetry into the broker that feeds it.
         producer.put(ProducerConfig.ENABLE_METRICS_PUSH_CONFIG, false);
+        producer.put(CommonClientConfigs.RECONNECT_BACKOFF_MS_CONFIG, DEFAULT_RECONNECT_BACKOFF_MS);
+        producer.put(CommonClientConfigs.RECONNECT_BACKOFF_MAX_MS_CONFIG, DEFAULT_RECONNECT_BACKOFF_MAX_MS);
+        // Kafka 3.8 added the setting (rebootstrapping since 4.0 by default): an older broker's producer lacks it.
+        if (ProducerConfig.configNames().contains(CommonClientConfigs.METADATA_RECOVERY_STRATEGY_CONFIG)) {
+            producer.put(CommonClientConfigs.METADATA_RECOVERY_STRATEGY_CONFIG, DEFAULT_METADATA_RECOVERY_STRATEGY);
+        }
         producer.putAll(overrides);
         producer.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
         producer.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
         checkProducer(producer);
         return new ReceiverConfig(parsed.getString(TOPIC), queueMaxBytes,
-                parsed.getLong(CLOSE_TIMEOUT_MS), producer);
+                parsed.getLong(CLOSE_TIMEOUT_MS), producer, List.copyOf(unknownProducerKeys));
+    }
+
+    /** Kafka's own topic-name rules: a name the cluster would refuse must fail start-up, not every push. */
+    private static void checkTopic(String name, Object value) {
+        try {
+            Topic.validate(value == null ? "" : value.toString());
+        } catch (InvalidTopicException e) {
+            throw new ConfigException(name, value, e.getMessage());
+        }
     }
 
     /** Whether {@code process.roles} names the controller role and not the broker one (a KRaft controller-only node). */
@@ -174,11 +211,21 @@ public final class ReceiverConfig {
     /**
      * A producer property Kafka does not know that is one or two letters from one it knows is a typo: the producer
      * would ignore it (a SASL or TLS setting falling back to its default), so start-up fails naming both, never the
-     * value. Other unknown names are left to the producer, which passes them to plugins (interceptors, callbacks).
+     * value, and so is one that differs from a known name only in case. Other unknown names are left to the producer,
+     * which passes them to plugins (interceptors, callbacks).
      */
     static void checkProducerKey(String key) {
         Set<String> known = ProducerConfig.configNames();
-        if (known.contains(key) || key.length() < 6) {
+        if (known.contains(key)) {
+            return;
+        }
+        for (String name : known) {
+            if (name.equalsIgnoreCase(key)) {
+                throw new ConfigException(PRODUCER_PREFIX + key + " is not a producer property (names are "
+                        + "case-sensitive); did you mean " + PRODUCER_PREFIX + name + "?");
+            }
+        }
+        if (key.length() < 6) {
             return;
         }
         for (String name : known) {
@@ -310,7 +357,11 @@ public final class ReceiverConfig {
 
         private static String hostPort(String address) {
             int colon = address.lastIndexOf(':');
-            String host = colon < 0 ? "" : address.substring(0, colon);
+            if (colon < 0 || address.endsWith("]")) {
+                throw new ConfigException("listeners", address, "a listener without a port; fix `listeners` or set "
+                        + BOOTSTRAP_SERVERS + " to this cluster's bootstrap servers");
+            }
+            String host = address.substring(0, colon);
             // A wildcard or empty bind host means every interface, so loopback reaches this broker.
             if (host.isEmpty() || host.equals("0.0.0.0") || host.equals("[::]") || host.equals("::")) {
                 host = "localhost";

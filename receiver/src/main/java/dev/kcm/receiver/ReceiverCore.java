@@ -45,6 +45,11 @@ final class ReceiverCore implements AutoCloseable {
             return;
         }
         ReceiverConfig parsed = ReceiverConfig.parse(brokerConfig);
+        for (String key : parsed.unknownProducerKeys) {
+            // Named, never its value (it may be a secret); Kafka itself only says "not used" at INFO.
+            LOG.warn("kcm receiver: {} is not a Kafka producer property; passed on for producer plugins "
+                    + "(interceptors, callbacks): remove it if it is a typo", key);
+        }
         if (brokerId == null) {
             brokerId = ReceiverConfig.nodeId(brokerConfig);
         }
@@ -57,6 +62,13 @@ final class ReceiverCore implements AutoCloseable {
                 newMetrics, parsed.queueMaxBytes, parsed.closeTimeoutMs);
         LOG.info("kcm receiver: writing client pushes to topic {} via {}", parsed.topic,
                 parsed.producerConfig.get("bootstrap.servers"));
+        if (newMetrics.instance > 1) {
+            LOG.warn("kcm receiver: {} kcm receiver plugins run in this broker (metric.reporters lists both "
+                    + "KcmClientTelemetry and KcmTelemetryExporter?): Kafka 4.2+ hands every push to each, so it is "
+                    + "written that many times; list one. This one's metrics: {}:type={},{}={}", newMetrics.instance,
+                    ReceiverMetrics.JMX_PREFIX, ReceiverMetrics.GROUP, ReceiverMetrics.INSTANCE_TAG,
+                    newMetrics.instance);
+        }
     }
 
     void contextChange(MetricsContext context) {

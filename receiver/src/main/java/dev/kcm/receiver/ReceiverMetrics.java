@@ -1,7 +1,9 @@
 package dev.kcm.receiver;
 
 import java.util.ArrayList;
+import java.util.HashSet;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.function.LongSupplier;
 
@@ -16,6 +18,12 @@ import org.apache.kafka.common.utils.Time;
 public final class ReceiverMetrics implements AutoCloseable {
     public static final String JMX_PREFIX = "kafka.server";
     public static final String GROUP = "kcm-receiver";
+    /** The MBean key that tells a second live plugin instance in one JVM from the first. */
+    public static final String INSTANCE_TAG = "instance";
+    // Instance numbers in use in this JVM: the first instance keeps the bare MBean name dashboards use; another one
+    // (both plugin classes listed, as during a move to Kafka 4.2's interface) gets instance=2, … so that neither
+    // replaces the other's MBean nor unregisters it on close.
+    private static final Set<Integer> LIVE = new HashSet<>();
 
     final LongAdder pushesReceived = new LongAdder();
     final LongAdder bytesReceived = new LongAdder();
@@ -27,8 +35,14 @@ public final class ReceiverMetrics implements AutoCloseable {
     final LongAdder exportErrors = new LongAdder();
 
     private final Metrics registry;
+    /** 1 for the first live instance in this JVM, 2 for a second one, … */
+    final int instance;
+    private final Map<String, String> tags;
+    private boolean released; // under LIVE
 
     ReceiverMetrics(LongSupplier queuedBytes) {
+        instance = claimInstance();
+        tags = instance == 1 ? Map.of() : Map.of(INSTANCE_TAG, String.valueOf(instance));
         // Counters are LongAdders read on demand, so the request thread never takes a sensor lock.
         KafkaMetricsContext context = new KafkaMetricsContext(JMX_PREFIX);
         registry = new Metrics(new MetricConfig(), new ArrayList<>(), Time.SYSTEM, context);  // reporters added below
@@ -53,7 +67,7 @@ public final class ReceiverMetrics implements AutoCloseable {
     }
 
     private void add(String name, String description, LongSupplier value) {
-        registry.addMetric(registry.metricName(name, GROUP, description, Map.of()),
+        registry.addMetric(registry.metricName(name, GROUP, description, tags),
                 (Measurable) (config, now) -> value.getAsLong());
     }
 
@@ -62,8 +76,25 @@ public final class ReceiverMetrics implements AutoCloseable {
         return registry;
     }
 
+    private static int claimInstance() {
+        synchronized (LIVE) {
+            int number = 1;
+            while (LIVE.contains(number)) {
+                number++;
+            }
+            LIVE.add(number);
+            return number;
+        }
+    }
+
     @Override
     public void close() {
         registry.close();
+        synchronized (LIVE) {
+            if (!released) {   // a second close must not free a number another instance has claimed since
+                released = true;
+                LIVE.remove(instance);
+            }
+        }
     }
 }

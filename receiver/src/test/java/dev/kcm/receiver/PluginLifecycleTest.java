@@ -99,6 +99,29 @@ class PluginLifecycleTest {
     }
 
     @Test
+    void twoPluginsInOneBrokerKeepTheirOwnMBeansAndClosingOneLeavesTheOther() throws Exception {
+        // Both classes listed in metric.reporters (a move to Kafka 4.2's interface): the first keeps the bare name.
+        ObjectName first = new ObjectName("kafka.server:type=kcm-receiver");
+        ObjectName second = new ObjectName("kafka.server:type=kcm-receiver,instance=2");
+        KcmClientTelemetry older = new KcmClientTelemetry(new ReceiverCore(config -> Fixtures.mockProducer(true)));
+        KcmTelemetryExporter newer = new KcmTelemetryExporter(new ReceiverCore(config -> Fixtures.mockProducer(true)));
+        try {
+            older.configure(Fixtures.brokerConfig());
+            newer.configure(Fixtures.brokerConfig());
+            older.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            assertEquals(1.0, ManagementFactory.getPlatformMBeanServer().getAttribute(first, "pushes-received-total"));
+            assertEquals(0.0, ManagementFactory.getPlatformMBeanServer().getAttribute(second, "pushes-received-total"));
+            newer.close();
+            assertTrue(ManagementFactory.getPlatformMBeanServer().isRegistered(first), "closing one unregistered both");
+            assertFalse(ManagementFactory.getPlatformMBeanServer().isRegistered(second));
+        } finally {
+            newer.close();
+            older.close();
+        }
+        assertFalse(ManagementFactory.getPlatformMBeanServer().isRegistered(first));
+    }
+
+    @Test
     void configuringAgainClosesTheFirstWriterAndItsProducer() throws Exception {
         List<MockProducer<byte[], byte[]>> built = new ArrayList<>();
         ReceiverCore core = new ReceiverCore(config -> {

@@ -51,6 +51,32 @@ class ReceiverCoreTest {
     }
 
     @Test
+    void aPushThatWaitsInTheQueueKeepsTheTimeTheBrokerAcceptedItAsItsTimestamp() throws Exception {
+        // Rollups window by the record's timestamp: a push held through an outage belongs to when it was pushed.
+        MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
+        java.util.concurrent.CountDownLatch reachable = new java.util.concurrent.CountDownLatch(1);
+        ReceiverCore core = new ReceiverCore(config -> {
+            try {
+                reachable.await();
+            } catch (InterruptedException e) {
+                throw new KafkaException(e);
+            }
+            return producer;
+        });
+        try (KcmClientTelemetry plugin = new KcmClientTelemetry(core)) {
+            plugin.configure(Fixtures.brokerConfig());
+            long before = System.currentTimeMillis();
+            plugin.clientReceiver().exportMetrics(Fixtures.requestContext(), Fixtures.payload(METRICS, false));
+            long after = System.currentTimeMillis();
+            Thread.sleep(300);
+            reachable.countDown();
+            Fixtures.await(() -> producer.history().size() == 1);
+            long timestamp = producer.history().get(0).timestamp();
+            assertTrue(before <= timestamp && timestamp <= after, before + " <= " + timestamp + " <= " + after);
+        }
+    }
+
+    @Test
     void aKraftBrokersNodeIdLabelIsTheBrokerId() throws Exception {
         // KRaft brokers (all of Kafka 4.x) label their metrics context kafka.node.id, not kafka.broker.id.
         MockProducer<byte[], byte[]> producer = Fixtures.mockProducer(true);
