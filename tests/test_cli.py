@@ -159,6 +159,18 @@ def test_an_unknown_option_is_blamed_on_the_subcommand_that_got_it():
                     "kcm tail: unrecognized arguments: --bogus", "kcm tail --help")
     _one_line_error(_kcm("subscriptions", "list", "--bootstrap-server", "b:9092", "--bogus"),
                     "kcm subscriptions list: unrecognized arguments: --bogus")
+    # Before any command: about the option, not a missing command.
+    _one_line_error(_kcm("--bogus"), "kcm: unrecognized arguments: --bogus")
+    _one_line_error(_kcm(), "kcm: the following arguments are required: COMMAND")
+
+
+def test_an_option_is_known_by_its_whole_name_only():
+    """argparse took `--timeout-s` style prefixes (`--bootstrap` for --bootstrap-server): a script using one breaks
+    the day another option starts the same way."""
+    _one_line_error(_kcm("tail", "--bootstrap-server", "b:9092", "--max", "1"),
+                    "kcm tail: unrecognized arguments: --max 1")
+    _one_line_error(_kcm("tail", "--bootstrap", "b:9092", "--timeout", "1"),
+                    "kcm tail: the following arguments are required: --bootstrap-server")
 
 
 def test_log_level_is_accepted_after_a_nested_action():

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kcm_common.errors import UserError
 from kcm_common.logs import JsonFormatter, TextFormatter
@@ -35,7 +35,13 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line (and exit code 2), not the usage block."""
+    """argparse, but a usage mistake is one line (and exit code 2), not the usage block; and options only by their
+    whole names (argparse takes `--boot` for `--bootstrap-server`: a script using it breaks once another option
+    starts the same way)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -56,7 +62,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kcm {_version()}")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=_LOG_LEVELS,
                         help="log verbosity on stderr (default: %(default)s)")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")   # required: checked in _main, after
+    # what was not recognised (`kcm --bogus` is about --bogus, not a missing command)
     for name in COMMANDS:
         module = importlib.import_module(f"kcm_cli.{name}")
         sub = commands.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
@@ -122,6 +129,8 @@ def _main(argv: Sequence[str] | None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error("the following arguments are required: COMMAND")
     chosen = _chosen(parser, args)
     for action in chosen._actions:
         value = getattr(args, action.dest, None)
