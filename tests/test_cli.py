@@ -164,6 +164,14 @@ def test_an_unknown_option_is_blamed_on_the_subcommand_that_got_it():
     _one_line_error(_kcm(), "kcm: the following arguments are required: COMMAND")
 
 
+def test_an_option_that_takes_one_value_is_refused_when_given_twice():
+    """argparse keeps the last: `kcm tail --topic a --topic b` read b only, without a word."""
+    _one_line_error(_kcm("tail", "--bootstrap-server", "b:9092", "--topic", "nosuch", "--topic=kafka-client-metrics"),
+                    "kcm tail: argument --topic: given 2 times; give it once")
+    _one_line_error(_kcm("subscriptions", "list", "--bootstrap-server", "b:9092", "-o", "json", "--output", "table"),
+                    "kcm subscriptions list: argument -o/--output: given 2 times; give it once")
+
+
 def test_an_option_is_known_by_its_whole_name_only():
     """argparse took `--timeout-s` style prefixes (`--bootstrap` for --bootstrap-server): a script using one breaks
     the day another option starts the same way."""

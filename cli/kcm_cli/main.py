@@ -139,6 +139,14 @@ def _main(argv: Sequence[str] | None) -> int:
             # No kcm option means anything empty: `--config ''` must not quietly read no file, nor `-f ''` this
             # directory.
             chosen.error(f"argument {'/'.join(action.option_strings)}: needs a value, not an empty string")
+    given = list(sys.argv[1:] if argv is None else argv)
+    for action in chosen._actions:
+        # argparse keeps the last of an option given twice: `--topic a --topic b` must not quietly read b only.
+        if type(action) is argparse._StoreAction and action.option_strings:
+            times = sum(token == option or (option.startswith("--") and token.startswith(option + "="))
+                        for token in given for option in action.option_strings)
+            if times > 1:
+                chosen.error(f"argument {'/'.join(action.option_strings)}: given {times} times; give it once")
     _configure_logging(args.log_level)
     try:
         return args.run(args)
