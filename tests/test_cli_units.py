@@ -352,6 +352,26 @@ def test_rollup_prints_rows_without_empty_cells_and_its_json_summary(monkeypatch
     assert summary["top"] == [{"metric": "m", "p99": None, "avg": 2.0}]
 
 
+@pytest.mark.parametrize("word", ["json", "JSON", "table"])
+def test_rollup_output_given_a_format_word_is_refused_unless_that_directory_exists(monkeypatch, capsys, tmp_path,
+                                                                                   word):
+    """Every other command's --output is a format: `kcm rollup --output json` wrote Parquet into ./json, exit 0."""
+    import kcm_rollups.job
+    from kcm_cli.main import main
+
+    ran: list[str] = []
+    monkeypatch.setattr(kcm_rollups.job, "run_rollup", lambda bootstrap, topic, output, **_: ran.append(output) or
+                        types.SimpleNamespace(top_rows=[], summary_lines=lambda: []))
+    monkeypatch.chdir(tmp_path)
+    assert main(["rollup", "--bootstrap-server", "k:9092", "--output", word]) == 2 and not ran
+    assert "--output is the Parquet directory, not a format" in capsys.readouterr().err
+    assert not (tmp_path / word).exists()
+    (tmp_path / word).mkdir()   # an earlier run's output, or a directory made on purpose
+    assert main(["rollup", "--bootstrap-server", "k:9092", "--output", word]) == 0
+    assert main(["rollup", "--bootstrap-server", "k:9092", "--output", "./json"]) == 0
+    assert ran == [word, "./json"]
+
+
 def test_rollup_json_holds_the_top_rows_in_standard_json(monkeypatch, capsys):
     """--json with --top printed the summary only: the rows asked for were dropped without a word."""
     import datetime

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from datetime import datetime, timedelta
 
 from kcm_cli.arguments import kafka_connection, topic
@@ -63,10 +64,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
+_FORMAT_WORDS = ("json", "jsonl", "table", "text", "live")
+
+
 def run(args: argparse.Namespace) -> int:
     from kcm_rollups.job import parse_dimensions, run_rollup
     from kcm_rollups.windows import parse_duration, parse_time
 
+    if args.output.lower() in _FORMAT_WORDS and not os.path.exists(args.output):
+        # Every other kcm command's --output is a format: `--output json` here would make a directory named json.
+        raise UserError(f"--output is the Parquet directory, not a format: {args.output!r} would be a new directory "
+                        f"here; for the summary as JSON give --json, and to write to that directory, "
+                        f"--output ./{args.output}")
     if args.last and (args.start or args.end):
         raise UserError("--last cannot be combined with --from/--to; give one or the other")
     if args.end and not args.start:
