@@ -59,7 +59,8 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
         process = subprocess.Popen(
             [sys.executable, "-c", _WITHOUT_A_USER, "operator", "--all-namespaces", "--standalone",
              "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
-             "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json"],
+             "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json",
+             "--drift-interval", "1"],
             env={**environment, "KUBECONFIG": str(kube.kubeconfig), "TMPDIR": str(temporary)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -94,6 +95,10 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
             metrics = wait_for(lambda: (page := _get(f"http://127.0.0.1:{metrics_port}/metrics")[1]) and applied in page
                                and page, "the reconciliation counted in the metrics")
             assert "kcm_operator_managed_subscriptions 1.0" in metrics
+            # Drift checks and probes go on without a line each from kopf (hundreds of resources would drown kcm's).
+            unchanged = 'kcm_operator_reconciliations_total{reason="Applied",result="unchanged"} 3.0'
+            wait_for(lambda: unchanged in _get(f"http://127.0.0.1:{metrics_port}/metrics")[1], "drift checks", 30)
+            assert _get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -102,6 +107,9 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
                 process.kill()
                 output, _ = process.communicate()
         assert process.returncode == 0, output
+        logged = [json.loads(line) for line in output.splitlines()]
+        assert not [entry for entry in logged if entry["logger"] == "aiohttp.access"
+                    or entry["message"] in ("Timer 'drift' succeeded.", "Activity 'kubernetes-api' succeeded.")], output
         assert list(temporary.iterdir()) == [], "the operator left TLS material behind"
         logs = [json.loads(line) for line in output.splitlines()]
         assert {"time", "level", "logger", "message"} <= set(logs[0])
@@ -164,6 +172,37 @@ current-context: x
 
 def test_a_kubeconfig_that_is_not_yaml_is_a_one_line_error(tmp_path):
     _one_line(_operator(tmp_path, kubeconfig="clusters: [unclosed\n  - {\n"), "the kubeconfig")
+
+
+@pytest.mark.parametrize("kubeconfig", ["foo\n", "- a\n- b\n", "clusters: 3\ncurrent-context: x\n"])
+def test_a_kubeconfig_that_is_yaml_but_not_a_kubeconfig_is_a_one_line_error(tmp_path, kubeconfig):
+    _one_line(_operator(tmp_path, kubeconfig=kubeconfig), "the kubeconfig (KUBECONFIG or ~/.kube/config) is not a "
+              "kubeconfig: it must be a mapping with clusters, users, contexts and current-context")
+
+
+def test_a_kubernetes_api_that_does_not_answer_is_said_at_once_naming_it_without_credentials(tmp_path):
+    """kopf retried for over a minute with a line naming only a request path (and tracebacks), then stopped."""
+    (tmp_path / "kubeconfig").write_text(_KUBECONFIG.replace("https://127.0.0.1:1", "https://kcm:S3cr3tPW@127.0.0.1:1"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kcm_cli.main", "operator", "-n", "team", "--bootstrap-server", "127.0.0.1:9092",
+         "--metrics-port", "0", "--liveness-port", "0"],
+        env={**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "kubeconfig")},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = "ERROR kcm.operator: the Kubernetes API at https://127.0.0.1:1 does not answer (NewConnectionError: " \
+           "[Errno 111] Connection refused): check that the API server is up and reachable from here"
+    lines: list[str] = []
+    try:
+        wait_for(lambda: _read_until(process, lines, said), "the line about the API server", 20)
+    finally:
+        process.kill()
+        lines += process.communicate(timeout=10)[1].splitlines()
+    assert "S3cr3tPW" not in "\n".join(lines)
+
+
+def _read_until(process: subprocess.Popen, lines: list[str], fragment: str) -> bool:
+    line = process.stderr.readline()
+    lines.append(line)
+    return fragment in line or bool(process.poll() is not None and not line and pytest.fail("\n".join(lines)))
 
 
 def test_a_kubeconfig_that_is_not_text_is_a_one_line_error(tmp_path):

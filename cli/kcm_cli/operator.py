@@ -12,6 +12,7 @@ import secrets
 import socket
 import threading
 import urllib.parse
+from collections.abc import Callable
 
 from kcm_cli.arguments import kafka_connection, seconds_from
 from kcm_common.errors import UserError
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from kcm_common.kafka import KafkaSettings
     from kcm_operator.connections import ConnectionResolver, command_config_reader
     from kcm_operator.handlers import HANDLER_THREADS, OperatorConfig, build_registry, operator_settings
+    from kcm_operator.kopf_logs import quiet_kopf
     from kcm_common.logs import use_json
 
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         use_json()
     # kafka-python logs its whole configuration, SASL password included, at DEBUG.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger("kafka").getEffectiveLevel()))
+    quiet_kopf()
     try:
         try:
             kube_config.load_incluster_config()
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:   # binascii.Error: the kubernetes client decodes the *-data fields as it loads them
         raise UserError("the kubeconfig (KUBECONFIG or ~/.kube/config) holds a value that is not valid base64: check "
                         "certificate-authority-data, client-certificate-data and client-key-data") from None
+    except (TypeError, AttributeError, KeyError, IndexError):   # valid YAML, but not a kubeconfig's shape
+        raise UserError("the kubeconfig (KUBECONFIG or ~/.kube/config) is not a kubeconfig: it must be a mapping with "
+                        "clusters, users, contexts and current-context (kubectl config view shows what it holds)") \
+            from None
     server = urllib.parse.urlsplit(client.Configuration.get_default_copy().host or "")
     if server.scheme not in ("http", "https") or not server.hostname:
         # Not quoted: a server written as user:password@host would show its password.
@@ -123,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     resolver = ConnectionResolver(client.ApiClient(reading))
     operator_config = OperatorConfig(settings, args.drift_interval, resolve=resolver.resolve,
                                      statuses=resolver.statuses,
-                                     reload=command_config_reader(args.bootstrap_server, args.command_config, settings))
+                                     reload=command_config_reader(args.bootstrap_server, args.command_config, settings),
+                                     command_config=args.command_config)
     if args.liveness_port:
         # kopf binds it later, where a failure is a traceback
         _check_free("--liveness-port", address, args.liveness_port)
@@ -136,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     # Also what this replica announces: the others give up on it that long after its last keep-alive.
     kopf_settings.peering.lifetime = args.peering_lifetime
     stop = threading.Event()
+    threading.Thread(target=_say_if_the_api_is_silent, name="kcm-api-check", daemon=True,
+                     args=(operator_config.kubernetes_api_problem, _api_url(server), stop)).start()
     if args.peering_name is not None:
         threading.Thread(target=_warn_while_peering_is_missing, name="kcm-peering-check", daemon=True,
                          args=(args.peering_name, args.namespace or [], args.all_namespaces, stop)).start()
@@ -155,6 +165,16 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         resolver.close()
     return 0
+
+
+def _say_if_the_api_is_silent(problem: Callable[[], str | None], url: str, stop: threading.Event) -> None:
+    """kopf meets an API server that does not answer with a minute of retries, each a line naming only a request
+    path, before it stops: say at once which server and what to check."""
+    why = problem()
+    if why is not None and not stop.is_set():
+        log.error("the Kubernetes API at %s does not answer (%s): check that the API server is up and reachable from "
+                  "here (a proxy, a firewall, a NetworkPolicy) and that the kubeconfig's current context names it; "
+                  "kopf tries again for about a minute, then stops", url, why)
 
 
 def _warn_while_peering_is_missing(name: str, namespaces: list[str], cluster_wide: bool, stop: threading.Event,
@@ -218,6 +238,16 @@ def _check_free(option: str, address: ipaddress.IPv4Address | ipaddress.IPv6Addr
             probe.bind((str(address), port))
         except OSError as exc:
             raise UserError(_port_problem(option, port, exc)) from None
+
+
+def _api_url(server: urllib.parse.SplitResult) -> str:
+    """The API server's URL as scheme, host and port only: a user name or password written into it stays out."""
+    host = f"[{server.hostname}]" if ":" in (server.hostname or "") else server.hostname
+    try:
+        port = f":{server.port}" if server.port else ""
+    except ValueError:   # not a number: said by the error itself
+        port = ""
+    return f"{server.scheme}://{host}{port}"
 
 
 def _url(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int, path: str) -> str:

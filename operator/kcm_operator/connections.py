@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 from kcm_common.files import write_atomically
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import schema
-from kcm_operator.errors import KubernetesApiError, MissingReferenceError
+from kcm_operator.errors import InvalidSpecError, KubernetesApiError, MissingReferenceError, invalid_spec_message
 
 log = logging.getLogger("kcm.operator")
 
@@ -52,6 +52,10 @@ _CONNECTION_TERMS = (
     ("check --bootstrap-server and --command-config",
      "check the KafkaConnection's bootstrapServers, securityProtocol, sasl and tls"),
     ("check --command-config", "check the KafkaConnection's spec"),
+    ("security.protocol SASL_PLAINTEXT needs", "spec.securityProtocol SASL_PLAINTEXT needs"),
+    ("security.protocol SASL_SSL needs", "spec.securityProtocol SASL_SSL needs"),
+    ("needs sasl.username and sasl.password (or sasl.jaas.config)",
+     "needs spec.sasl (its mechanism, and secretRef naming the Secret with the username and password)"),
     ("sasl.username and sasl.password in --command-config", "the username and password keys of sasl.secretRef"),
     ("the ssl.* settings in --command-config", "the KafkaConnection's tls"),
     ("set ssl.key.password, or store the key unencrypted",
@@ -113,6 +117,10 @@ class ConnectionResolver:
         except urllib3.exceptions.HTTPError as exc:  # no answer in time, or no connection
             raise KubernetesApiError(f"reading KafkaConnection {namespace}/{name} failed: {_transport(exc)}") from None
         self.statuses.resolved(namespace, name, (obj.get("metadata") or {}).get("generation"))
+        problems = schema.spec_problems(schema.CONNECTION_KIND, obj.get("spec"))
+        if problems:   # the API server may not have checked it (an older CRD installed, validation skipped)
+            raise InvalidSpecError(f"KafkaConnection {namespace}/{name}: "
+                                   f"{invalid_spec_message(schema.CONNECTION_KIND, problems)}")
         crd = schema.load_crds()[schema.CONNECTION_KIND]
         spec = schema.apply_defaults(crd.schema, obj)["spec"]
         read: dict[str, Mapping[str, str]] = {}   # each Secret once per resolve, however many of its keys are used

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaUnavailableError
 
-__all__ = ["InvalidSpecError", "KafkaRefusedError", "KafkaUnavailableError", "KubernetesApiError",
+__all__ = ["InvalidSpecError", "invalid_spec_message", "KafkaRefusedError", "KafkaUnavailableError", "KubernetesApiError",
            "MissingReferenceError", "UnsupportedError", "RETRIED", "reason_of"]
 
 
@@ -37,6 +37,14 @@ class KubernetesApiError(UserError):
 
 # Reported on the resource and retried with backoff; the other errors wait for the spec to change.
 RETRIED = (KafkaUnavailableError, KafkaRefusedError, KubernetesApiError, MissingReferenceError)
+
+
+def invalid_spec_message(kind: str, problems: list[str]) -> str:
+    """What to say of a spec the CRD of `kind` refuses (`schema.spec_problems`): each field's problem and what to do."""
+    shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+    return (f"the spec is not valid for the {kind} CRD: {shown}. Fix the resource (kcm subscriptions apply --dry-run "
+            "-f FILE checks a file); the API server let it through, so its CRD may be older than this operator's: "
+            "kubectl apply -f crds/")
 
 
 def reason_of(error: Exception) -> str:

@@ -27,15 +27,17 @@ import kopf
 import urllib3
 from kubernetes import client
 
+from kcm_common import client_metrics as cm
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
-from kcm_operator import metrics
+from kcm_operator import metrics, schema
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, Reachability, SubscriptionAdmin, servers_key, transport_key
 from kcm_operator.connections import (PLURAL as CONNECTIONS, UNUSED_MESSAGE, ConnectionStatuses, in_connection_terms,
                                       now_text)
 from kcm_operator.errors import (RETRIED, InvalidSpecError, KafkaRefusedError, KafkaUnavailableError,
-                                 KubernetesApiError, UnsupportedError, reason_of)
+                                 KubernetesApiError, UnsupportedError, invalid_spec_message, reason_of)
 from kcm_operator.reconcile import (
     DELETE_POLICY,
+    RETAIN_POLICY,
     Change,
     Claim,
     Desired,
@@ -59,6 +61,7 @@ OWNER_DELETED_ANNOTATION = "kcm.dev/owner-deleted"
 # another); an annotation change is an event, which it handles.
 NUDGED_ANNOTATION = "kcm.dev/nudged"
 KUBERNETES_TIMEOUT_S = (5.0, 10.0)  # connect, read: a Kubernetes API that hangs must not hold a handler thread
+PROBE_TIMEOUT_S = (2.0, 2.0)  # start-up's look at whether the Kubernetes API answers
 # A drift check's write is tried again, under the resource's lock, only after an answer the API server may not give
 # the next time (429, 5xx) or a refused connection, never after a timeout (it already held the thread that long):
 # WRITE_ATTEMPTS in all, waiting WRITE_BACKOFF_S, then twice that (or a Retry-After, up to WRITE_RETRY_AFTER_MAX_S).
@@ -96,6 +99,7 @@ class OperatorConfig:
     # Where what reconciles find through a KafkaConnection is said on its status (the resolver's); None: not said.
     statuses: ConnectionStatuses | None = None
     kafka_timeout_s: float = 10.0
+    command_config: str | None = None  # the `--command-config` file the default cluster's settings come from, if any
     # (namespace, connection) or None for the default cluster → (settings fingerprint, admin)
     admins: dict[tuple[str, str] | None, tuple[str, BatchedAdmin]] = field(default_factory=dict)
     # (namespace, connection) → (time.monotonic() when resolved, its settings or why not): drift checks reuse a
@@ -207,11 +211,31 @@ class OperatorConfig:
                                                           {"status": patch["status"]},
                                                           _request_timeout=KUBERNETES_TIMEOUT_S)
 
+    def kubernetes_api_problem(self) -> str | None:
+        """Why the Kubernetes API does not answer now (`NewConnectionError: [Errno 111] Connection refused`, a
+        timeout), None when it answers anything at all."""
+        try:
+            client.VersionApi(self._api()).get_code(_request_timeout=PROBE_TIMEOUT_S)
+        except client.ApiException:
+            return None
+        except Exception as exc:  # noqa: BLE001 - no answer of any kind
+            if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+                exc = exc.reason
+            # Only the text after the client's own words (which name its connection pool): "[Errno 111] Connection
+            # refused".
+            detail = f": {str(exc).rsplit(': ', 1)[-1]}" if isinstance(exc, urllib3.exceptions.NewConnectionError) \
+                else ""
+            return f"{type(exc).__name__}{detail}"
+        return None
+
     def _objects(self) -> client.CustomObjectsApi:
         """The custom objects API for kcm's own writes, with `api_client`'s configuration but one attempt a request
         (urllib3 would retry a connection three times: a write held a handler thread and the resource's lock 20 s
         and more; one that fails is said, and the next drift check writes afresh), and a pooled connection for each
         handler thread (the default keeps 5 a CPU and warns for every one more)."""
+        return client.CustomObjectsApi(self._api())
+
+    def _api(self) -> client.ApiClient:
         with self.lock:
             if self.writer is None:
                 given = self.api_client.configuration if self.api_client is not None else None
@@ -219,7 +243,7 @@ class OperatorConfig:
                 configuration.retries = False
                 configuration.connection_pool_maxsize = HANDLER_THREADS
                 self.writer = client.ApiClient(configuration)
-        return client.CustomObjectsApi(self.writer)
+            return self.writer
 
     def read_claim(self, claim: Claim) -> Claim | None:
         """`claim` (another resource's, from kopf's index) as the API has it now: None once its resource is gone (or
@@ -384,7 +408,9 @@ class OperatorConfig:
                     self.servers[ref] = servers_key(settings)
                 return self.admins[ref][1]
         except KafkaConfigError as exc:
-            where = f"KafkaConnection {namespace}/{connection}" if connection else "the default cluster"
+            where = (f"KafkaConnection {namespace}/{connection}" if connection else
+                     f"the default cluster (--command-config {self.command_config})" if self.command_config else
+                     "the default cluster")
             raise InvalidSpecError(f"{where}: {exc}") from None
         finally:
             if retired is not None:
@@ -530,9 +556,15 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                status: Mapping[str, Any], **_: Any) -> dict[str, Claim]:
         # By subscription name only: resources naming different KafkaConnections (or one and the default cluster)
         # may still reach one cluster; `_older_owner` compares the clusters themselves.
-        desired = desired_from_spec(namespace, name, spec)
-        return {_applied_name(status, desired): Claim(
-            namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "", desired.connection,
+        try:
+            desired = desired_of(namespace, name, spec)
+            subscription, connection = _applied_name(status, desired), desired.connection
+        except InvalidSpecError:   # it still claims what it applied while its spec was valid, and nothing else
+            subscription, connection = _applied_before(status), _connection_of({"spec": spec})
+            if subscription is None:
+                return {}
+        return {subscription: Claim(
+            namespace, name, meta.get("creationTimestamp") or "", meta.get("uid") or "", connection,
             status.get("clusterId"), bool(meta.get("deletionTimestamp")))}
 
     @kopf.on.resume(**resource, id=RECONCILE)
@@ -707,7 +739,7 @@ def _timed_out(exc: BaseException) -> bool:
 async def _on_cluster_threads(config: OperatorConfig, body: kopf.Body, work: Callable[[], None]) -> None:
     """Run a handler's blocking work on a handler thread within its cluster's share. A KafkaConnection never resolved
     yet is resolved first (within a share of its own) to learn which cluster's share that is."""
-    namespace, connection = body.metadata.namespace, body.spec.get("connection") or None
+    namespace, connection = body.metadata.namespace, _connection_of(body)
     ref = cluster_ref(namespace, connection)
     key = config.slot_key(ref)
     if key is None:
@@ -784,7 +816,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
                drift_check: bool) -> None:
     started = time.monotonic()
     namespace, name = body.metadata.namespace, body.metadata.name
-    desired = desired_from_spec(namespace, name, body.spec)
+    try:
+        desired = desired_of(namespace, name, body.spec)
+    except InvalidSpecError as exc:
+        _refuse_spec(config, body, patch, exc, started)
+        return
     applied_as = _applied_name(body.status, desired)
     status = _Status(body, patch, applied_as)
     if body.metadata.annotations.get(PAUSED_ANNOTATION) == "true":
@@ -895,9 +931,11 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
     if change.ops:
         status.applied()
         if moved_from is not None:
+            now = (f"which KafkaConnection {namespace}/{desired.connection} names now" if desired.connection else
+                   "which the operator's --bootstrap-server reaches now")
             kopf.event(body, type="Normal", reason="Applied",
-                       message=f"subscription {desired.name} moved to Kafka cluster {cluster}, which its connection "
-                               f"names now (cluster {moved_from} keeps its copy): {change.describe()}")
+                       message=f"subscription {desired.name} moved to Kafka cluster {cluster}, {now} (cluster "
+                               f"{moved_from} keeps its copy): {change.describe()}")
         elif drift_check and status.was_ready:  # otherwise a takeover or a recovery, not someone else's edit
             message = f"subscription {desired.name} was changed outside kcm and is reverted: {drift(change)}"
             _say(logging.WARNING, namespace, name, "%s", message)
@@ -905,9 +943,51 @@ def _reconcile(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claim
             metrics.DRIFT_CORRECTIONS.inc()
         else:
             kopf.event(body, type="Normal", reason="Applied", message=change.describe())
-    status.set("Ready", "True", "Applied", f"subscription {desired.name} is in Kafka as specified")
+    status.set("Ready", "True", "Applied", f"subscription {desired.name} is in Kafka as specified{_capped(desired)}")
     config.mark_ready(body.metadata.uid, True)
     metrics.record(started, "applied" if change.ops else "unchanged", "Applied")
+
+
+def desired_of(namespace: str | None, name: str, spec: Mapping[str, Any]) -> Desired:
+    """What a resource's spec asks for; InvalidSpecError, naming each field and what to do, for a spec its CRD refuses
+    (the API server may not have checked it: an older CRD installed, validation skipped, a field from a newer kcm)."""
+    problems = schema.spec_problems(schema.SUBSCRIPTION_KIND, _plain(spec))
+    if problems:
+        raise InvalidSpecError(invalid_spec_message("ClientMetricsSubscription", problems))
+    return desired_from_spec(namespace, name, spec)
+
+
+def _plain(value: Any) -> Any:
+    """kopf's views of a body (Spec, Status) as plain JSON values."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _refuse_spec(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, error: InvalidSpecError,
+                 started: float) -> None:
+    """Say on a resource that its spec is invalid: Kafka is not touched (what it applied before stays), and nothing
+    is retried until the spec changes (drift checks say it again)."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    status = _Status(body, patch, body.status.get("subscriptionName"))
+    message = f"{error}. Kafka is not changed"
+    status.set("Ready", "False", "InvalidSpec", message)
+    config.mark_ready(body.metadata.uid, False)
+    config.named(namespace, _connection_of(body))
+    if status.ready_changed:
+        _say(logging.WARNING, namespace, name, "%s", message)
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+    metrics.record(started, "failed", "InvalidSpec")
+
+
+def _capped(desired: Desired) -> str:
+    """What an interval above Kafka's cap means for the Ready message (`kcm subscriptions apply` warns of it too)."""
+    if desired.interval_ms <= cm.DEFAULT_INTERVAL_MS:
+        return ""
+    return (f"; but clients push every {cm.DEFAULT_INTERVAL_MS} ms at most whatever intervalMs says (Kafka's brokers "
+            f"cap it), so intervalMs {desired.interval_ms} acts as {cm.DEFAULT_INTERVAL_MS}")
 
 
 def _claim(body: kopf.Body, desired: Desired) -> Claim:
@@ -963,9 +1043,15 @@ def _contested(config: OperatorConfig, uid: str, status: _Status, change: Change
 
 def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: kopf.Index, retry: int) -> None:
     namespace, name = body.metadata.namespace, body.metadata.name
-    desired = desired_from_spec(namespace, name, body.spec)
-    desired = replace(desired, name=_applied_name(body.status, desired))   # what it applied, if renamed since
     config.mark_ready(body.metadata.uid, False)
+    try:
+        desired = desired_of(namespace, name, body.spec)
+        desired = replace(desired, name=_applied_name(body.status, desired))   # what it applied, if renamed since
+    except InvalidSpecError:
+        deleted_as = _deleted_as(body)
+        if deleted_as is None:
+            return
+        desired = deleted_as
     me = _claim(body, desired)
     # A claim being deleted keeps nothing: it has handed the subscription over (to this one, perhaps) or removes it.
     # The others naming the subscription, each read first (`read_claim`): a resource deleted while this replica was
@@ -1063,6 +1149,33 @@ def _delete(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch, claims: 
     _say(logging.INFO, namespace, name, "%s", change.describe())
 
 
+def _deleted_as(body: kopf.Body) -> Desired | None:
+    """How to delete a resource whose spec the CRD refuses: only a subscription its status says it applied may be
+    removed, where its `connection` says and as its `deletionPolicy` says when both are valid; with either invalid it
+    is let go as with Retain (a Warning event `NotRemoved` names what stays in Kafka). None: nothing to do."""
+    namespace, name = body.metadata.namespace, body.metadata.name
+    applied = _applied_before(body.status)
+    if applied is None:
+        _say(logging.INFO, namespace, name, "deleted; its spec is invalid and it never applied a subscription, so "
+             "Kafka is not touched")
+        return None
+    spec = body.get("spec")
+    problems = schema.spec_problems(schema.SUBSCRIPTION_KIND, _plain(spec))
+    unusable = problems if not isinstance(spec, Mapping) else [
+        problem for problem in problems if problem.split(":")[0] in ("spec.connection", "spec.deletionPolicy")]
+    if not unusable:
+        return Desired(applied, (), cm.DEFAULT_INTERVAL_MS, (), _connection_of(body),
+                       spec.get("deletionPolicy", DELETE_POLICY))
+    where = (f" --bootstrap-server … --command-config …, for the cluster KafkaConnection {namespace}/"
+             f"{_connection_of(body)} names" if _connection_of(body) else "")
+    message = (f"subscription {applied} was not removed from Kafka, which stays as it is (as with deletionPolicy "
+               f"{RETAIN_POLICY}): the resource's spec does not say where or whether to remove it ({'; '.join(unusable)}"
+               f"); remove it there if it should go (kcm subscriptions delete {applied}{where})")
+    _say(logging.WARNING, namespace, name, "%s", message)
+    kopf.event(body, type="Warning", reason="NotRemoved", message=message)
+    return None
+
+
 def _same_cluster(config: OperatorConfig, me: Claim, claim: Claim) -> bool:
     """Whether another resource's claim is on `me`'s cluster, as far as this operator knows without connecting."""
     if claim.cluster_ref == me.cluster_ref:
@@ -1110,7 +1223,10 @@ def _retry_scheduled(body: kopf.Body) -> bool:
 
 
 def _connection_of(body: Mapping[str, Any] | None) -> str | None:
-    return ((body or {}).get("spec") or {}).get("connection") or None
+    """The KafkaConnection a resource names (None: the default cluster, or a `spec.connection` that is no name)."""
+    spec = (body or {}).get("spec")
+    connection = spec.get("connection") if isinstance(spec, Mapping) else None
+    return connection if isinstance(connection, str) and connection else None
 
 
 def _refs_in_use(config: OperatorConfig, claims: kopf.Index, but: str | None = None) -> set[tuple[str, str] | None]:
@@ -1164,6 +1280,12 @@ def _applied_name(status: Mapping[str, Any], desired: Desired) -> str:
     server that does not check the CRD's rules lets that edit through), else the one its spec names."""
     before = status.get("subscriptionName")
     return before if before and before != desired.name and _ever_applied(status) else desired.name
+
+
+def _applied_before(status: Mapping[str, Any]) -> str | None:
+    """The subscription a resource applied, by its status: None if it never applied one."""
+    name = status.get("subscriptionName")
+    return name if isinstance(name, str) and name and _ever_applied(status) else None
 
 
 def _ever_applied(status: Mapping[str, Any]) -> bool:

@@ -7,6 +7,7 @@ jsonschema checks `openAPIV3Schema`, cel-python evaluates `x-kubernetes-validati
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -108,6 +109,20 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
         old_defaulted = apply_defaults(schema, old) if old is not None else None
         problems += list(_cel_failures(schema, defaulted, old_defaulted, ""))
     return [problem if len(problem) <= _PROBLEM_CHARS else problem[:_PROBLEM_CHARS - 1] + "…" for problem in problems]
+
+
+def spec_problems(kind: str, spec: Any) -> list[str]:
+    """Why the CRD of `kind` refuses an object with this `spec` (schema, unknown fields, CEL rules but the transition
+    ones); [] when it accepts it. For what the operator reads from the API server, which may not have checked it (an
+    older CRD installed, validation skipped)."""
+    return list(_spec_problems(kind, json.dumps(spec, sort_keys=True, default=repr)))
+
+
+@lru_cache(maxsize=4096)
+def _spec_problems(kind: str, spec_json: str) -> tuple[str, ...]:
+    # Cached by content: every drift check of every resource asks again of a spec that rarely changes.
+    obj = {"apiVersion": API_VERSION, "kind": kind, "metadata": {"name": "x"}, "spec": json.loads(spec_json)}
+    return tuple(problem for problem in validate(obj) if not problem.startswith("metadata"))
 
 
 @lru_cache(maxsize=64)
