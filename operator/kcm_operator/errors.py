@@ -5,8 +5,8 @@ from __future__ import annotations
 from kcm_common.errors import UserError
 from kcm_common.kafka import KafkaUnavailableError
 
-__all__ = ["InvalidSpecError", "invalid_spec_message", "KafkaRefusedError", "KafkaUnavailableError", "KubernetesApiError",
-           "MissingReferenceError", "UnsupportedError", "RETRIED", "reason_of"]
+__all__ = ["InvalidSpecError", "invalid_spec_message", "KafkaRefusedError", "KafkaUnavailableError",
+           "KubernetesApiError", "MissingReferenceError", "UnsupportedError", "RETRIED", "reason_of"]
 
 
 class InvalidSpecError(UserError):

@@ -1169,7 +1169,8 @@ def _deleted_as(body: kopf.Body) -> Desired | None:
     where = (f" --bootstrap-server … --command-config …, for the cluster KafkaConnection {namespace}/"
              f"{_connection_of(body)} names" if _connection_of(body) else "")
     message = (f"subscription {applied} was not removed from Kafka, which stays as it is (as with deletionPolicy "
-               f"{RETAIN_POLICY}): the resource's spec does not say where or whether to remove it ({'; '.join(unusable)}"
+               f"{RETAIN_POLICY}): the resource's spec does not say where or whether to remove it "
+               f"({'; '.join(unusable)}"
                f"); remove it there if it should go (kcm subscriptions delete {applied}{where})")
     _say(logging.WARNING, namespace, name, "%s", message)
     kopf.event(body, type="Warning", reason="NotRemoved", message=message)
