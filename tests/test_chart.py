@@ -931,6 +931,32 @@ def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_v
         assert f"{key}: S3CRET" in result.stdout
 
 
+@pytest.mark.parametrize(("arg", "refused_as"), [
+    ("--resolution=1m", "rollup.resolution"),
+    ("--topic", "kafka.metricsTopic"),
+    ("--output=s3a://other/x", "rollup.output"),
+    ("--bootstrap-server=k:9092", "kafka.bootstrapServers"),
+    ("--group-by=client_software_name", None),
+    ("--otlp-endpoint=otel:4317", None),
+])
+def test_rollup_extra_args_may_not_repeat_a_flag_the_chart_passes(helm: Path, tmp_path: Path, arg: str,
+                                                                  refused_as: str | None) -> None:
+    # kcm rollup refuses an option given twice: every scheduled run would fail in the driver, long after the install.
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"rollup": {"enabled": True, "output": "s3a://b/x",
+                                                 "extraArgs": ["--top=5", arg]}}))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(values),
+                      "--api-versions", "sparkoperator.k8s.io/v1beta2")
+    if refused_as:
+        assert result.returncode != 0, result.stdout
+        flag = arg.split("=")[0]
+        assert (f"rollup.extraArgs[1] gives {flag}, which the chart already passes (kcm rollup refuses an option "
+                f"given twice): set {refused_as} instead") in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert f"- {arg}" in result.stdout or f'- "{arg}"' in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize(("component", "entry", "config", "refused"), [
     ("rollup", {"name": "AWS_SECRET_ACCESS_KEY", "value": "S3CRET"}, None, True),
     ("rollup", {"name": "AWS_SESSION_TOKEN", "value": "S3CRET"}, None, True),

@@ -228,6 +228,20 @@ seccompProfile:
 {{/* Fails the render when bridge.config holds a credential inline: the config is a ConfigMap, readable by anyone
      who can list ConfigMaps. The message names the key and the Secret-backed way to give it. */}}
 {{/*
+rollup.extraArgs come after the flags the chart gives `kcm rollup`, which refuses an option given twice: one of those
+fails the render, naming the value to set instead.
+*/}}
+{{- define "kcm.rollupArgsAreExtra" -}}
+{{- $owned := dict "--bootstrap-server" "kafka.bootstrapServers" "--command-config" "kafka.clientConfig" "--topic" "kafka.metricsTopic" "--last" "rollup.last" "--resolution" "rollup.resolution" "--output" "rollup.output" -}}
+{{- range $i, $arg := .Values.rollup.extraArgs | default list -}}
+{{- $flag := regexReplaceAll "=.*$" (toString $arg) "" -}}
+{{- if hasKey $owned $flag -}}
+{{- fail (printf "rollup.extraArgs[%d] gives %s, which the chart already passes (kcm rollup refuses an option given twice): set %s instead" $i $flag (get $owned $flag)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 rollup.sparkConf sits in plain text in the ScheduledSparkApplication (and every SparkApplication and spark-submit
 command line it makes): a key that names a credential fails the render, naming the key, never its value; keys that
 only name a provider class, a file or a switch pass.
