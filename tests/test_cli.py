@@ -170,6 +170,8 @@ def test_an_option_that_takes_one_value_is_refused_when_given_twice():
                     "kcm tail: argument --topic: given 2 times; give it once")
     _one_line_error(_kcm("subscriptions", "list", "--bootstrap-server", "b:9092", "-o", "json", "--output", "table"),
                     "kcm subscriptions list: argument -o/--output: given 2 times; give it once")
+    _one_line_error(_kcm("subscriptions", "list", "--bootstrap-server", "b:9092", "-ojson", "-o", "table"),
+                    "kcm subscriptions list: argument -o/--output: given 2 times; give it once")
 
 
 def test_an_option_is_known_by_its_whole_name_only():

@@ -524,6 +524,10 @@ def test_a_text_log_line_about_a_resource_names_it_as_kopf_does():
     cluster_wide = TextFormatter().format(_record("x", k8s_ref={"namespace": None, "name": "c"}))
     assert cluster_wide.endswith(": [c] x"), cluster_wide
     assert TextFormatter().format(_record("plain")).endswith("kcm.test: plain")
+    # The operator's own lines name the resource already (`handlers._say`): not twice.
+    said = TextFormatter().format(_record("team/orders: subscription team.orders was changed outside kcm",
+                                          k8s_ref={"namespace": "team", "name": "orders"}))
+    assert said.endswith("kcm.test: team/orders: subscription team.orders was changed outside kcm"), said
 
 
 def test_every_kcm_command_logs_through_the_escaping_formatter():

@@ -180,12 +180,16 @@ def test_a_bad_command_config_is_named_on_the_default_clusters_resources(tmp_pat
         config.admin("team", None)
 
 
-def test_the_kubernetes_api_not_answering_is_told_apart_from_one_refusing():
+def test_the_kubernetes_api_not_answering_is_told_apart_from_one_refusing(tls_listener_for_another_name):
     def problem(host: str) -> str | None:
         return OperatorConfig(KafkaSettings("127.0.0.1:9"),
                               api_client=client.ApiClient(client.Configuration(host=host))).kubernetes_api_problem()
 
     assert problem("http://127.0.0.1:9").startswith("NewConnectionError: ")
+    # A certificate the kubeconfig's CA does not vouch for: no HTTP answer either (the client calls it status 0).
+    port, _ = tls_listener_for_another_name
+    assert "CERTIFICATE_VERIFY_FAILED" in (problem(f"https://127.0.0.1:{port}") or ""), problem(
+        f"https://127.0.0.1:{port}")
 
     import http.server
     import threading
@@ -220,3 +224,16 @@ def test_kopfs_routine_successes_are_debug_lines_and_access_logs_are_quiet(caplo
     assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
         ("DEBUG", "Timer 'drift' succeeded.")]
     assert not logging.getLogger("aiohttp.access").isEnabledFor(logging.INFO)
+
+
+def test_an_untrusted_api_server_certificate_is_said_with_what_to_check(caplog):
+    import threading
+
+    from kcm_cli.operator import _say_if_the_api_is_silent
+
+    why = "SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate'))"
+    with caplog.at_level(logging.ERROR, logger="kcm.operator"):
+        _say_if_the_api_is_silent(lambda: why, "https://10.0.0.1:6443", threading.Event())
+    [line] = [record.getMessage() for record in caplog.records]
+    assert line.startswith(f"the Kubernetes API at https://10.0.0.1:6443 does not answer ({why}): check that the "
+                           "kubeconfig's certificate-authority(-data) is the CA"), line

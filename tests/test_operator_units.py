@@ -994,3 +994,25 @@ def test_a_sweep_reads_a_bounded_number_for_one_interval_at_most(monkeypatch):
     for sweep in range(2):
         _sweep(config, claims)
     assert reads == ["r0", "r1", "r2"]
+
+
+def test_an_operator_line_about_a_resource_names_it_once_in_text_logs():
+    """kcm's lines say `namespace/name:` themselves and carry kopf's k8s_ref for JSON logs; the text formatter's
+    `[namespace/name]` for kopf's lines came on top: `[team/orders] team/orders: …`."""
+    import io
+    import logging
+
+    from kcm_common.logs import TextFormatter
+    from kcm_operator import handlers
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("kcm.operator")
+    logger.addHandler(handler)
+    try:
+        handlers._say(logging.WARNING, "team", "orders", "subscription %s was changed outside kcm", "team.orders")
+    finally:
+        logger.removeHandler(handler)
+    assert stream.getvalue().endswith(
+        "WARNING kcm.operator: team/orders: subscription team.orders was changed outside kcm\n"), stream.getvalue()

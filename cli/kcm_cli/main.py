@@ -124,6 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def _gives(token: str, option: str) -> bool:
+    """Whether a command-line token gives `option`: `--topic`, `--topic=x`, `-o`, or `-ojson` (argparse's attached
+    form of a short option)."""
+    if option.startswith("--"):
+        return token == option or token.startswith(option + "=")
+    return token.startswith(option) and not token.startswith("--")
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -143,8 +151,7 @@ def _main(argv: Sequence[str] | None) -> int:
     for action in chosen._actions:
         # argparse keeps the last of an option given twice: `--topic a --topic b` must not quietly read b only.
         if type(action) is argparse._StoreAction and action.option_strings:
-            times = sum(token == option or (option.startswith("--") and token.startswith(option + "="))
-                        for token in given for option in action.option_strings)
+            times = sum(_gives(token, option) for token in given for option in action.option_strings)
             if times > 1:
                 chosen.error(f"argument {'/'.join(action.option_strings)}: given {times} times; give it once")
     _configure_logging(args.log_level)

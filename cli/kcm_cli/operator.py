@@ -172,9 +172,12 @@ def _say_if_the_api_is_silent(problem: Callable[[], str | None], url: str, stop:
     path, before it stops: say at once which server and what to check."""
     why = problem()
     if why is not None and not stop.is_set():
-        log.error("the Kubernetes API at %s does not answer (%s): check that the API server is up and reachable from "
-                  "here (a proxy, a firewall, a NetworkPolicy) and that the kubeconfig's current context names it; "
-                  "kopf tries again for about a minute, then stops", url, why)
+        check = ("that the kubeconfig's certificate-authority(-data) is the CA of the API server's certificate and "
+                 "that its server name is one the certificate names" if "CERTIFICATE" in why.upper() else
+                 "that the API server is up and reachable from here (a proxy, a firewall, a NetworkPolicy) and that "
+                 "the kubeconfig's current context names it")
+        log.error("the Kubernetes API at %s does not answer (%s): check %s; kopf tries again for about a minute, then "
+                  "stops", url, why, check)
 
 
 def _warn_while_peering_is_missing(name: str, namespaces: list[str], cluster_wide: bool, stop: threading.Event,

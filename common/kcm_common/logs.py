@@ -33,7 +33,8 @@ class TextFormatter(logging.Formatter):
         ref = getattr(record, "k8s_ref", None)   # kopf's per-object loggers: the resource a line is about
         if isinstance(ref, dict) and ref.get("name"):
             where = "/".join(str(ref[key]) for key in ("namespace", "name") if ref.get(key))
-            message = f"[{where}] {message}"
+            if not message.startswith(f"{where}: "):   # kcm's own lines about a resource start so already
+                message = f"[{where}] {message}"
         escaped.message = ("\n" + self.CONTINUATION).join(printable(line) for line in message.split("\n"))
         return super().formatMessage(escaped)
 

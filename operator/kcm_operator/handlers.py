@@ -216,7 +216,10 @@ class OperatorConfig:
         timeout), None when it answers anything at all."""
         try:
             client.VersionApi(self._api()).get_code(_request_timeout=PROBE_TIMEOUT_S)
-        except client.ApiException:
+        except client.ApiException as exc:
+            if exc.status == 0:   # the client's word for no HTTP answer at all: TLS failed (an untrusted CA, most often)
+                reason = str(exc.reason or "no answer")
+                return reason if len(reason) <= 300 else reason[:299] + "…"
             return None
         except Exception as exc:  # noqa: BLE001 - no answer of any kind
             if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
