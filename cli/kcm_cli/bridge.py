@@ -70,10 +70,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the bridge until SIGTERM/SIGINT, then drain and exit 0."""
     from kcm_bridge import config as bridge_config
     from kcm_bridge.pipeline import Bridge, tune_interpreter
-
-    overrides = {where: getattr(args, flag[2:].replace("-", "_")) for where, flag in _FLAGS.items()}
     from kcm_common.logs import use_json
 
+    overrides = {where: getattr(args, flag[2:].replace("-", "_")) for where, flag in _FLAGS.items()}
     # JSON asked by the flag or the variable (not only the file): an error in the rest of the configuration is then
     # a JSON line too.
     json_first = (args.log_format or os.environ.get(bridge_config.ENV_PREFIX + "LOG_FORMAT", "").strip()) == "json"

@@ -136,5 +136,3 @@ def _json_value(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
