@@ -525,7 +525,7 @@ def tail(kcm, monkeypatch):
         return Consumer()
 
     monkeypatch.setattr(kcm_cli.tail, "_open_consumer", open_consumer)
-    monkeypatch.setattr(kcm_cli.tail, "_consume", lambda consumer, args, settings: iter(()))
+    monkeypatch.setattr(kcm_cli.tail, "_consume", lambda consumer, args, settings, stopping: iter(()))
 
     def run(argv, env=None):
         seen.clear()

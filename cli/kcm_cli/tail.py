@@ -138,14 +138,14 @@ def _who(item: dict[str, Any], resource: dict[str, Any]) -> tuple[str, str]:
     return client_id, str(resource.get("client_instance_id") or item["key"] or "-")[:8]
 
 
-def _consume(consumer: KafkaConsumer, args: argparse.Namespace,
-             settings: KafkaSettings) -> Iterator[tuple[dict[str, Any], str | None]]:
+def _consume(consumer: KafkaConsumer, args: argparse.Namespace, settings: KafkaSettings,
+             stopping: threading.Event) -> Iterator[tuple[dict[str, Any], str | None]]:
     """Each record as its jsonl object and decode error message; one kafka-python cannot read is an error row.
     kafka-python retries a lost connection without a word: a quiet --connect-timeout has Kafka probed, and losing
-    it (and getting it back) said."""
+    it (and getting it back) said. Ends once `stopping` is set (a stop signal), after the poll under way."""
     last_record = last_check = time.monotonic()
     lost = False
-    while True:
+    while not stopping.is_set():
         try:
             batches = consumer.poll(timeout_ms=200)
         except KafkaError as exc:
@@ -163,16 +163,18 @@ def _consume(consumer: KafkaConsumer, args: argparse.Namespace,
         yield from map(record_json, records)
         if args.timeout is not None and time.monotonic() - last_record >= args.timeout:
             return
-        if time.monotonic() - max(last_record, last_check) >= args.connect_timeout:
-            lost = _still_there(settings, args.connect_timeout, lost)
+        if time.monotonic() - max(last_record, last_check) >= args.connect_timeout and not stopping.is_set():
+            lost = _still_there(settings, args.connect_timeout, lost, stopping)
             last_check = time.monotonic()
 
 
-def _still_there(settings: KafkaSettings, timeout_s: float, lost: bool) -> bool:
+def _still_there(settings: KafkaSettings, timeout_s: float, lost: bool, stopping: threading.Event) -> bool:
     """Probe Kafka while no record comes; say once when it is lost and once when it answers again. Whether lost."""
     try:
-        check_reachable(settings, timeout_s)
+        check_reachable(settings, timeout_s, stopping)
     except UserError as exc:
+        if stopping.is_set():   # a stop signal ended the probe: nothing to say of Kafka
+            return lost
         if not lost:
             log.warning("%s; still trying", exc)
         return True
@@ -244,50 +246,58 @@ _SAME_SIGNAL_S = 1.0
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `kcm tail`; 0 on a normal end. Raises UserError when Kafka or the topic cannot be reached."""
+    stopping, reading = threading.Event(), threading.Event()
     if threading.current_thread() is not threading.main_thread():   # only the main thread may take signals
-        return _run(args, out)
+        return _run(args, out, stopping, reading)
     # SIGTERM (`kubectl delete pod`, `timeout`) ends it as Ctrl-C does: exit 0 while reading, the consumer closed.
-    # A kill of the process group (`timeout`, a CI runner) delivers the signal twice within a millisecond or so: the
-    # second must not break off the close and turn the exit into 130. Once a second has passed, a signal is a new one.
+    # While reading, a signal only asks the loop to end after the poll under way: an exception raised inside
+    # kafka-python's calls could leave its lock taken, and the close wait for ever. A kill of the process group
+    # (`timeout`, a CI runner) delivers the signal twice within a millisecond or so: one request. A signal a second
+    # or more later, or one while starting or closing, raises KeyboardInterrupt (130 while starting).
     first: list[float] = []
 
     def stop(signum: int, frame: object) -> None:
         if first and time.monotonic() - first[0] < _SAME_SIGNAL_S:
             return
         first[:] = [time.monotonic()]
+        if reading.is_set() and not stopping.is_set():
+            stopping.set()
+            return
         raise KeyboardInterrupt
 
     previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _run(args, out)
+        return _run(args, out, stopping, reading)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _run(args: argparse.Namespace, out: TextIO | None) -> int:
+def _run(args: argparse.Namespace, out: TextIO | None, stopping: threading.Event, reading: threading.Event) -> int:
     out = out or sys.stdout   # now: None when started with stdout closed, and a test may have replaced it
     if args.max_records is not None and args.max_records < 1:
         raise UserError("--max-records must be at least 1")
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
     consumer = _open_consumer(args, settings)
     printed = 0
+    reading.set()
     try:
         if args.output == "table":
             print(_format_row(tuple(name for name, _ in _COLUMNS)), file=out, flush=True)
-        for item, error_message in _consume(consumer, args, settings):
+        for item, error_message in _consume(consumer, args, settings, stopping):
             if args.output == "jsonl":
                 print(json.dumps(_json_safe(item), separators=(",", ":"), allow_nan=False), file=out, flush=True)
             else:
                 for line in table_lines(item, error_message):
                     print(line, file=out, flush=True)
             printed += 1
-            if args.max_records is not None and printed >= args.max_records:
+            if stopping.is_set() or (args.max_records is not None and printed >= args.max_records):
                 break
     except KeyboardInterrupt:
         pass
     except KafkaError as exc:
         raise KafkaUnavailableError(f"lost the connection to Kafka: {exc}") from None
     finally:
+        reading.clear()   # a later signal (a second Ctrl-C) breaks off a close that hangs
         consumer.close()
     return 0
