@@ -47,7 +47,10 @@ _USER_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME", "POD_ID")
 
 
 def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, sandbox, tmp_path):
-    """Run as the image runs it: a uid without a passwd entry, no POD_ID, no user variables."""
+    """Run as the image runs it: a uid without a passwd entry, no POD_ID, no user variables. Its kubeconfig's server
+    URL carries a user name and password besides the user entry's token (kopf's HTTP client refused every request)."""
+    kubeconfig = tmp_path / "operator-kubeconfig"
+    kubeconfig.write_text(kube.kubeconfig.read_text().replace("http://", "http://kcm:S3cr3tPW@", 1))
     temporary = tmp_path / "tmp"   # the operator's TMPDIR: where it writes KafkaConnections' TLS material
     temporary.mkdir()
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kcm-test-ca", "-days",
@@ -61,7 +64,7 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
              "--bootstrap-server", sandbox.bootstrap, "--metrics-port", str(metrics_port),
              "--liveness-port", str(liveness_port), "--listen-address", "127.0.0.1", "--log-format", "json",
              "--drift-interval", "1"],
-            env={**environment, "KUBECONFIG": str(kube.kubeconfig), "TMPDIR": str(temporary)},
+            env={**environment, "KUBECONFIG": str(kubeconfig), "TMPDIR": str(temporary)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             api = config.new_client_from_config(str(kube.kubeconfig))
@@ -114,6 +117,26 @@ def test_the_operator_process_reconciles_and_serves_metrics_and_liveness(kube, s
         logs = [json.loads(line) for line in output.splitlines()]
         assert {"time", "level", "logger", "message"} <= set(logs[0])
         assert any(entry.get("name") == "payments" and entry.get("namespace") == NS for entry in logs)
+        assert "S3cr3tPW" not in output
+        assert any(entry["message"].startswith("the kubeconfig's cluster server URL carries a user name and password")
+                   for entry in logs), output
+
+
+@pytest.mark.parametrize("server, token, username, expected", [
+    ("https://kcm:pw@10.0.0.1:6443", "t", None, "https://10.0.0.1:6443"),
+    ("https://kcm:pw@10.0.0.1:6443/prefix", None, "u", "https://10.0.0.1:6443/prefix"),
+    ("https://kcm:pw@10.0.0.1:6443", None, None, "https://kcm:pw@10.0.0.1:6443"),   # the URL's are the only ones
+    ("https://10.0.0.1:6443", "t", None, "https://10.0.0.1:6443"),
+])
+def test_a_server_url_with_credentials_is_used_without_them_when_the_user_entry_gives_some(server, token, username,
+                                                                                          expected):
+    import kopf
+    from kcm_operator.handlers import one_credential
+
+    given = kopf.ConnectionInfo(server=server, token=token, username=username, password="p" if username else None)
+    used = one_credential(given)
+    assert (used.server, used.token, used.username) == (expected, token, username)
+    assert one_credential(None) is None
 
 
 def test_no_kubernetes_api_is_a_one_line_error(tmp_path):

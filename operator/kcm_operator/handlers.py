@@ -17,6 +17,7 @@ import logging
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -671,13 +672,27 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # In a pod the service account, elsewhere $KUBECONFIG or ~/.kube/config, as kubectl would.
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        return kopf.login_with_service_account(**kwargs) or one_credential(kopf.login_with_kubeconfig(**kwargs))
 
     @kopf.on.cleanup(registry=registry, id="close")
     def close(**_: Any) -> None:
         config.close()
 
     return registry
+
+
+def one_credential(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
+    """The kubeconfig's connection with the credentials of its user entry only, when its server URL carries some too
+    (https://user:password@host): kopf's HTTP client refuses every request that would send both, and kopf stopped."""
+    if info is None or not (info.token or info.username or info.password):
+        return info
+    server = urllib.parse.urlsplit(info.server)
+    if "@" not in server.netloc:
+        return info
+    # Not the URL: it holds a password.
+    log.warning("the kubeconfig's cluster server URL carries a user name and password as well as its user entry's "
+                "credentials: the operator uses the user entry's")
+    return replace(info, server=server._replace(netloc=server.netloc.rpartition("@")[2]).geturl())
 
 
 def _written(config: OperatorConfig, body: kopf.Body, patch: kopf.Patch) -> bool:
