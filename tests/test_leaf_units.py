@@ -375,6 +375,7 @@ def test_a_second_stop_signal_stops_the_bridge_without_waiting_for_exports(monke
 
     import kcm_bridge.pipeline
     import kcm_cli.bridge
+    import kcm_cli.signals
     from kcm_cli.main import main
 
     stops, handlers = [], []
@@ -396,9 +397,30 @@ def test_a_second_stop_signal_stops_the_bridge_without_waiting_for_exports(monke
 
     monkeypatch.setattr(kcm_bridge.pipeline, "Bridge", Bridge)
     monkeypatch.setattr(kcm_cli.bridge, "on_stop_signals", handlers.append)
-    monkeypatch.setattr(kcm_cli.bridge, "_SAME_SIGNAL_S", 0.0)   # the repeat of one process-group kill: see there
+    monkeypatch.setattr(kcm_cli.signals, "SAME_SIGNAL_S", 0.0)   # the repeat of one process-group kill: see there
     assert main(["bridge", "--bootstrap-server", "k:9092", "--endpoint", "c:4317", "--insecure"]) == 0
     assert stops == [False, True]
+
+
+def test_a_stop_signal_is_a_copy_only_when_it_is_the_last_requests_signal_again_within_a_second():
+    """`timeout` and any process-group kill deliver one signal twice within a millisecond or so; bridge and tail
+    each had their own version of this rule (tail took any stop signal for the copy)."""
+    import signal
+
+    from kcm_cli.signals import StopRequests
+
+    clock = [100.0]
+    requests = StopRequests(clock=lambda: clock[0])
+    assert not requests.is_copy(signal.SIGTERM)
+    clock[0] += 0.001
+    assert requests.is_copy(signal.SIGTERM)            # the group's copy
+    assert not requests.is_copy(signal.SIGINT)         # another signal: a new request, from now on the last
+    clock[0] += 0.9
+    assert requests.is_copy(signal.SIGINT)
+    clock[0] += 0.2                                    # 1.1 s after the last request, though 0.2 s after its copy
+    assert not requests.is_copy(signal.SIGINT)
+    clock[0] += 1.0
+    assert not requests.is_copy(signal.SIGINT)         # exactly the window later: a new request
 
 
 # --- kcm_common.java -------------------------------------------------------------------------------------------

@@ -7,11 +7,11 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 
 from kcm_cli.arguments import kafka_connection, topic
-from kcm_cli.signals import on_stop_signals
+from kcm_cli import signals
+from kcm_cli.signals import StopRequests, on_stop_signals
 from kcm_common.logs import where_blocked
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
@@ -19,9 +19,6 @@ log = logging.getLogger("kcm.bridge")
 # Past the drain's own bound and a Kafka check the signal may have found under way (kafka-python building its client
 # is not cut short): the commit and the consumer's close.
 _STOP_MARGIN_S = 5.0
-# GNU `timeout`, and any kill of a process group, delivers one SIGTERM twice within a millisecond or so (to the child
-# and to its group): the repeat of the first signal within this window is that, not a person asking to stop at once.
-_SAME_SIGNAL_S = 1.0
 
 # The settings flags give (`--endpoint` and `--insecure` apart), so that an error about one names its flag.
 _FLAGS = {
@@ -86,19 +83,18 @@ def run(args: argparse.Namespace) -> int:
     tune_interpreter()
     bridge = Bridge(config)
 
-    first: list[tuple[signal.Signals, float]] = []   # the first stop signal, and when it came
+    requests = StopRequests()
 
     def stop(signum: signal.Signals) -> None:
-        if first and first[0][0] == signum and time.monotonic() - first[0][1] < _SAME_SIGNAL_S:
+        if requests.is_copy(signum):
             log.info("%s received again within %gs: taken as the same request (a process-group kill sends it "
-                     "twice), still draining", signum.name, _SAME_SIGNAL_S)
+                     "twice), still draining", signum.name, signals.SAME_SIGNAL_S)
             return
         if bridge.stopping:
             log.warning("%s received again: stopping without waiting for exports (what was exported is committed; "
                         "the rest is read again when a bridge next consumes those partitions)", signum.name)
             bridge.stop(at_once=True)
             return
-        first.append((signum, time.monotonic()))
         log.info("%s received: draining (at most %gs; a second signal stops at once)", signum.name,
                  config.delivery.shutdown_timeout_s)
         bridge.stop()

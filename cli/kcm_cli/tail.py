@@ -18,6 +18,7 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
 
 from kcm_cli.arguments import kafka_connection, seconds, topic
+from kcm_cli.signals import StopRequests
 from kcm_common import contract, points
 from kcm_common.errors import UserError
 from kcm_common.kafka import (KafkaSettings, KafkaUnavailableError, advertised_brokers, check_reachable,
@@ -241,9 +242,6 @@ def _open_consumer(args: argparse.Namespace, settings: KafkaSettings) -> KafkaCo
     return consumer
 
 
-_SAME_SIGNAL_S = 1.0
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `kcm tail`; 0 on a normal end. Raises UserError when Kafka or the topic cannot be reached."""
     stopping, reading = threading.Event(), threading.Event()
@@ -254,12 +252,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     # kafka-python's calls could leave its lock taken, and the close wait for ever. A kill of the process group
     # (`timeout`, a CI runner) delivers the signal twice within a millisecond or so: one request. A signal a second
     # or more later, or one while starting or closing, raises KeyboardInterrupt (130 while starting).
-    first: list[float] = []
+    requests = StopRequests()
 
     def stop(signum: int, frame: object) -> None:
-        if first and time.monotonic() - first[0] < _SAME_SIGNAL_S:
+        if requests.is_copy(signum):
             return
-        first[:] = [time.monotonic()]
         if reading.is_set() and not stopping.is_set():
             stopping.set()
             return
