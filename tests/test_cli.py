@@ -179,8 +179,21 @@ def test_an_option_is_known_by_its_whole_name_only():
     the day another option starts the same way."""
     _one_line_error(_kcm("tail", "--bootstrap-server", "b:9092", "--max", "1"),
                     "kcm tail: unrecognized arguments: --max 1")
+    # Said before what is missing (argparse said --bootstrap-server was required, not that --bootstrap is unknown).
     _one_line_error(_kcm("tail", "--bootstrap", "b:9092", "--timeout", "1"),
-                    "kcm tail: the following arguments are required: --bootstrap-server")
+                    "kcm tail: unrecognized arguments: --bootstrap b:9092")
+    _one_line_error(_kcm("subscriptions", "--bogus"), "kcm subscriptions: unrecognized arguments: --bogus")
+    _one_line_error(_kcm("operator", "--bogus"), "kcm operator: unrecognized arguments: --bogus")
+    _one_line_error(_kcm("subscriptions", "apply", "--bootstrap-server", "b:9092"),   # and what is missing still
+                    "kcm subscriptions apply: the following arguments are required: -f/--filename")
+
+
+@pytest.mark.parametrize("option", ["--bootstrap-server", "--command-config"])
+def test_a_connection_option_before_the_subscriptions_action_says_where_it_goes(option):
+    """As kubectl takes its options: argparse took the option's value for the action (`invalid choice: 'b:9092'`)."""
+    _one_line_error(_kcm("subscriptions", option, "b:9092", "list"),
+                    f"kcm subscriptions: {option} goes after the action: kcm subscriptions list|describe|apply|delete "
+                    f"{option} …")
 
 
 def test_log_level_is_accepted_after_a_nested_action():

@@ -132,11 +132,28 @@ def _gives(token: str, option: str) -> bool:
     return token.startswith(option) and not token.startswith("--")
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+def _unrecognised_first(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
+    """Say what the command line has that no option is before what it lacks: argparse checks what is required first,
+    and `kcm tail --boot x` was told that --bootstrap-server is required, not that there is no --boot. So a first
+    pass requires nothing."""
+    parsers = _with_nested(parser)
+    required = [item for each in parsers for item in [*each._actions, *each._mutually_exclusive_groups]
+                if item.required]
+    for item in required:
+        item.required = False
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    finally:
+        for item in required:
+            item.required = True
     if unknown:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    _unrecognised_first(parser, argv)
+    args, _ = parser.parse_known_args(argv)   # nothing unrecognised: said above
     if args.command is None:
         parser.error("the following arguments are required: COMMAND")
     chosen = _chosen(parser, args)

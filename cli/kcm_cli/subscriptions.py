@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from kcm_cli.arguments import kafka_connection
 from kcm_common.errors import UserError
@@ -21,6 +21,9 @@ _ACTIONS = ("list", "describe", "apply", "delete")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     connection = argparse.ArgumentParser(add_help=False)
     kafka_connection(connection, servers="Kafka bootstrap servers")
+    for option in ("--bootstrap-server", "--command-config"):
+        # kubectl takes its options before its verb; these are the action's (hidden here: no second place to look).
+        parser.add_argument(option, action=_AfterTheAction, help=argparse.SUPPRESS)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", parents=[connection], help="every subscription in the cluster")
     listing.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -39,6 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     delete.add_argument("name", help="the subscription (CLIENT_METRICS resource) name")
     delete.add_argument("--dry-run", action="store_true", help="print what would be removed")
     delete.add_argument("--ignore-not-found", action="store_true", help="succeed when it does not exist")
+
+
+class _AfterTheAction(argparse.Action):
+    """An action's option given before the action: say where it goes (argparse took its value for the action)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} goes after the action: {parser.prog} list|describe|apply|delete "
+                     f"{option_string} …")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
