@@ -933,6 +933,7 @@ def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_v
 
 @pytest.mark.parametrize(("arg", "refused_as"), [
     ("--resolution=1m", "rollup.resolution"),
+    ("--log-format=json", "rollup.logFormat"),
     ("--topic", "kafka.metricsTopic"),
     ("--output=s3a://other/x", "rollup.output"),
     ("--bootstrap-server=k:9092", "kafka.bootstrapServers"),

@@ -364,6 +364,7 @@ def draw_case(seed: int) -> Case:
         "suspend": rng.random() < 0.3, "concurrencyPolicy": rng.choice(("Allow", "Forbid", "Replace")),
         "successfulRunHistoryLimit": rng.randint(0, 5), "failedRunHistoryLimit": rng.randint(0, 5),
         "last": rng.choice(("75m", "2h", "1d", "1h30m", "90s")), "resolution": rng.choice(("1m,1h", "5m", "1m,1h,1d")),
+        "logFormat": rng.choice(("text", "json")),
         "deps": {"packages": rng.choice(([], ["org.apache.hadoop:hadoop-aws:3.5.0"],
                                          ["com.google.cloud.bigdataoss:gcs-connector:hadoop3-2.2.22", "a:b:1"])),
                  "repositories": rng.choice(([], ["https://mirror.local/maven2"]))},
@@ -810,6 +811,7 @@ def check_rollup(case: Case, manifests: list[Manifest]) -> None:
     kafka = case.values["kafka"]
     assert (args.bootstrap_server, args.topic) == (kafka["bootstrapServers"], kafka["metricsTopic"])
     assert (args.last, args.resolution, args.output) == (values["last"], values["resolution"], values["output"])
+    assert args.log_format == values["logFormat"]
     assert arguments[len(arguments) - len(values["extraArgs"]):] == values["extraArgs"]
     deps = template.get("deps") or {}
     assert deps.get("packages", []) == values["deps"]["packages"]
@@ -1028,6 +1030,7 @@ _REFUSALS: list[Refusal | tuple[Any, ...]] = [
     _schema_refusal("rollup.successfulRunHistoryLimit", -1),
     *[_schema_refusal("rollup.last", last) for last in ("0m", "75", "0h0m")],
     _schema_refusal("rollup.resolution", "1m, 1h"),
+    _schema_refusal("rollup.logFormat", "logfmt"),
     _schema_refusal("rollup.output", "/tmp/out"),
     _schema_refusal("rollup.deps.packages", ["hadoop-aws"]),
     _schema_refusal("rollup.deps.repositories", ["mirror.local"]),

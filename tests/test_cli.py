@@ -259,6 +259,21 @@ def test_bridge_metrics_port_in_use_is_one_line_in_the_log_format_chosen(log_for
         assert not result.stderr.startswith("{"), result.stderr
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_rollup_error_is_one_line_in_the_log_format_chosen(log_format, tmp_path):
+    """A scheduled rollup's driver log goes to a log pipeline as the operator's and the bridge's do: rollup had no
+    --log-format."""
+    import json
+
+    result = _kcm("rollup", "--bootstrap-server", "127.0.0.1:1", "--output", str(tmp_path / "out"), "--last", "1h",
+                  "--to", "2026-01-01T00:00:00Z", "--log-format", log_format)
+    _one_line_error(result, "kcm rollup: --last cannot be combined with --from/--to")
+    if log_format == "json":
+        assert json.loads(result.stderr)["level"] == "ERROR", result.stderr
+    else:
+        assert result.stderr.startswith("kcm rollup: "), result.stderr
+
+
 @pytest.mark.parametrize("asked", ["--log-format json", "KCM_BRIDGE_LOG_FORMAT=json"])
 def test_bridge_config_error_is_a_json_line_when_json_was_asked_before_the_config(asked):
     """The commonest crash of a Deployment (a bad variable) must reach a log pipeline that parses JSON lines."""

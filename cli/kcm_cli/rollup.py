@@ -62,15 +62,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send gRPC metadata NAME with the content of FILE, e.g. a token from a mounted "
                              "Secret (repeatable; never logged)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="kcm's log lines on stderr as text, or one JSON object each (default: %(default)s)")
 
 
 _FORMAT_WORDS = ("json", "jsonl", "table", "text", "live")
 
 
 def run(args: argparse.Namespace) -> int:
+    from kcm_common.logs import use_json
     from kcm_rollups.job import parse_dimensions, run_rollup
     from kcm_rollups.windows import parse_duration, parse_time
 
+    if args.log_format == "json":   # first: a mistake below is a JSON line too, for a scheduled run's log pipeline
+        use_json()
     if args.output.lower() in _FORMAT_WORDS and not os.path.exists(args.output):
         # Every other kcm command's --output is a format: `--output json` here would make a directory named json.
         raise UserError(f"--output is the Parquet directory, not a format: {args.output!r} would be a new directory "

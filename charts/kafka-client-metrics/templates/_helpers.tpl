@@ -232,7 +232,7 @@ rollup.extraArgs come after the flags the chart gives `kcm rollup`, which refuse
 fails the render, naming the value to set instead.
 */}}
 {{- define "kcm.rollupArgsAreExtra" -}}
-{{- $owned := dict "--bootstrap-server" "kafka.bootstrapServers" "--command-config" "kafka.clientConfig" "--topic" "kafka.metricsTopic" "--last" "rollup.last" "--resolution" "rollup.resolution" "--output" "rollup.output" -}}
+{{- $owned := dict "--bootstrap-server" "kafka.bootstrapServers" "--command-config" "kafka.clientConfig" "--topic" "kafka.metricsTopic" "--last" "rollup.last" "--resolution" "rollup.resolution" "--log-format" "rollup.logFormat" "--output" "rollup.output" -}}
 {{- range $i, $arg := .Values.rollup.extraArgs | default list -}}
 {{- $flag := regexReplaceAll "=.*$" (toString $arg) "" -}}
 {{- if hasKey $owned $flag -}}
