@@ -32,7 +32,7 @@ from kcm_sandbox.java_receiver import JavaReceiver
 from kcm_sandbox.telemetry import ClientIdentity, PushResult
 from test_receiver_parity import _read
 from test_sandbox_clients import _subscribe, running_producer
-from test_sandbox_protocol import ZSTD, KafkaConnection, _metrics_of_size, new_client, push
+from test_sandbox_protocol import ZSTD, KafkaConnection, _metrics_of_size, announce_software, new_client, push
 
 INTERVAL_MS = 500
 CODEC_IDS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -243,6 +243,23 @@ def test_a_push_of_a_large_telemetry_max_bytes_is_written_whole_by_the_java_rece
     # Read raw: kcm's readers refuse payloads above 16 MiB unless told otherwise.
     (record,) = _read(sandbox.bootstrap, sandbox.options.topic, 1)
     assert record[:2] == (str(instance_id).encode(), metrics)
+    assert sandbox.problem() is None
+
+
+def test_a_push_of_telemetry_max_bytes_from_a_client_with_the_longest_identity_is_written_whole_by_the_java_receiver(
+        sandbox_factory):
+    # The record's headers carry the client id and software name and version, up to 32 KiB each: the plugin's
+    # producer refused the record (larger than its buffer.memory) when the host left 64 KiB for them.
+    sandbox = sandbox_factory(receiver="java", telemetry_max_bytes=32 << 20)
+    metrics = _metrics_of_size(32 << 20)
+    with KafkaConnection(sandbox.bootstrap, client_id="c" * 32767) as connection:
+        announce_software(connection, "n" * 32000, "v" * 32000)
+        instance_id, subscription_id = new_client(connection)
+        assert push(connection, instance_id, subscription_id, payload=compress(metrics, "zstd"), compression=ZSTD) == 0
+
+    (record,) = _read(sandbox.bootstrap, sandbox.options.topic, 1)
+    assert record[:2] == (str(instance_id).encode(), metrics)
+    assert record[2]["client_software_version"] == "v" * 32000
     assert sandbox.problem() is None
 
 

@@ -574,9 +574,10 @@ def test_a_gateway_whose_stop_fails_does_not_keep_the_event_loop_or_the_broker_r
 
 
 def test_the_plugin_queue_holds_two_of_the_largest_pushes_and_the_heap_all_of_it():
-    from kcm_sandbox.java_receiver import _RECORD_ROOM_BYTES, memory_sizing
+    from kcm_sandbox.java_receiver import memory_sizing
+    from kcm_sandbox.receiver import HEADER_ROOM_BYTES
 
-    push = 256 * 1024 * 1024 + _RECORD_ROOM_BYTES
+    push = 256 * 1024 * 1024 + HEADER_ROOM_BYTES
     sizing = memory_sizing(256 * 1024 * 1024)
 
     assert sizing["queue"] >= 2 * push and sizing["buffer_memory"] >= push

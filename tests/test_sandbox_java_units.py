@@ -133,10 +133,11 @@ def test_the_host_is_started_with_the_sized_heap_and_the_sized_plugin_config(mon
 
 def test_the_heap_keeps_room_beyond_the_pushes_it_must_hold():
     """R02 (the 64 MiB headroom dropped): the JVM's own objects need room beside the queued pushes."""
-    from kcm_sandbox.java_receiver import _RECORD_ROOM_BYTES, memory_sizing
+    from kcm_sandbox.java_receiver import memory_sizing
+    from kcm_sandbox.receiver import HEADER_ROOM_BYTES
 
     for size in (40 << 20, 256 << 20):
-        push = size + _RECORD_ROOM_BYTES
+        push = size + HEADER_ROOM_BYTES
         sizing = memory_sizing(size)
         assert sizing["heap"] - (sizing["queue"] + sizing["buffer_memory"] + 2 * push) >= 64 << 20
 

@@ -23,6 +23,7 @@ from typing import IO
 from kcm_common.children import own_child
 from kcm_common.errors import UserError
 from kcm_common.java_config import properties_text
+from kcm_sandbox.receiver import HEADER_ROOM_BYTES
 from kcm_sandbox.telemetry import DEFAULT_TELEMETRY_MAX_BYTES, ClientIdentity, PushResult
 
 log = logging.getLogger("kcm.sandbox.java_receiver")
@@ -37,7 +38,6 @@ _START_TIMEOUT_S = 30.0
 _MIB = 1024 * 1024
 # The largest push (telemetry.max.bytes) the hosted plugin is sized for: its JVM holds about six of them.
 MAX_TELEMETRY_BYTES = 256 * _MIB
-_RECORD_ROOM_BYTES = 64 * 1024  # a push's headers (a client id alone may take 32 KiB) and the plugin's overhead
 _REPLY_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 15.0
 
@@ -91,7 +91,9 @@ def java_config_env(properties: Mapping[str, str]) -> dict[str, str]:
 def memory_sizing(telemetry_max_bytes: int) -> dict[str, int]:
     """Plugin queue, producer buffer and JVM heap (bytes) for pushes of up to `telemetry_max_bytes`: the queue holds
     two of the largest, the producer's buffer one more, and the host reads one; the defaults suit 1 MiB pushes."""
-    push = telemetry_max_bytes + _RECORD_ROOM_BYTES
+    # A push's headers (its client id, software name and version may each take 32 KiB) and the plugin's overhead: the
+    # room the Python receiver leaves.
+    push = telemetry_max_bytes + HEADER_ROOM_BYTES
     queue = max(16 * _MIB, 2 * push)  # the plugin's own default, kcm.receiver.queue.max.bytes
     buffer_memory = max(32 * _MIB, push)  # the producer refuses a record larger than buffer.memory
     return {"queue": queue, "buffer_memory": buffer_memory,

@@ -18,7 +18,9 @@ log = logging.getLogger("kcm.sandbox.receiver")
 PRINCIPAL = "User:ANONYMOUS"
 LISTENER = "PLAINTEXT"
 _PRODUCER_DEFAULT_MAX_REQUEST_SIZE = 1048576
-_HEADER_ROOM_BYTES = 1048576
+# Room for a record's headers beside a push of telemetry.max.bytes (client id, software name and version: up to 32 KiB
+# each) and the client's overhead; the Java plugin's host leaves the same.
+HEADER_ROOM_BYTES = 1048576
 
 
 class TopicReceiver:
@@ -33,7 +35,7 @@ class TopicReceiver:
         # The producer checks a record's uncompressed size (key, value, headers) against max_request_size, and
         # every push the gateway accepts must fit: up to telemetry.max.bytes decompressed, plus the headers, whose
         # client id alone may take 32 KiB. zstd keeps what the broker gets far smaller, as in the Java plugin.
-        max_request_size = max(telemetry_max_bytes, _PRODUCER_DEFAULT_MAX_REQUEST_SIZE) + _HEADER_ROOM_BYTES
+        max_request_size = max(telemetry_max_bytes, _PRODUCER_DEFAULT_MAX_REQUEST_SIZE) + HEADER_ROOM_BYTES
         # One record per request keeps the embedded broker's watermarks exact (DESIGN.md, Tansu quirks).
         self._producer = KafkaProducer(acks="all", linger_ms=0, max_in_flight_requests_per_connection=1,
                                        max_request_size=max_request_size, compression_type="zstd",

@@ -32,6 +32,9 @@ public final class ReceiverConfig {
     public static final String PRODUCER_PREFIX = PREFIX + "producer.";
     /** A broker key under this prefix but not {@link #PREFIX} has a misspelt prefix: {@code kcm.reciever.topic}. */
     static final String FAMILY_PREFIX = "kcm.";
+    /** The broker's own limit on a push's size (decompressed), KIP-714; Kafka's default is 1 MiB. */
+    static final String TELEMETRY_MAX_BYTES = "telemetry.max.bytes";
+    static final long KAFKA_DEFAULT_TELEMETRY_MAX_BYTES = 1024 * 1024; // ServerConfigs.TELEMETRY_MAX_BYTES_DEFAULT
 
     public static final String DEFAULT_TOPIC = "kafka-client-metrics";
     public static final long DEFAULT_QUEUE_MAX_BYTES = 16L * 1024 * 1024;
@@ -169,6 +172,23 @@ public final class ReceiverConfig {
             }
         }
         return !roles.isEmpty() && !roles.contains("broker");
+    }
+
+    /**
+     * The largest push the broker accepts: its {@code telemetry.max.bytes} (the configs a broker hands its metric
+     * reporters are its originals, so the setting is there only when set), else Kafka's default; null when the value
+     * is not a number (the broker refuses to start with it anyway).
+     */
+    static Long telemetryMaxBytes(Map<String, ?> brokerConfig) {
+        Object value = brokerConfig.get(TELEMETRY_MAX_BYTES);
+        if (value == null) {
+            return KAFKA_DEFAULT_TELEMETRY_MAX_BYTES;
+        }
+        try {
+            return ((Number) ConfigDef.parseType(TELEMETRY_MAX_BYTES, value, Type.INT)).longValue();
+        } catch (ConfigException e) {
+            return null;
+        }
     }
 
     /** The broker's id from its properties (KRaft {@code node.id}, else {@code broker.id}); null when neither. */

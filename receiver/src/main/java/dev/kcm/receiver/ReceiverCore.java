@@ -62,6 +62,15 @@ final class ReceiverCore implements AutoCloseable {
                 newMetrics, parsed.queueMaxBytes, parsed.closeTimeoutMs);
         LOG.info("kcm receiver: writing client pushes to topic {} via {}", parsed.topic,
                 parsed.producerConfig.get("bootstrap.servers"));
+        Long telemetryMaxBytes = ReceiverConfig.telemetryMaxBytes(brokerConfig);
+        if (telemetryMaxBytes != null && telemetryMaxBytes + Push.OVERHEAD > parsed.queueMaxBytes) {
+            // A push counts its data, 256 bytes and its client's text against the queue (Push.weightOf).
+            LOG.warn("kcm receiver: the broker accepts pushes of up to {} bytes ({}), but {} is {} bytes: a push "
+                    + "larger than the whole queue (its data, 256 bytes and its client's text) is always dropped; "
+                    + "raise {} above {}", telemetryMaxBytes, ReceiverConfig.TELEMETRY_MAX_BYTES,
+                    ReceiverConfig.QUEUE_MAX_BYTES, parsed.queueMaxBytes, ReceiverConfig.QUEUE_MAX_BYTES,
+                    ReceiverConfig.TELEMETRY_MAX_BYTES);
+        }
         if (newMetrics.instance > 1) {
             LOG.warn("kcm receiver: {} kcm receiver plugins run in this broker (metric.reporters lists both "
                     + "KcmClientTelemetry and KcmTelemetryExporter?): Kafka 4.2+ hands every push to each, so it is "
@@ -102,8 +111,9 @@ final class ReceiverCore implements AutoCloseable {
                 counters.pushesEmpty.increment();
                 return;
             }
-            if (!queue.hasRoomFor(Push.weightOf(data.remaining(), context))) {
-                counters.pushesDropped.increment();
+            long weight = Push.weightOf(data.remaining(), context);
+            if (!queue.hasRoomFor(weight)) {
+                queue.drop(weight);
                 return;
             }
             byte[] copy = new byte[data.remaining()];

@@ -54,7 +54,9 @@ public final class ReceiverMetrics implements AutoCloseable {
         add("bytes-received-total", "Bytes of pushes handed to the plugin.", bytesReceived::sum);
         add("pushes-written-total", "Pushes acknowledged by the metrics topic.", pushesWritten::sum);
         add("bytes-written-total", "Bytes of pushes acknowledged by the metrics topic.", bytesWritten::sum);
-        add("pushes-dropped-total", "Pushes dropped because the queue was full.", pushesDropped::sum);
+        add("pushes-dropped-total",
+                "Pushes dropped: the queue full, the push larger than all of it, or the plugin closing.",
+                pushesDropped::sum);
         add("pushes-empty-total",
                 "Pushes without metrics (a subscription selecting none of the client's), not written.",
                 pushesEmpty::sum);

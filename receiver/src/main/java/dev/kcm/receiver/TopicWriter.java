@@ -4,6 +4,9 @@ import java.time.Duration;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Consumer;
+import java.util.function.LongFunction;
+import java.util.function.LongSupplier;
 import java.util.function.Supplier;
 
 import org.apache.kafka.clients.producer.Producer;
@@ -35,7 +38,9 @@ final class TopicWriter implements AutoCloseable {
     // Counts queued pushes and pushes the producer has not acknowledged yet: the producer's buffer is bounded too.
     private final AtomicLong heldBytes = new AtomicLong();
     private final Thread sender;
-    private final PacedWarning writeFailures = new PacedWarning();
+    private final PacedWarning writeFailures;
+    private final PacedWarning queueFull;
+    private final PacedWarning tooLarge;
     private volatile Producer<byte[], byte[]> producer;
     private volatile boolean closing;
     private final Object producerHandOver = new Object();
@@ -43,11 +48,27 @@ final class TopicWriter implements AutoCloseable {
 
     TopicWriter(Supplier<Producer<byte[], byte[]>> producerFactory, RecordBuilder builder, ReceiverMetrics metrics,
                 long maxBytes, long closeTimeoutMs) {
+        this(producerFactory, builder, metrics, maxBytes, closeTimeoutMs, System::currentTimeMillis);
+    }
+
+    /** For tests: the warnings are paced by `clockMs`. */
+    TopicWriter(Supplier<Producer<byte[], byte[]>> producerFactory, RecordBuilder builder, ReceiverMetrics metrics,
+                long maxBytes, long closeTimeoutMs, LongSupplier clockMs) {
         this.producerFactory = producerFactory;
         this.builder = builder;
         this.metrics = metrics;
         this.maxBytes = maxBytes;
         this.closeTimeoutMs = closeTimeoutMs;
+        Consumer<String> warn = LOG::warn;
+        writeFailures = new PacedWarning("could not be written to the metrics topic", clockMs, warn);
+        String queueSetting = ReceiverConfig.QUEUE_MAX_BYTES + " (" + maxBytes + " bytes)";
+        queueFull = new PacedWarning("dropped", clockMs, warn, last -> "the queue, " + queueSetting
+                + ", was full: the metrics topic is written slower than clients push (its cluster slow or "
+                + "unreachable: see the producer's warnings) or the queue is too small for this broker's pushes; "
+                + "raise " + ReceiverConfig.QUEUE_MAX_BYTES + " if the metrics cluster keeps up");
+        tooLarge = new PacedWarning("dropped", clockMs, warn, last -> "larger than the whole queue, " + queueSetting
+                + " (the last one " + last + " bytes with its client's text), so never written; raise "
+                + ReceiverConfig.QUEUE_MAX_BYTES + " above the broker's telemetry.max.bytes");
         sender = new Thread(this::run, "kcm-receiver-writer");
         sender.setDaemon(true);
         sender.start();
@@ -62,6 +83,22 @@ final class TopicWriter implements AutoCloseable {
         return !closing && heldBytes.get() + weight <= maxBytes;
     }
 
+    /**
+     * Counts a push of `weight` bytes as dropped; one that did not fit is warned of (paced, so at most one line per
+     * 10 s reaches the broker's log from the request thread, which never waits for another).
+     */
+    void drop(long weight) {
+        metrics.pushesDropped.increment();
+        if (closing) {
+            return;
+        }
+        if (weight > maxBytes) {
+            tooLarge.occurred(weight);
+        } else {
+            queueFull.occurred(weight);
+        }
+    }
+
     /** Queues the push, or drops and counts it when the queue is full or closing; returns whether it was queued. */
     boolean offer(Push push) {
         long weight = push.weight();
@@ -71,7 +108,7 @@ final class TopicWriter implements AutoCloseable {
         }
         if (heldBytes.addAndGet(weight) > maxBytes) {
             heldBytes.addAndGet(-weight);
-            metrics.pushesDropped.increment();
+            drop(weight);
             return false;
         }
         queue.add(push);
@@ -107,6 +144,7 @@ final class TopicWriter implements AutoCloseable {
                 } catch (InterruptedException interrupted) {
                     return;
                 }
+                warnHeldBack();
                 retryMs = Math.min(LAST_RETRY_MS, retryMs * 2);
             }
         }
@@ -123,7 +161,15 @@ final class TopicWriter implements AutoCloseable {
             if (push != null) {
                 send(push);
             }
+            warnHeldBack();
         }
+    }
+
+    /** Logs the counts held back by the pacing once it allows: the last failures or drops of a burst are said too. */
+    private void warnHeldBack() {
+        writeFailures.flush(false);
+        queueFull.flush(false);
+        tooLarge.flush(false);
     }
 
     private void send(Push push) {
@@ -136,7 +182,7 @@ final class TopicWriter implements AutoCloseable {
                     metrics.bytesWritten.add(push.data.length);
                 } else {
                     metrics.producerErrors.increment();
-                    writeFailures.warn("a push could not be written to the metrics topic", error);
+                    writeFailures.occurred(error.toString());
                 }
             });
         // The producer throws when its buffer stays full beyond max.block.ms or it is closed; a broker older than the
@@ -144,7 +190,7 @@ final class TopicWriter implements AutoCloseable {
         } catch (RuntimeException | LinkageError e) {
             heldBytes.addAndGet(-weight);
             metrics.producerErrors.increment();
-            writeFailures.warn("a push could not be handed to the producer", e);
+            writeFailures.occurred("not handed to the producer: " + e);
         }
     }
 
@@ -163,9 +209,15 @@ final class TopicWriter implements AutoCloseable {
             }
         }
         sender.interrupt();
-        for (Push left = queue.poll(); left != null; left = queue.poll()) {
-            heldBytes.addAndGet(-left.weight());
+        long left = 0;
+        for (Push push = queue.poll(); push != null; push = queue.poll()) {
+            heldBytes.addAndGet(-push.weight());
             metrics.pushesDropped.increment();
+            left++;
+        }
+        if (left > 0) {
+            LOG.warn("kcm receiver: closing: {} queued push(es) not written within {} ({} ms) were dropped", left,
+                    ReceiverConfig.CLOSE_TIMEOUT_MS, closeTimeoutMs);
         }
         Producer<byte[], byte[]> current;
         synchronized (producerHandOver) {
@@ -175,6 +227,10 @@ final class TopicWriter implements AutoCloseable {
         if (current != null) {
             current.close(Duration.ofNanos(Math.max(0, deadline - System.nanoTime())));
         }
+        // What the producer failed while closing, and what the pacing still held back, is said now or never.
+        writeFailures.flush(true);
+        queueFull.flush(true);
+        tooLarge.flush(true);
     }
 
     /** An exception and its causes, each once: "Failed to construct kafka producer" alone does not say why. */
@@ -200,21 +256,61 @@ final class TopicWriter implements AutoCloseable {
         return error.toString();
     }
 
-    /** One WARN line per 10 s at most, saying how many more failures there were: an outage must not flood the log. */
-    private static final class PacedWarning {
-        private long nextMs;
-        private long heldBack;
+    /**
+     * One WARN line per 10 s at most for one kind of event, saying how many happened since the line before: an outage
+     * must not flood the log. Taking an event never waits: the request thread drops pushes through it.
+     */
+    static final class PacedWarning {
+        private final String verb;
+        private final LongSupplier clockMs;
+        private final Consumer<String> out;
+        /** The line's reason from the last event's detail; null: the detail is the reason (an error's text). */
+        private final LongFunction<String> reason;
+        private final AtomicLong nextMs = new AtomicLong(Long.MIN_VALUE);
+        private final AtomicLong pending = new AtomicLong();
+        private volatile Object lastDetail;
+        private volatile boolean warned;
 
-        synchronized void warn(String what, Throwable error) {
-            long now = System.currentTimeMillis();
-            if (now < nextMs) {
-                heldBack++;
+        PacedWarning(String verb, LongSupplier clockMs, Consumer<String> out) {
+            this(verb, clockMs, out, null);
+        }
+
+        PacedWarning(String verb, LongSupplier clockMs, Consumer<String> out, LongFunction<String> reason) {
+            this.verb = verb;
+            this.clockMs = clockMs;
+            this.out = out;
+            this.reason = reason;
+        }
+
+        /** Counts one event (`detail`: an error's text, or a size for the reason); logs it if the pacing allows. */
+        void occurred(Object detail) {
+            lastDetail = detail;
+            pending.incrementAndGet();
+            flush(false);
+        }
+
+        /** Logs the events not said yet: once 10 s have passed since the last line, or at once when `now`. */
+        void flush(boolean now) {
+            if (pending.get() == 0) {
                 return;
             }
-            nextMs = now + LOG_EVERY_MS;
-            String more = heldBack == 0 ? "" : " (" + heldBack + " more in the last " + LOG_EVERY_MS / 1000 + " s)";
-            heldBack = 0;
-            LOG.warn("kcm receiver: {}: {}{}", what, error.toString(), more);
+            if (!now) {
+                long time = clockMs.getAsLong();
+                long next = nextMs.get();
+                if (time < next || !nextMs.compareAndSet(next, time + LOG_EVERY_MS)) {
+                    return;
+                }
+            }
+            long count = pending.getAndSet(0);
+            if (count == 0) {
+                return;
+            }
+            Object detail = lastDetail;
+            String why = reason == null ? (count > 1 ? "the last: " : "") + detail
+                    : reason.apply(detail instanceof Long size ? size : 0);
+            out.accept("kcm receiver: " + count + (count == 1 ? " push " : " pushes ") + verb
+                    + (warned ? " since the last such warning" : "") + ": " + why);
+            warned = true;
         }
     }
 }

@@ -20,6 +20,8 @@ public final class RunTests {
     }
 
     public static void main(String[] args) {
+        // Before anything logs: the tests read the plugin's warnings from it.
+        System.setProperty("slf4j.provider", CapturedLogs.class.getName());
         LauncherDiscoveryRequest request = LauncherDiscoveryRequestBuilder.request()
                 .selectors(selectPackage("dev.kcm.receiver")).build();
         SummaryGeneratingListener listener = new SummaryGeneratingListener();

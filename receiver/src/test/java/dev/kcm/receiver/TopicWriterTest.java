@@ -4,11 +4,11 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.lang.reflect.Constructor;
-import java.lang.reflect.Field;
-import java.lang.reflect.Method;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
 import org.apache.kafka.clients.producer.MockProducer;
@@ -121,20 +121,27 @@ class TopicWriterTest {
     }
 
     @Test
-    void writeFailuresAreLoggedOnceAndTheNextOnesWithinTenSecondsCounted() throws Exception {
-        // No logging binding here: the pacing is read from the warning's own state.
-        Class<?> paced = Class.forName("dev.kcm.receiver.TopicWriter$PacedWarning");
-        Constructor<?> make = paced.getDeclaredConstructor();
-        make.setAccessible(true);
-        Object warning = make.newInstance();
-        Method warn = paced.getDeclaredMethod("warn", String.class, Throwable.class);
-        warn.setAccessible(true);
-        Field heldBack = paced.getDeclaredField("heldBack");
-        heldBack.setAccessible(true);
-        warn.invoke(warning, "a push could not be written", new KafkaException("down"));
-        assertEquals(0L, heldBack.get(warning), "the first failure is logged at once");
-        warn.invoke(warning, "a push could not be written", new KafkaException("down"));
-        warn.invoke(warning, "a push could not be written", new KafkaException("down"));
-        assertEquals(2L, heldBack.get(warning), "the next ones are held back and counted for the next line");
+    void aWarningIsLoggedAtOnceAndThenAtMostOncePer10sCountingEveryEventSinceTheLineBefore() {
+        AtomicLong clockMs = new AtomicLong(5_000);
+        List<String> lines = new ArrayList<>();
+        TopicWriter.PacedWarning warning = new TopicWriter.PacedWarning("could not be written", clockMs::get,
+                lines::add);
+        warning.occurred("down");
+        assertEquals(List.of("kcm receiver: 1 push could not be written: down"), lines);
+        warning.occurred("down");
+        warning.occurred("still down");
+        clockMs.addAndGet(9_999);
+        warning.flush(false);
+        assertEquals(1, lines.size(), "held back within 10 s");
+        clockMs.addAndGet(1);
+        warning.flush(false);
+        assertEquals("kcm receiver: 2 pushes could not be written since the last such warning: the last: still down",
+                lines.get(1));
+        clockMs.addAndGet(60_000);
+        warning.flush(false);
+        assertEquals(2, lines.size(), "nothing to say, nothing said");
+        warning.occurred("down again");
+        assertEquals("kcm receiver: 1 push could not be written since the last such warning: down again",
+                lines.get(2));
     }
 }
