@@ -207,7 +207,7 @@ def test_log_level_is_accepted_after_a_nested_action():
 def test_spark_bridge_and_kafka_python_logs_are_held_back_at_every_level(level, py4j_from, kafka_from):
     from kcm_cli.main import _configure_logging
 
-    loggers = [logging.getLogger(name) for name in ("", "py4j", "kafka")]
+    loggers = [logging.getLogger(name) for name in ("", "py4j", "kafka", "celpy")]
     levels = [logger.level for logger in loggers]
     try:
         # Under pytest the root logger already has a handler, so basicConfig leaves its level alone: set it as a
@@ -220,6 +220,9 @@ def test_spark_bridge_and_kafka_python_logs_are_held_back_at_every_level(level, 
         assert not logging.getLogger("py4j").isEnabledFor(py4j_from - 1)
         assert logging.getLogger("py4j").isEnabledFor(py4j_from)
         assert not logging.getLogger("kafka").isEnabledFor(kafka_from - 1)
+        # cel-python narrates each CRD rule it evaluates (a third of the operator's lines at DEBUG).
+        assert not logging.getLogger("celpy.Evaluator").isEnabledFor(logging.INFO)
+        assert logging.getLogger("celpy.Evaluator").isEnabledFor(logging.WARNING)
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)

@@ -276,6 +276,22 @@ def test_with_json_logs_an_error_found_after_the_switch_is_one_json_line(tmp_pat
     assert (entry["level"], entry["message"].split(":")[0]) == ("ERROR", "kcm operator"), entry
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_client_property_file_naming_a_missing_ca_is_one_line_in_the_log_format_chosen(tmp_path, log_format):
+    """The first thing the operator reads: its error was plain text under --log-format json (the bridge's is JSON)."""
+    import json
+
+    properties = tmp_path / "client.properties"
+    properties.write_text(f"security.protocol=SSL\nssl.ca.location={tmp_path / 'missing-ca.pem'}\n")
+    result = _operator(tmp_path, "--command-config", str(properties), "--log-format", log_format,
+                       kubeconfig=_KUBECONFIG)
+    _one_line(result, "client property ssl.ca.location names")
+    if log_format == "json":
+        assert json.loads(result.stderr)["level"] == "ERROR", result.stderr
+    else:
+        assert result.stderr.startswith("kcm operator: "), result.stderr
+
+
 def test_the_same_port_for_metrics_and_liveness_is_a_one_line_error(tmp_path):
     _one_line(_operator(tmp_path, "--metrics-port", "19090", "--liveness-port", "19090", kubeconfig=_KUBECONFIG),
               "--metrics-port and --liveness-port are both 19090; give them different ports")

@@ -104,6 +104,9 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("kafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.INFO)
     # py4j logs every command it sends to Spark's JVM at DEBUG, Kafka options (passwords) included.
     logging.getLogger("py4j").setLevel(logging.WARNING if level != "DEBUG" else logging.INFO)
+    # cel-python narrates its evaluation of the CRDs' rules for every spec checked, contexts and all: at DEBUG that
+    # was more than a third of the operator's lines, none of them about kcm.
+    logging.getLogger("celpy").setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from kcm_operator.kopf_logs import quiet_kopf
     from kcm_common.logs import use_json
 
+    if args.log_format == "json":   # first: every error that ends it is a JSON line too, for the log pipeline
+        use_json()
     settings = KafkaSettings.from_cli(args.bootstrap_server, args.command_config)
     if args.peering_name is not None and args.standalone:
         raise UserError("--peering-name and --standalone contradict each other; give one")
@@ -91,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
     if problem := listen_address_problem(args.listen_address):
         raise UserError(f"--listen-address {problem}")
     address = ipaddress.ip_address(args.listen_address)
-    if args.log_format == "json":
-        use_json()
     # kafka-python logs its whole configuration, SASL password included, at DEBUG.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger("kafka").getEffectiveLevel()))
     quiet_kopf()
