@@ -283,7 +283,10 @@ def test_defaults_render_operator_and_bridge_without_the_optional_parts(helm: Pa
                                                    "--metrics-port=9464"]
     for account in find(manifests, "ServiceAccount"):
         assert account["automountServiceAccountToken"] is False
-    assert one(manifests, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    # A bridge not ready (Kafka unreachable: never restarted, as liveness is its loop's) must not block node drains.
+    assert one(manifests, "PodDisruptionBudget")["spec"] == {
+        "maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        "selector": one(manifests, "PodDisruptionBudget")["spec"]["selector"]}
     assert one(manifests, "Service", "-bridge-metrics")["spec"]["ports"][0]["port"] == 9464
     probes = bridge_pod["containers"][0]
     assert (probes["livenessProbe"]["httpGet"]["path"], probes["readinessProbe"]["httpGet"]["path"]) == \

@@ -345,7 +345,8 @@ def draw_case(seed: int) -> Case:
     bridge["autoscaling"] = {"enabled": rng.random() < 0.4, "minReplicas": low, "maxReplicas": rng.randint(low, 8),
                              "targetCPUUtilizationPercentage": rng.choice((1, 70, 100))}
     bridge["podDisruptionBudget"] = {"enabled": rng.random() < 0.7,
-                                     "maxUnavailable": rng.choice((0, 1, 2, "0%", "25%", "100%"))}
+                                     "maxUnavailable": rng.choice((0, 1, 2, "0%", "25%", "100%")),
+                                     "unhealthyPodEvictionPolicy": rng.choice(("AlwaysAllow", "IfHealthyBudget"))}
     if rng.random() < 0.4:
         bridge["topologySpreadConstraints"] = [{
             "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
@@ -756,6 +757,8 @@ def check_bridge(case: Case, manifests: list[Manifest]) -> None:
         assert deployment["spec"]["replicas"] == values["replicas"]
     for budget in of_kind(manifests, "PodDisruptionBudget"):
         assert budget["spec"]["maxUnavailable"] == values["podDisruptionBudget"]["maxUnavailable"]
+        policy = values["podDisruptionBudget"]["unhealthyPodEvictionPolicy"]
+        assert budget["spec"]["unhealthyPodEvictionPolicy"] == policy
         covered = [d["metadata"]["name"] for d in of_kind(manifests, "Deployment")
                    if selects(budget["spec"]["selector"]["matchLabels"], d["spec"]["template"]["metadata"]["labels"])]
         assert covered == [deployment["metadata"]["name"]]
@@ -1020,6 +1023,7 @@ _REFUSALS: list[Refusal | tuple[Any, ...]] = [
     _schema_refusal("bridge.autoscaling.targetCPUUtilizationPercentage", 101),
     _schema_refusal("bridge.autoscaling.minReplicas", 0),
     _schema_refusal("bridge.podDisruptionBudget.maxUnavailable", "50"),
+    _schema_refusal("bridge.podDisruptionBudget.unhealthyPodEvictionPolicy", "Always"),
     _schema_refusal("bridge.secretMounts", ["Bad"]),
     _schema_refusal("bridge.secretMounts", ["otel-ca", "otel-ca"]),
     _schema_refusal("bridge.terminationGracePeriodSeconds", 0),
