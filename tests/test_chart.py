@@ -934,6 +934,50 @@ def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_v
         assert f"{key}: S3CRET" in result.stdout
 
 
+@pytest.mark.parametrize(("values", "message"), [
+    ({"bridge": {"env": [{"name": "KCM_BRIDGE_BOOTSTRAP_SERVERS", "value": "k:9092"}]}},
+     "bridge.env[0] gives KCM_BRIDGE_BOOTSTRAP_SERVERS, which the chart sets from kafka.bootstrapServers: set that "
+     "instead"),
+    ({"kafka": {"clientConfig": {"existingSecret": "kafka-client"}},
+      "bridge": {"env": [{"name": "KCM_BRIDGE_COMMAND_CONFIG", "value": "/x"}]}},
+     "bridge.env[0] gives KCM_BRIDGE_COMMAND_CONFIG, which the chart sets to the file of "
+     "kafka.clientConfig.existingSecret"),
+    ({"operator": {"env": [{"name": "POD_ID", "value": "me"}]}}, "operator.env[0] gives POD_ID, which the chart sets"),
+    ({"bridge": {"env": [{"name": "TZ", "value": "UTC"}, {"name": "LANG", "value": "C"}, {"name": "TZ", "value": "x"}]}},
+     "bridge.env[2] gives TZ again (so does bridge.env[0]): give each name once"),
+    ({"rollup": {"enabled": True, "output": "s3a://b/x", "env": [{"name": "TZ", "value": "UTC"},
+                                                                {"name": "TZ", "value": "x"}]}},
+     "rollup.env[1] gives TZ again (so does rollup.env[0]): give each name once"),
+    ({"bridge": {"podAnnotations": {"checksum/config": "pinned"}}},
+     "bridge.podAnnotations gives checksum/config, which the chart sets"),
+])
+def test_an_env_name_or_annotation_given_twice_fails_the_install_naming_it(helm: Path, tmp_path: Path, values: dict,
+                                                                           message: str) -> None:
+    """Rendered twice, Kubernetes kept the last (a user's checksum/config stopped config changes rolling the bridge)
+    and Helm 4's server-side apply refused the manifest with an API error about `duplicate entries`."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(path),
+                      "--api-versions", "sparkoperator.k8s.io/v1beta2")
+    assert result.returncode != 0, result.stdout
+    assert message in result.stderr, result.stderr
+
+
+def test_a_default_container_annotation_given_replaces_the_charts(helm: Path, tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({component: {"podAnnotations": {"kubectl.kubernetes.io/default-container": "x",
+                                                                   "team": "obs"}}
+                                    for component in ("bridge", "operator")}))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(path))
+    assert result.returncode == 0, result.stderr
+    # Not twice in a pod's annotations (a YAML parser keeps the last, the API server's may refuse).
+    assert result.stdout.count("kubectl.kubernetes.io/default-container:") == 2, result.stdout
+    manifests = render(helm, str(path))
+    for suffix in ("-bridge", "-operator"):
+        annotations = one(manifests, "Deployment", suffix)["spec"]["template"]["metadata"]["annotations"]
+        assert (annotations["kubectl.kubernetes.io/default-container"], annotations["team"]) == ("x", "obs")
+
+
 @pytest.mark.parametrize(("arg", "refused_as"), [
     ("--resolution=1m", "rollup.resolution"),
     ("--log-format=json", "rollup.logFormat"),

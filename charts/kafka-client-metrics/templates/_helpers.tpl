@@ -289,6 +289,24 @@ its value. Call with (dict "root" . "component" "bridge").
 {{- end -}}
 {{- end -}}
 
+{{/* Each name in <component>.env once, and none the chart sets itself (`owned`: name → where its value comes from):
+     Kubernetes keeps the last of a repeated name, and Helm 4's server-side apply refuses the manifest ("duplicate
+     entries for key [name=…]") with an API error instead of a word about the values. */}}
+{{- define "kcm.envNamesOnce" -}}
+{{- $component := .component -}}
+{{- $owned := .owned | default dict -}}
+{{- $seen := dict -}}
+{{- range $i, $entry := (index .root.Values $component).env | default list -}}
+{{- if hasKey $owned $entry.name -}}
+{{- fail (printf "%s.env[%d] gives %s, which the chart sets %s" $component $i $entry.name (get $owned $entry.name)) -}}
+{{- end -}}
+{{- if hasKey $seen $entry.name -}}
+{{- fail (printf "%s.env[%d] gives %s again (so does %s.env[%v]): give each name once" $component $i $entry.name $component (get $seen $entry.name)) -}}
+{{- end -}}
+{{- $_ := set $seen $entry.name $i -}}
+{{- end -}}
+{{- end -}}
+
 {{/* bridge.config.kafka.properties at any depth (an unescaped --set makes sasl.password a map in a map): a key
      whose dotted name is credential-like fails, naming it, never its value. */}}
 {{- define "kcm.propertiesHaveNoCredentials" -}}
