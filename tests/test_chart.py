@@ -476,6 +476,18 @@ def test_a_kafka_property_nested_by_unescaped_dots_is_refused(helm: Path, sets: 
     assert config["kafka"]["properties"] == {"sasl.mechanism": "PLAIN"}
 
 
+def test_a_static_attribute_nested_by_unescaped_dots_is_refused(helm: Path) -> None:
+    """Rendered, the bridge refused its config at start (`must be a string, not dict`), long after the install."""
+    result = run_helm(helm, "template", "kcm", str(CHART), "--set",
+                      "bridge.config.enrich.static_attributes.kafka.cluster.name=prod-eu-1")
+    assert result.returncode != 0, result.stdout
+    assert ("bridge.config.enrich.static_attributes.kafka is not a string: attribute names are flat, a dotted name "
+            "is one key; with --set, escape its dots") in result.stderr, result.stderr
+    escaped = render(helm, sets=("bridge.config.enrich.static_attributes.kafka\\.cluster\\.name=prod-eu-1",))
+    config = yaml.safe_load(one(escaped, "ConfigMap", "-bridge")["data"]["bridge.yaml"])
+    assert config["enrich"]["static_attributes"] == {"kafka.cluster.name": "prod-eu-1"}
+
+
 @pytest.mark.parametrize(("sets", "message"), [
     # The schema said only "'not' failed" of each.
     (("operator.listenAddress=127.0.0.1",), "operator.listenAddress (127.0.0.1) is a loopback address: the kubelet "

@@ -334,6 +334,16 @@ its value. Call with (dict "root" . "component" "bridge").
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- $enrich := get $config "enrich" | default dict -}}
+{{- $static := dict -}}
+{{- if kindIs "map" $enrich -}}{{- $static = get $enrich "static_attributes" | default dict -}}{{- end -}}
+{{- if kindIs "map" $static -}}
+{{- range $key, $value := $static -}}
+{{- if or (kindIs "map" $value) (kindIs "slice" $value) -}}
+{{- fail (printf "bridge.config.enrich.static_attributes.%s is not a string: attribute names are flat, a dotted name is one key; with --set, escape its dots (--set 'bridge.config.enrich.static_attributes.kafka\\.cluster\\.name=prod-eu-1')" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $endpoints := get $config "endpoints" | default list -}}
 {{- if kindIs "slice" $endpoints -}}
 {{- range $i, $endpoint := $endpoints -}}
