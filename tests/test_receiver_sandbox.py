@@ -6,6 +6,7 @@ KafkaProducer writes the contract v1 record back through the sandbox.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -304,6 +305,40 @@ def test_a_reply_not_read_in_time_stops_the_java_receiver_rather_than_answer_the
         assert "out of step" in (java.problem() or "")
     finally:
         java.close()
+
+
+def test_the_plugins_warnings_reach_the_sandbox_log_at_their_level_and_its_producers_config_never_does(
+        sandbox, caplog):
+    """What the plugin logs into a broker's log is logged by kcm.sandbox.java_receiver at the same level (before, the
+    host had no SLF4J provider and every line was lost); Kafka's own producer logs only WARN and above, even at DEBUG,
+    so its config dump at INFO (credentials among it) never reaches the log."""
+    caplog.set_level("DEBUG", logger="kcm.sandbox")   # the host then logs at DEBUG too: Kafka's floor must hold
+    secret = "S3CRET-of-the-plugin-producer"
+    java = JavaReceiver(sandbox.bootstrap, sandbox.options.topic, 1, "c", extra_config={
+        "kcm.receiver.queue.max.bytes": "4096",
+        "kcm.receiver.producer.sasl.jaas.config":
+            f'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="{secret}";'})
+    identity = ClientIdentity("loud", "apache-kafka-java", "4.3.0", "127.0.0.1", 40000)
+    try:
+        for size in (5000, 1000):   # larger than the whole queue: dropped and warned of; then one written
+            java(uuid.uuid4(), identity, PushResult(error_code=0, throttle_time_ms=0, payload=bytes(size),
+                                                    subscription_id=1, push_interval_ms=1000, terminating=False))
+        (record,) = _read(sandbox.bootstrap, sandbox.options.topic, 1)   # the producer ran
+        assert record[1] == bytes(1000)
+    finally:
+        java.close()   # the host has written every line it logs by the time it exits
+    ours = [r for r in caplog.records if r.name == "kcm.sandbox.java_receiver"]
+    dropped = [r for r in ours if "push dropped: larger than the whole queue, kcm.receiver.queue.max.bytes" in
+               r.getMessage()]
+    assert [(r.levelname, r.getMessage().split(": ")[:2]) for r in dropped] == [
+        ("WARNING", ["java receiver", "dev.kcm.receiver.TopicWriter"])], [r.getMessage() for r in ours]
+    assert any(r.levelname == "INFO" and "kcm receiver: writing client pushes to topic" in r.getMessage()
+               for r in ours)
+    kafka = [r for r in ours if r.getMessage().startswith("java receiver: org.apache.kafka.")]
+    assert all(r.levelno >= logging.WARNING for r in kafka), [r.getMessage() for r in kafka]
+    everything = "\n".join(r.getMessage() for r in caplog.records)
+    assert secret not in everything and "ProducerConfig values" not in everything
+    assert "sasl.jaas.config = " not in everything
 
 
 def test_bad_plugin_config_fails_start_up_with_the_property_named(sandbox):

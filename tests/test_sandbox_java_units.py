@@ -6,6 +6,7 @@ through; fast, no broker."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import sys
@@ -163,6 +164,67 @@ def test_jars_missing_from_the_build_directory_are_named(monkeypatch, tmp_path):
     monkeypatch.setenv("KCM_RECEIVER_BUILD", str(empty))
     with pytest.raises(UserError, match=r"kcm-receiver-host\.jar, kcm-test-clients\.jar missing in .*empty"):
         java_receiver.ensure_built()
+
+
+# A stand-in for the plugin host logging through its SLF4J provider (StderrLogs: "LEVEL logger: message" on stderr)
+# beside the JVM's own output, then dying with an exception once its input ends.
+_LOGGING_HOST = r"""
+import json, os, sys
+with open(os.environ["FAKE_JAVA_OUT"], "w") as f:
+    json.dump({"argv": sys.argv[1:]}, f)
+err = sys.stderr
+err.write("OpenJDK 64-Bit Server VM warning: Sharing is only supported for boot loader classes\n")
+err.write("INFO dev.kcm.receiver.ReceiverCore: kcm receiver: writing client pushes to topic metrics via x:9092\n")
+err.write("WARN dev.kcm.receiver.TopicWriter: kcm receiver: 1 push dropped: the queue was full\n")
+err.write("ERROR org.apache.kafka.clients.NetworkClient: [Producer clientId=p] cannot authenticate\n")
+err.write("DEBUG dev.kcm.receiver.ReceiverCore: kcm receiver: could not take a push (java.lang.Error: x)\n")
+err.write("WARNING: a JVM warning, no log line\n")
+err.flush()
+sys.stdout.buffer.write(b"R"); sys.stdout.buffer.flush()
+sys.stdin.buffer.read()
+err.write('Exception in thread "main" java.lang.IllegalStateException: the host broke\n')
+err.write("WARN dev.kcm.receiver.TopicWriter: kcm receiver: closing: 2 queued push(es) dropped\n")
+err.flush()
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("python_level, java_level", [("INFO", "INFO"), ("DEBUG", "DEBUG"), ("WARNING", "INFO")])
+def test_what_the_plugin_logs_is_logged_at_its_level_and_the_jvms_own_output_stays_debug(
+        monkeypatch, tmp_path, caplog, python_level, java_level):
+    """The host's log lines are forwarded at their level (WARN as WARNING), never a DEBUG line higher; anything else
+    the JVM writes stays at DEBUG and is what `problem()` quotes. The host is told its provider, and its level from
+    this logger's (INFO at least: Python's logging filters the rest)."""
+    from kcm_sandbox import java_receiver
+
+    caplog.set_level(python_level, logger="kcm.sandbox")
+    out = _fake_java(monkeypatch, tmp_path, _LOGGING_HOST)
+    monkeypatch.setattr(java_receiver, "ensure_built", lambda: tmp_path)
+    receiver = _within(30, lambda: java_receiver.JavaReceiver("127.0.0.1:9092", "metrics", 7, "cluster-x"))
+    _within(20, receiver.close)
+    argv = json.loads(out.read_text())["argv"]
+    assert f"-Dkcm.host.log.level={java_level}" in argv
+    provider = argv.index("-Dslf4j.provider=dev.kcm.receiver.host.StderrLogs")
+    assert provider < argv.index("dev.kcm.receiver.host.ReceiverHost")   # a JVM option, not an argument
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "kcm.sandbox.java_receiver"]
+    expected = [
+        ("DEBUG", "java receiver: OpenJDK 64-Bit Server VM warning: Sharing is only supported for boot loader "
+                  "classes"),
+        ("INFO", "java receiver: dev.kcm.receiver.ReceiverCore: kcm receiver: writing client pushes to topic metrics "
+                 "via x:9092"),
+        ("WARNING", "java receiver: dev.kcm.receiver.TopicWriter: kcm receiver: 1 push dropped: the queue was full"),
+        ("ERROR", "java receiver: org.apache.kafka.clients.NetworkClient: [Producer clientId=p] cannot authenticate"),
+        ("DEBUG", "java receiver: dev.kcm.receiver.ReceiverCore: kcm receiver: could not take a push "
+                  "(java.lang.Error: x)"),
+        ("DEBUG", "java receiver: WARNING: a JVM warning, no log line"),
+        ("DEBUG", 'java receiver: Exception in thread "main" java.lang.IllegalStateException: the host broke'),
+        ("WARNING", "java receiver: dev.kcm.receiver.TopicWriter: kcm receiver: closing: 2 queued push(es) dropped"),
+    ]
+    threshold = getattr(logging, python_level)
+    assert logged == [(level, message) for level, message in expected if getattr(logging, level) >= threshold]
+    # The log lines are not the JVM's last words: the exception is, though a WARN line came after it.
+    assert receiver.problem() == "the Java receiver exited with code 1: the host broke"
+    assert all(" dev.kcm." not in line and " org.apache." not in line for line in receiver._stderr)
 
 
 # --- kcm_sandbox.java_clients ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import select
 import shutil
 import struct
@@ -40,6 +41,12 @@ _MIB = 1024 * 1024
 MAX_TELEMETRY_BYTES = 256 * _MIB
 _REPLY_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 15.0
+# The host's SLF4J provider (receiver/src/host/.../StderrLogs.java) writes each event the plugin and its producer log
+# to stderr as one line, "LEVEL logger: message"; such lines are forwarded to Python logging at their level.
+_LOG_PROVIDER = "dev.kcm.receiver.host.StderrLogs"
+_LOG_LINE = re.compile(r"(TRACE|DEBUG|INFO|WARN|ERROR) (\S+): (.*)", re.DOTALL)
+_LOG_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+               "ERROR": logging.ERROR}
 
 
 def build_dir() -> Path:
@@ -119,7 +126,11 @@ class JavaReceiver:
             "listeners": f"PLAINTEXT://{bootstrap}",
             **(extra_config or {}),
         }
+        # The plugin logs at INFO and above (DEBUG when this logger does); Kafka's own loggers at WARN and above.
+        java_level = "DEBUG" if log.isEnabledFor(logging.DEBUG) else "INFO"
         command = ["java", f"-Xmx{sizing['heap'] // _MIB}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                   f"-Dslf4j.provider={_LOG_PROVIDER}", "-Dslf4j.internal.verbosity=WARN",
+                   f"-Dkcm.host.log.level={java_level}",
                    "-cp", runtime_classpath(build_dir() / "kcm-receiver-host.jar", jar_path()),
                    "dev.kcm.receiver.host.ReceiverHost", api, PLUGIN_CLASSES[api], cluster_id, str(broker_id)]
         self._lock = threading.Lock()
@@ -215,6 +226,12 @@ class JavaReceiver:
         assert self._process.stderr is not None
         for raw in self._process.stderr:
             line = raw.decode("utf-8", errors="replace").rstrip()
+            logged = _LOG_LINE.fullmatch(line)
+            if logged:
+                # A line the plugin or its producer logged, at its own level; kept out of `_stderr`, which holds the
+                # JVM's own output (an exception at start-up) for _last_error.
+                log.log(_LOG_LEVELS[logged[1]], "java receiver: %s: %s", logged[2], logged[3])
+                continue
             self._stderr.append(line)
             log.debug("java receiver: %s", line)
 
