@@ -188,6 +188,21 @@ def test_an_option_is_known_by_its_whole_name_only():
                     "kcm subscriptions apply: the following arguments are required: -f/--filename")
 
 
+@pytest.mark.parametrize("command, required", [
+    (["tail"], ["--bootstrap-server"]),
+    (["operator"], ["(-n NS | -A)", "--bootstrap-server"]),
+    (["subscriptions", "apply"], ["-f", "--bootstrap-server"]),
+    (["rollup"], ["--output", "--bootstrap-server"]),
+])
+def test_help_shows_required_options_as_required(command, required):
+    """The pass that says unknown options first turns `required` off: --help printed its usage line then."""
+    result = _kcm(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    usage = " ".join(result.stdout.split("\n\n", 1)[0].split())
+    for option in required:
+        assert option in usage and f"[{option.strip('()').split()[0]} " not in usage, usage
+
+
 @pytest.mark.parametrize("option", ["--bootstrap-server", "--command-config"])
 def test_a_connection_option_before_the_subscriptions_action_says_where_it_goes(option):
     """As kubectl takes its options: argparse took the option's value for the action (`invalid choice: 'b:9092'`)."""

@@ -10,8 +10,7 @@ import threading
 from collections.abc import Callable
 
 from kcm_cli.arguments import kafka_connection, topic
-from kcm_cli import signals
-from kcm_cli.signals import StopRequests, on_stop_signals
+from kcm_cli.signals import SAME_SIGNAL_S, StopRequests, on_stop_signals
 from kcm_common.logs import where_blocked
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     def stop(signum: signal.Signals) -> None:
         if requests.is_copy(signum):
             log.info("%s received again within %gs: taken as the same request (a process-group kill sends it "
-                     "twice), still draining", signum.name, signals.SAME_SIGNAL_S)
+                     "twice), still draining", signum.name, SAME_SIGNAL_S)
             return
         if bridge.stopping:
             log.warning("%s received again: stopping without waiting for exports (what was exported is committed; "

@@ -138,7 +138,10 @@ def _gives(token: str, option: str) -> bool:
 def _unrecognised_first(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
     """Say what the command line has that no option is before what it lacks: argparse checks what is required first,
     and `kcm tail --boot x` was told that --bootstrap-server is required, not that there is no --boot. So a first
-    pass requires nothing."""
+    pass requires nothing (and is skipped for --help, whose usage line would then show required options as
+    optional)."""
+    if any(token in ("-h", "--help") for token in (sys.argv[1:] if argv is None else argv)):
+        return
     parsers = _with_nested(parser)
     required = [item for each in parsers for item in [*each._actions, *each._mutually_exclusive_groups]
                 if item.required]
