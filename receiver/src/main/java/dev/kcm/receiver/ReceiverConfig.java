@@ -32,7 +32,10 @@ public final class ReceiverConfig {
     public static final String PRODUCER_PREFIX = PREFIX + "producer.";
     /** A broker key under this prefix but not {@link #PREFIX} has a misspelt prefix: {@code kcm.reciever.topic}. */
     static final String FAMILY_PREFIX = "kcm.";
-    /** The broker's own limit on a push's size (decompressed), KIP-714; Kafka's default is 1 MiB. */
+    /**
+     * The broker's own limit on a push's size, KIP-714 (Kafka 4.3.1 checks it after decompression too, earlier
+     * versions the compressed payload only); Kafka's default is 1 MiB.
+     */
     static final String TELEMETRY_MAX_BYTES = "telemetry.max.bytes";
     static final long KAFKA_DEFAULT_TELEMETRY_MAX_BYTES = 1024 * 1024; // ServerConfigs.TELEMETRY_MAX_BYTES_DEFAULT
 

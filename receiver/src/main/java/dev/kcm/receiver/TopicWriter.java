@@ -68,7 +68,8 @@ final class TopicWriter implements AutoCloseable {
                 + "raise " + ReceiverConfig.QUEUE_MAX_BYTES + " if the metrics cluster keeps up");
         tooLarge = new PacedWarning("dropped", clockMs, warn, last -> "larger than the whole queue, " + queueSetting
                 + " (the last one " + last + " bytes with its client's text), so never written; raise "
-                + ReceiverConfig.QUEUE_MAX_BYTES + " above the broker's telemetry.max.bytes");
+                + ReceiverConfig.QUEUE_MAX_BYTES + " above the largest push (the broker's telemetry.max.bytes, but "
+                + "Kafka before 4.3.1 checks it against the compressed size only)");
         sender = new Thread(this::run, "kcm-receiver-writer");
         sender.setDaemon(true);
         sender.start();
