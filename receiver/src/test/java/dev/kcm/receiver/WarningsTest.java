@@ -75,7 +75,8 @@ class WarningsTest {
             assertEquals(1, dropped.size(), dropped.toString());
             assertTrue(dropped.get(0).contains("1 push dropped: larger than the whole queue, "
                     + "kcm.receiver.queue.max.bytes (1024 bytes)"), dropped.get(0));
-            assertTrue(dropped.get(0).contains("above the largest push (the broker's telemetry.max.bytes, but Kafka before 4.3.1"), dropped.get(0));
+            assertTrue(dropped.get(0).contains(
+                    "above the largest push (the broker's telemetry.max.bytes, but Kafka before 4.3.1"), dropped.get(0));
         }
     }
 
