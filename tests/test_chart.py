@@ -947,13 +947,6 @@ def test_a_credential_in_rollup_spark_conf_is_refused_naming_the_key_never_the_v
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"bridge": {"env": [{"name": "KCM_BRIDGE_BOOTSTRAP_SERVERS", "value": "k:9092"}]}},
-     "bridge.env[0] gives KCM_BRIDGE_BOOTSTRAP_SERVERS, which the chart sets from kafka.bootstrapServers: set that "
-     "instead"),
-    ({"kafka": {"clientConfig": {"existingSecret": "kafka-client"}},
-      "bridge": {"env": [{"name": "KCM_BRIDGE_COMMAND_CONFIG", "value": "/x"}]}},
-     "bridge.env[0] gives KCM_BRIDGE_COMMAND_CONFIG, which the chart sets to the file of "
-     "kafka.clientConfig.existingSecret"),
     ({"operator": {"env": [{"name": "POD_ID", "value": "me"}]}}, "operator.env[0] gives POD_ID, which the chart sets"),
     ({"bridge": {"env": [{"name": "TZ", "value": "UTC"}, {"name": "LANG", "value": "C"}, {"name": "TZ", "value": "x"}]}},
      "bridge.env[2] gives TZ again (so does bridge.env[0]): give each name once"),
@@ -973,6 +966,23 @@ def test_an_env_name_or_annotation_given_twice_fails_the_install_naming_it(helm:
                       "--api-versions", "sparkoperator.k8s.io/v1beta2")
     assert result.returncode != 0, result.stdout
     assert message in result.stderr, result.stderr
+
+
+def test_a_bridge_variable_the_chart_sets_given_in_bridge_env_replaces_the_charts(helm: Path, tmp_path: Path) -> None:
+    """Rendered twice: Kubernetes kept the last, Helm 4's server-side apply refused the manifest."""
+    given = [{"name": "KCM_BRIDGE_BOOTSTRAP_SERVERS",
+              "valueFrom": {"configMapKeyRef": {"name": "kafka", "key": "bootstrap"}}},
+             {"name": "KCM_BRIDGE_COMMAND_CONFIG", "value": "/etc/kcm/secrets/kafka/client.properties"},
+             {"name": "KCM_BRIDGE_TOPICS", "value": "telemetry"}]
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"kafka": {"clientConfig": {"existingSecret": "kafka-client"}},
+                                    "bridge": {"env": given}}))
+    result = run_helm(helm, "template", "kcm", str(CHART), "--values", str(path))
+    assert result.returncode == 0, result.stderr
+    for variable in given:
+        assert result.stdout.count(f"- name: {variable['name']}\n") == 1, result.stdout
+    container = one(render(helm, str(path)), "Deployment", "-bridge")["spec"]["template"]["spec"]["containers"][0]
+    assert [entry for entry in container["env"] if entry["name"].startswith("KCM_BRIDGE_")] == given
 
 
 def test_a_default_container_annotation_given_replaces_the_charts(helm: Path, tmp_path: Path) -> None:
