@@ -686,6 +686,27 @@ def test_a_kafka_connection_says_what_the_operator_found_through_it(run_operator
     assert _connection_condition(cluster, "idle") == never   # unchanged: not written again
 
 
+def test_a_kafka_connection_no_subscription_names_says_a_spec_its_crd_refuses_not_unused(run_operator):
+    """An older CRD installed, validation skipped: such a connection said Unused until a subscription named it, and
+    only then InvalidSpec. Its spec is checked without connecting; fixed, it says Unused; named, the subscription
+    says the same problem."""
+    cluster = run_operator()
+    _connection(cluster, "typo", {"bootstrapServer": "kafka:9092"})
+    invalid = _wait_connection(cluster, "typo", "False", "InvalidSpec")
+    assert invalid["message"].startswith(f"KafkaConnection {NS}/typo: the spec is not valid"), invalid
+    assert "'bootstrapServers' is a required property" in invalid["message"] and invalid["generation"] == 1
+    cluster.apply("payments", {**SPEC, "connection": "typo"})
+    named = cluster.wait_condition("payments", "False", "InvalidSpec")
+    assert "'bootstrapServers' is a required property" in named["message"], named
+    cluster.delete("payments")
+    wait_for(lambda: cluster.get("payments") is None, "the resource to go")
+    time.sleep(0.5)   # the last one naming it gone: still InvalidSpec, not Unused
+    assert _connection_condition(cluster, "typo")["reason"] == "InvalidSpec"
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "kafkaconnections", "typo", {
+        "spec": {"bootstrapServer": None, "bootstrapServers": "kafka:9092"}})
+    _wait_connection(cluster, "typo", "Unknown", "Unused")
+
+
 def test_kafka_refusing_a_connections_user_the_cluster_right_is_the_connections_and_other_refusals_are_not(
         run_operator, monkeypatch):
     """CLUSTER_AUTHORIZATION_FAILED (the user lacks DESCRIBE_CONFIGS or ALTER_CONFIGS on the cluster, which every

@@ -336,6 +336,7 @@ class ConnectionStatuses:
         self._needs: dict[Ref, str] = {}        # the call a shown refusal of the cluster right was for (`report`)
         self._named: set[Ref] = set()           # named while nothing was known of them: `seen` says Idle (`named`)
         self._missing: set[Ref] = set()         # known to be gone: no report is written until seen or resolved
+        self._invalid: dict[Ref, str] = {}      # connections whose spec the CRD refuses, and why (`checked`)
         # Connections whose status the watch has brought (`seen`), with the number of `seen` calls by then: a write
         # that finds one gone tells from it whether the watch brought it (made again) meanwhile.
         self._seen_at: dict[Ref, int] = {}
@@ -431,6 +432,7 @@ class ConnectionStatuses:
         """KafkaConnection `namespace/name` was deleted."""
         with self._lock:
             self._named.discard((namespace, name))
+            self._invalid.pop((namespace, name), None)
             self._seen_at.pop((namespace, name), None)
             self._forget((namespace, name))
             # Nothing to write while it stays gone (a subscription naming it fails at each retry and drift check):
@@ -446,7 +448,8 @@ class ConnectionStatuses:
 
     def unused(self, in_use: Iterable[object]) -> None:
         """Connections no subscription names any more (`in_use`: the (namespace, name) references still named) say
-        `Ready` `Unknown`, `Unused` (kept, until the connection is deleted: what `named` changes)."""
+        `Ready` `Unknown`, `Unused` (kept, until the connection is deleted: what `named` changes), or `False`,
+        `InvalidSpec` when their spec is (`checked`)."""
         in_use = set(in_use)
         with self._lock:
             self._named &= in_use
@@ -455,7 +458,31 @@ class ConnectionStatuses:
                 del self._generations[ref]
             gone = [ref for ref, shown in self._shown.items() if ref not in in_use and shown.reason != "Unused"]
         for namespace, name in gone:
+            self.report_unused(namespace, name)
+
+    def checked(self, namespace: str, name: str, generation: object, problem: str | None) -> None:
+        """What checking KafkaConnection `namespace/name`'s spec (of `generation`) against its CRD found: `problem`,
+        or None when the CRD accepts it. Said when no subscription names the connection (`report_unused`); one that
+        a subscription names says it through that subscription's reconcile."""
+        ref = (namespace, name)
+        with self._lock:
+            if problem is None:
+                self._invalid.pop(ref, None)
+                return
+            self._invalid[ref] = problem
+            if isinstance(generation, int):
+                self._generations[ref] = generation
+
+    def report_unused(self, namespace: str, name: str) -> None:
+        """Say that no subscription names KafkaConnection `namespace/name`: `Unknown`, `Unused`; or, when its spec
+        is invalid (`checked`), `False`, `InvalidSpec` with the problem (the operator does not connect to an unused
+        one, but its spec can be checked without)."""
+        with self._lock:
+            problem = self._invalid.get((namespace, name))
+        if problem is None:
             self.report(namespace, name, "Unknown", "Unused", UNUSED_MESSAGE)
+        else:
+            self.report(namespace, name, "False", "InvalidSpec", problem)
 
     def shown(self, namespace: str, name: str) -> Shown | None:
         with self._lock:

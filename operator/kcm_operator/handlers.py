@@ -32,7 +32,7 @@ from kcm_common import client_metrics as cm
 from kcm_common.kafka import KafkaConfigError, KafkaSettings
 from kcm_operator import metrics, schema
 from kcm_operator.admin import BATCH_SIZE, BatchedAdmin, Reachability, SubscriptionAdmin, servers_key, transport_key
-from kcm_operator.connections import (PLURAL as CONNECTIONS, UNUSED_MESSAGE, ConnectionStatuses, in_connection_terms,
+from kcm_operator.connections import (PLURAL as CONNECTIONS, ConnectionStatuses, in_connection_terms,
                                       now_text)
 from kcm_operator.errors import (RETRIED, InvalidSpecError, KafkaRefusedError, KafkaUnavailableError,
                                  KubernetesApiError, UnsupportedError, invalid_spec_message, reason_of)
@@ -666,8 +666,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             config.statuses.forget(namespace, name)
             return
         config.statuses.seen(namespace, name, body.status)
+        # Checked here too (cached by content): one no subscription names says a spec its CRD refuses, not Unused.
+        problems = schema.spec_problems(schema.CONNECTION_KIND, _plain(body.spec))
+        config.statuses.checked(namespace, name, body.metadata.get("generation"), (
+            f"KafkaConnection {namespace}/{name}: {invalid_spec_message(schema.CONNECTION_KIND, problems)}"
+            if problems else None))
         if (namespace, name) not in _refs_in_use(config, claims):
-            config.statuses.report(namespace, name, "Unknown", "Unused", UNUSED_MESSAGE)
+            config.statuses.report_unused(namespace, name)
 
     @kopf.on.login(registry=registry, id="login")
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
