@@ -626,6 +626,47 @@ def test_the_live_view_names_every_client_including_the_java_ones(fake_pipeline,
     screen = capsys.readouterr().out
     assert "clients: payments-producer, inventory-java-producer" in screen
     assert "the apps' records: 1,234 produced, 1,230 consumed" in screen
+    # Not a terminal here (`| tee`, a file): the view once, at the end, wide, its last line ended.
+    assert screen.count("kcm demo  sandbox") == 1 and screen.endswith("\n"), screen
+    assert max(len(line) for line in screen.splitlines()) > 80, screen
+
+
+def test_in_a_terminal_log_lines_go_above_the_live_view_not_into_it(monkeypatch):
+    """The sandbox logs each push at INFO: written to the terminal's stderr they landed inside the table, and each
+    left a stale copy of the header behind (`make demo` in a terminal)."""
+    import io
+    import logging
+    import threading
+
+    from rich.console import Console
+
+    import kcm_demo.run
+    from kcm_demo.fleet import Fleet
+
+    terminal = io.StringIO()
+    console = Console(file=terminal, force_terminal=True, width=120)
+    stderr = io.StringIO()
+    monkeypatch.setattr(kcm_demo.run.sys, "stderr", stderr)
+    handler = logging.StreamHandler(stderr)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    said: list[bool] = []
+
+    def check() -> None:
+        if not said:
+            logging.getLogger("kcm.sandbox").warning("client c: push accepted")
+            said.append(True)
+
+    pipeline = kcm_demo.run.Pipeline(bootstrap="127.0.0.1:9092", receiver="the Python receiver",
+                                     collector="127.0.0.1:4317", client_ids=["c"])
+    try:
+        kcm_demo.run._live(Fleet(), pipeline, time.monotonic() + 0.5, threading.Event(), 0.05, check,
+                           lambda: (0, 0), console=console)
+    finally:
+        root.removeHandler(handler)
+    assert "push accepted" not in stderr.getvalue()
+    assert "client c: push accepted" in terminal.getvalue()
+    assert handler.stream is stderr   # put back
 
 
 @pytest.mark.parametrize(("choice", "available", "wanted"), [

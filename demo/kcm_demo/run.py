@@ -28,6 +28,8 @@ from kcm_common.errors import UserError
 from kcm_common.names import DEFAULT_METRICS_TOPIC
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from kcm_demo.fleet import Fleet
 
 log = logging.getLogger("kcm.demo")
@@ -190,7 +192,9 @@ def _run(options: DemoOptions, out: IO[str], workdir: Path, interrupted: threadi
             for client in fleet.clients():
                 out.write(json.dumps(client.summary(), sort_keys=True) + "\n")
             out.flush()
-        if options.rollup and not interrupted.is_set():
+        if options.rollup and interrupted.is_set():
+            log.info("interrupted: the rollup (--rollup) is skipped")
+        elif options.rollup:
             # Its rows are text: on stderr when stdout is JSON lines for a program to read.
             _rollup(pipeline.bootstrap, workdir, out if options.output == "live" else sys.stderr)
         log.info("stopping the sandbox")
@@ -252,17 +256,28 @@ def _start_java_clients(stack: ExitStack, bootstrap: str, workdir: Path, interru
     return client_ids
 
 
+# Where stdout is not a terminal (`| tee`, a file, CI), the one view printed at the end is this wide: at 80 columns
+# the table cut every identity (`softw…`) and wrapped the header.
+_FILE_WIDTH = 160
+
+
 def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: threading.Event, refresh_s: float,
-          check: Callable[[], None], traffic: Callable[[], tuple[int, int]]) -> None:
+          check: Callable[[], None], traffic: Callable[[], tuple[int, int]], console: Console | None = None) -> None:
     """The live view until `deadline`: the pipeline, the apps' records (`traffic`: produced and delivered, consumed)
-    and the table of client instances."""
+    and the table of client instances; in a terminal redrawn in place with log lines above it, elsewhere printed
+    once at the end."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.text import Text
 
     from kcm_demo.view import fleet_table
 
-    console = Console()
+    console = console or Console()
+    if not console.is_terminal:
+        while not interrupted.is_set() and time.monotonic() < deadline:
+            check()
+            interrupted.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        console.width = max(console.width, _FILE_WIDTH)
 
     def render() -> Group:
         remaining = max(0.0, deadline - time.monotonic())
@@ -276,11 +291,25 @@ def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: thread
                                           f"client instances · {fleet.exports} OTLP exports received · "
                                           f"{remaining:.0f} s left", width=console.width))
 
+    if not console.is_terminal:
+        console.print(render())
+        return
+    stderr = sys.stderr
     with Live(render(), console=console, refresh_per_second=max(1, int(1 / refresh_s)), transient=False) as live:
-        while not interrupted.is_set() and time.monotonic() < deadline:
-            check()
-            interrupted.wait(refresh_s)
-            live.update(render())
+        # Log lines (the sandbox says each push) go above the view through the stderr Live put in place: written
+        # to the terminal's stderr they landed inside the table, and each left a stale copy of the header behind.
+        moved = [handler for handler in logging.getLogger().handlers
+                 if isinstance(handler, logging.StreamHandler) and handler.stream is stderr]
+        for handler in moved:
+            handler.setStream(sys.stderr)
+        try:
+            while not interrupted.is_set() and time.monotonic() < deadline:
+                check()
+                interrupted.wait(refresh_s)
+                live.update(render())
+        finally:
+            for handler in moved:
+                handler.setStream(stderr)
 
 
 def _rollup(bootstrap: str, workdir: Path, out: IO[str]) -> None:
