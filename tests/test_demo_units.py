@@ -643,9 +643,13 @@ def test_in_a_terminal_log_lines_go_above_the_live_view_not_into_it(monkeypatch)
     import kcm_demo.run
     from kcm_demo.fleet import Fleet
 
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
     terminal = io.StringIO()
     console = Console(file=terminal, force_terminal=True, width=120)
-    stderr = io.StringIO()
+    stderr = Terminal()
     monkeypatch.setattr(kcm_demo.run.sys, "stderr", stderr)
     handler = logging.StreamHandler(stderr)
     root = logging.getLogger()
@@ -667,6 +671,19 @@ def test_in_a_terminal_log_lines_go_above_the_live_view_not_into_it(monkeypatch)
     assert "push accepted" not in stderr.getvalue()
     assert "client c: push accepted" in terminal.getvalue()
     assert handler.stream is stderr   # put back
+
+    # stderr elsewhere (`2> demo.log`): the lines stay there.
+    log_file = io.StringIO()
+    monkeypatch.setattr(kcm_demo.run.sys, "stderr", log_file)
+    handler = logging.StreamHandler(log_file)
+    root.addHandler(handler)
+    said.clear()
+    try:
+        kcm_demo.run._live(Fleet(), pipeline, time.monotonic() + 0.3, threading.Event(), 0.05, check,
+                           lambda: (0, 0), console=console)
+    finally:
+        root.removeHandler(handler)
+    assert "client c: push accepted" in log_file.getvalue()
 
 
 @pytest.mark.parametrize(("choice", "available", "wanted"), [

@@ -298,8 +298,10 @@ def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: thread
     with Live(render(), console=console, refresh_per_second=max(1, int(1 / refresh_s)), transient=False) as live:
         # Log lines (the sandbox says each push) go above the view through the stderr Live put in place: written
         # to the terminal's stderr they landed inside the table, and each left a stale copy of the header behind.
+        # Not when stderr goes elsewhere (`2> demo.log`): they stay there.
+        on_screen = getattr(stderr, "isatty", lambda: False)()
         moved = [handler for handler in logging.getLogger().handlers
-                 if isinstance(handler, logging.StreamHandler) and handler.stream is stderr]
+                 if on_screen and isinstance(handler, logging.StreamHandler) and handler.stream is stderr]
         for handler in moved:
             handler.setStream(sys.stderr)
         try:
