@@ -183,9 +183,7 @@ def _run(options: DemoOptions, out: IO[str], workdir: Path, interrupted: threadi
                 _live(fleet, pipeline, deadline, interrupted, options.refresh_s, bridge.check_alive,
                       lambda: (workload.produced, workload.consumed))
             else:
-                while not interrupted.is_set() and time.monotonic() < deadline:
-                    bridge.check_alive()
-                    interrupted.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+                _run_until(deadline, interrupted, bridge.check_alive)
             ended.set()
             log.info("stopping: clients, bridge, collector")
         if options.output == "jsonl":
@@ -256,6 +254,13 @@ def _start_java_clients(stack: ExitStack, bootstrap: str, workdir: Path, interru
     return client_ids
 
 
+def _run_until(deadline: float, interrupted: threading.Event, check: Callable[[], None]) -> None:
+    """Until `deadline` or an interruption, `check` (the bridge alive) every second at most."""
+    while not interrupted.is_set() and time.monotonic() < deadline:
+        check()
+        interrupted.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
 # Where stdout is not a terminal (`| tee`, a file, CI), the one view printed at the end is this wide: at 80 columns
 # the table cut every identity (`softw…`) and wrapped the header.
 _FILE_WIDTH = 160
@@ -274,9 +279,7 @@ def _live(fleet: Fleet, pipeline: Pipeline, deadline: float, interrupted: thread
 
     console = console or Console()
     if not console.is_terminal:
-        while not interrupted.is_set() and time.monotonic() < deadline:
-            check()
-            interrupted.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        _run_until(deadline, interrupted, check)
         console.width = max(console.width, _FILE_WIDTH)
 
     def render() -> Group:

@@ -289,7 +289,7 @@ its value. Call with (dict "root" . "component" "bridge").
 {{- end -}}
 {{- end -}}
 
-{{/* Each name in <component>.env once, and none the chart sets itself (`owned`: name → where its value comes from):
+{{/* Each name in <component>.env once, and none the chart sets itself (`owned`: name → what the chart sets it to):
      Kubernetes keeps the last of a repeated name, and Helm 4's server-side apply refuses the manifest ("duplicate
      entries for key [name=…]") with an API error instead of a word about the values. */}}
 {{- define "kcm.envNamesOnce" -}}
